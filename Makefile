@@ -1,0 +1,53 @@
+# The README's commands. Everything builds with CMake + Ninja into $(BUILD_DIR).
+#
+#   make demo    install deps, build, run the end-to-end demo
+#   make test    install deps, build, run every test (what CI runs)
+#   make build   configure and build only
+#   make bench   build and run the benchmarks (never part of `make test`)
+#   make format  clang-format every C++ file in place
+#   make lint    clang-tidy over our sources
+#
+# Knobs: BUILD_DIR=build BUILD_TYPE=RelWithDebInfo SANITIZE=address,undefined
+#        CMAKE_ARGS="-DMESH_WITH_CUDA=OFF" CTEST_ARGS="-L unit"
+BUILD_DIR ?= build
+BUILD_TYPE ?= RelWithDebInfo
+SANITIZE ?=
+CMAKE_ARGS ?=
+CTEST_ARGS ?=
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
+CXX_SOURCES = $(shell git ls-files '*.cc' '*.h' 2>/dev/null)
+
+.PHONY: all deps configure build test demo bench format lint clean
+
+all: build
+
+deps:
+	scripts/install-deps.sh
+
+configure: deps
+	cmake -S . -B $(BUILD_DIR) -G Ninja \
+	  -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DMESH_SANITIZE="$(SANITIZE)" \
+	  $(CMAKE_ARGS)
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+demo: build
+	scripts/demo.sh $(BUILD_DIR)
+
+bench: build
+	scripts/bench.sh $(BUILD_DIR)
+
+format:
+	clang-format -i $(CXX_SOURCES)
+
+lint: configure
+	clang-tidy -p $(BUILD_DIR) --quiet $(filter %.cc,$(CXX_SOURCES))
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,57 @@
+#include "cli/admin_client.h"
+
+#include <chrono>
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/version.h"
+
+namespace mesh::cli {
+namespace {
+
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+}
+
+AdminClient::AdminClient(std::shared_ptr<grpc::Channel> channel)
+    : channel_(std::move(channel)),
+      admin_(mesh::v1::AdminService::NewStub(channel_)),
+      health_(grpc::health::v1::Health::NewStub(channel_)) {}
+
+absl::StatusOr<mesh::v1::GetServerInfoResponse> AdminClient::GetServerInfo(absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  mesh::v1::GetServerInfoResponse response;
+  grpc::Status status = admin_->GetServerInfo(&context, {}, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (response.protocol_version() != static_cast<uint32_t>(kProtocolVersion)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "coordinator ", response.version(), " speaks protocol v", response.protocol_version(),
+        " but this client speaks v", kProtocolVersion, "; use matching versions"));
+  }
+  return response;
+}
+
+absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> AdminClient::CheckHealth(
+    const std::string& service, absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = health_->Check(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response.status();
+}
+
+}  // namespace mesh::cli

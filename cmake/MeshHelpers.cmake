@@ -1,0 +1,65 @@
+# Build helpers shared by every folder.
+
+# Warnings are errors in our own code. Generated and third-party code does not
+# go through this function.
+function(mesh_target_defaults target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Werror)
+  target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}")
+endfunction()
+
+# mesh_cc_library(NAME SRCS ... [DEPS ...] [PUBLIC_INCLUDE dir])
+# A static library built with mesh_target_defaults.
+function(mesh_cc_library name)
+  cmake_parse_arguments(ARG "" "" "SRCS;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SRCS})
+  mesh_target_defaults(${name})
+  target_include_directories(${name} PUBLIC "${PROJECT_SOURCE_DIR}")
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+endfunction()
+
+# Applies -fsanitize=<list> to everything compiled and linked after this call.
+function(mesh_apply_sanitizers list)
+  if(list STREQUAL "")
+    return()
+  endif()
+  string(REPLACE " " "" list "${list}")
+  if(list MATCHES "thread" AND list MATCHES "address")
+    message(FATAL_ERROR "MESH_SANITIZE: 'thread' cannot be combined with 'address'")
+  endif()
+  set(flags "-fsanitize=${list}" -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  add_compile_options(${flags})
+  add_link_options("-fsanitize=${list}")
+  message(STATUS "Sanitizers: ${list}")
+endfunction()
+
+# mesh_cc_test(NAME SRCS ... [DEPS ...] [LABELS unit|integration|gpu ...]
+#              [TIMEOUT seconds])
+#
+# Builds a gtest binary and registers each of its test cases with ctest under
+# the given labels (default: unit). A test that calls GTEST_SKIP() is reported
+# by ctest as skipped, not passed, so GPU tests on a machine without a device
+# show up honestly in the summary.
+function(mesh_cc_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  if(NOT ARG_LABELS)
+    set(ARG_LABELS unit)
+  endif()
+  foreach(label IN LISTS ARG_LABELS)
+    if(NOT label MATCHES "^(unit|integration|gpu|fault)$")
+      message(FATAL_ERROR "mesh_cc_test(${name}): unknown label '${label}'")
+    endif()
+  endforeach()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 120)
+  endif()
+  add_executable(${name} ${ARG_SRCS})
+  mesh_target_defaults(${name})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
+  gtest_discover_tests(${name}
+    DISCOVERY_MODE PRE_TEST
+    DISCOVERY_TIMEOUT 30
+    PROPERTIES
+      LABELS "${ARG_LABELS}"
+      TIMEOUT ${ARG_TIMEOUT}
+      SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+endfunction()

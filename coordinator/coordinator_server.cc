@@ -1,0 +1,109 @@
+#include "coordinator/coordinator_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include <chrono>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace mesh::coordinator {
+namespace {
+
+std::string JoinHostPort(const std::string& host, int port) {
+  // A bare IPv6 literal needs brackets in a gRPC target.
+  if (absl::StrContains(host, ':') && !absl::StartsWith(host, "[")) {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+absl::Status Validate(const CoordinatorConfig& config) {
+  if (config.listen_host.empty()) {
+    return absl::InvalidArgumentError("listen host must not be empty");
+  }
+  if (config.port < 0 || config.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("port ", config.port, " is out of range 0..65535"));
+  }
+  if (config.max_message_bytes < 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("max message size ", config.max_message_bytes,
+                                                   " is below the 4096-byte minimum"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CoordinatorServer::CoordinatorServer(const CoordinatorConfig& config)
+    : config_(config),
+      clock_(config.clock != nullptr ? config.clock : Clock::Real()),
+      server_info_(clock_),
+      admin_service_(&server_info_) {}
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const CoordinatorConfig& config) {
+  if (absl::Status status = Validate(config); !status.ok()) return status;
+
+  // Both are process-wide switches that must be set before a builder exists;
+  // setting them again is harmless.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer(config));
+  grpc::ServerBuilder builder;
+  const std::string listen = JoinHostPort(config.listen_host, config.port);
+  // Plaintext for now; TLS/mTLS arrive with the security work (docs/deployment.md).
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.SetMaxReceiveMessageSize(config.max_message_bytes);
+  builder.SetMaxSendMessageSize(config.max_message_bytes);
+  // gRPC sets SO_REUSEPORT by default, which would let a second coordinator
+  // silently share the port with the first. One port, one coordinator.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.RegisterService(&server->admin_service_);
+
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", listen, ": address in use or not local"));
+  }
+  grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
+  health->SetServingStatus(true);
+  health->SetServingStatus(mesh::v1::AdminService::service_full_name(), true);
+  return server;
+}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(absl::ZeroDuration()); }
+
+std::string CoordinatorServer::address() const {
+  // A wildcard listener is reachable on loopback from this machine.
+  std::string host = config_.listen_host;
+  if (host == "0.0.0.0") host = "127.0.0.1";
+  if (host == "::" || host == "[::]") host = "::1";
+  return JoinHostPort(host, port_);
+}
+
+void CoordinatorServer::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (server_ == nullptr) return;
+  // Health first, so probes see NOT_SERVING while calls drain.
+  server_->GetHealthCheckService()->Shutdown();
+  // gRPC deadlines are real time, whatever clock the managers use.
+  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(grace));
+  server_->Wait();
+}
+
+void CoordinatorServer::Wait() {
+  if (server_ != nullptr) server_->Wait();
+}
+
+}  // namespace mesh::coordinator

@@ -1,0 +1,124 @@
+// mesh-coordinator: flags -> CoordinatorConfig -> CoordinatorServer.
+//
+// Precedence: flag, then MESH_* environment, then --config file, then the
+// defaults in CoordinatorConfig (see common/flags.h).
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+
+#include "common/flags.h"
+#include "common/logging.h"
+#include "common/version.h"
+#include "coordinator/coordinator_server.h"
+
+namespace {
+
+// Blocks SIGINT and SIGTERM in this thread and every thread it starts later,
+// so that they are delivered only to the sigwait() in main.
+sigset_t BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mesh::coordinator::CoordinatorConfig config;
+  std::string config_file;
+  std::string log_format = "text";
+  std::string log_level = "info";
+  std::string port_file;
+  double shutdown_grace_s = 5.0;
+
+  CLI::App app{"mesh-coordinator: the Mesh cluster coordinator", "mesh-coordinator"};
+  app.set_version_flag("--version", mesh::kVersion);
+  app.add_option("--config", config_file, "YAML config file (keys are long flag names)")
+      ->envname("MESH_CONFIG");
+  app.add_option("--listen", config.listen_host, "Address to listen on")
+      ->envname("MESH_LISTEN")
+      ->capture_default_str();
+  app.add_option("--port", config.port, "Port to listen on; 0 picks a free one")
+      ->envname("MESH_PORT")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--max-message-bytes", config.max_message_bytes,
+                 "Largest gRPC message sent or accepted")
+      ->envname("MESH_MAX_MESSAGE_BYTES")
+      ->check(CLI::Range(4096, 1 << 30))
+      ->capture_default_str();
+  app.add_option("--port-file", port_file, "Write the bound port to this file once serving")
+      ->envname("MESH_PORT_FILE");
+  app.add_option("--shutdown-grace", shutdown_grace_s,
+                 "Seconds in-flight calls get to finish on SIGTERM")
+      ->envname("MESH_SHUTDOWN_GRACE")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  app.add_option("--log-format", log_format, "text or json")
+      ->envname("MESH_LOG_FORMAT")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->envname("MESH_LOG_LEVEL")
+      ->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; every other parse error is a usage error.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (!config_file.empty()) {
+    if (absl::Status status = mesh::ApplyConfigFile(app, config_file); !status.ok()) {
+      std::fprintf(stderr, "mesh-coordinator: %s\n", std::string(status.message()).c_str());
+      return 2;
+    }
+  }
+
+  mesh::LogOptions log_options;
+  log_options.component = "coordinator";
+  log_options.format = *mesh::ParseLogFormat(log_format);  // Checked by IsMember.
+  auto level = mesh::ParseLogLevel(log_level);
+  if (!level.ok()) {
+    std::fprintf(stderr, "mesh-coordinator: %s\n", std::string(level.status().message()).c_str());
+    return 2;
+  }
+  log_options.level = *level;
+  mesh::InitLogging(log_options);
+
+  const sigset_t shutdown_signals = BlockShutdownSignals();
+
+  auto server = mesh::coordinator::CoordinatorServer::Start(config);
+  if (!server.ok()) {
+    spdlog::critical("cannot start: {}", server.status().ToString());
+    return 1;
+  }
+  if (!port_file.empty()) {
+    // Write-then-rename, so a reader never sees a partial file.
+    const std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << (*server)->port() << "\n";
+    if (std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+      spdlog::error("cannot write port file {}", port_file);
+    }
+  }
+  // The one line of stdout: scripts and tests read the port from it.
+  std::printf("mesh-coordinator listening on %s\n", (*server)->address().c_str());
+  std::fflush(stdout);
+  spdlog::info("mesh-coordinator {} serving on {} (protocol v{})", mesh::kVersion,
+               (*server)->address(), mesh::kProtocolVersion);
+
+  int signal_number = 0;
+  sigwait(&shutdown_signals, &signal_number);
+  spdlog::info("received {}, shutting down (grace {} s)", strsignal(signal_number),
+               shutdown_grace_s);
+  (*server)->Shutdown(absl::Seconds(shutdown_grace_s));
+  spdlog::info("stopped");
+  return 0;
+}

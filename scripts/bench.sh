@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# `make bench`: runs every mesh-bench suite and writes bench/results/latest.json.
+# Each suite prints Mesh's figure, its baseline's and the ratio; absolute times
+# on a shared machine drift, ratios measured in the same run do not.
+set -euo pipefail
+build_dir=${1:-build}
+bench="$build_dir/bench/mesh-bench"
+[[ -x "$bench" ]] || { echo "bench: $bench is missing; run 'make build' first" >&2; exit 1; }
+out_dir="$(dirname "$0")/../bench/results"
+mkdir -p "$out_dir"
+
+echo "# Machine: $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)"
+"$bench" --json "$out_dir/ping.json" ping
+
+# Merge the per-suite files into one document.
+python3 - "$out_dir" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+suites = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.stem != "latest"}
+(out / "latest.json").write_text(json.dumps(suites, indent=2) + "\n")
+print(f"\nwrote {out / 'latest.json'} ({', '.join(suites)})")
+PY

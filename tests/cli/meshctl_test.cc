@@ -1,0 +1,102 @@
+// meshctl run in-process against a real coordinator on 127.0.0.1:0.
+#include "cli/meshctl.h"
+
+#include <stdlib.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/version.h"
+#include "coordinator/coordinator_server.h"
+
+namespace mesh::cli {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+Result Meshctl(std::vector<std::string> args) {
+  args.insert(args.begin(), "meshctl");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  const int code = RunMeshctl(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {code, out.str(), err.str()};
+}
+
+class MeshctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    unsetenv("MESH_COORDINATOR");
+    coordinator::CoordinatorConfig config;
+    config.port = 0;
+    auto server = coordinator::CoordinatorServer::Start(config);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  std::unique_ptr<coordinator::CoordinatorServer> server_;
+};
+
+TEST_F(MeshctlTest, VersionShowsClientAndServerAsJson) {
+  const Result r = Meshctl({"--coordinator", server_->address(), "-o", "json", "version"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const auto json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json["client_version"], kVersion);
+  EXPECT_EQ(json["server_version"], kVersion);
+  EXPECT_EQ(json["server_protocol_version"], kProtocolVersion);
+}
+
+TEST_F(MeshctlTest, CoordinatorAddressComesFromTheEnvironment) {
+  setenv("MESH_COORDINATOR", server_->address().c_str(), 1);
+  const Result r = Meshctl({"health"});
+  unsetenv("MESH_COORDINATOR");
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SERVING"));
+}
+
+TEST_F(MeshctlTest, HealthOfAnUnknownServiceIsRefused) {
+  const Result r = Meshctl({"--coordinator", server_->address(), "health", "--service", "no.Such"});
+  EXPECT_EQ(r.code, kExitRefused);
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+}
+
+TEST_F(MeshctlTest, UnreachableCoordinatorIsExit3WithTheAddress) {
+  const std::string address = server_->address();
+  server_->Shutdown(absl::ZeroDuration());
+  const Result r = Meshctl({"--coordinator", address, "--timeout", "1", "health"});
+  EXPECT_EQ(r.code, kExitUnreachable);
+  EXPECT_THAT(r.err, HasSubstr(address));
+}
+
+TEST_F(MeshctlTest, ClientOnlyVersionNeedsNoServer) {
+  const Result r = Meshctl({"--coordinator", "127.0.0.1:1", "version", "--client", "-o", "yaml"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("client_version"));
+}
+
+TEST_F(MeshctlTest, UsageErrorsExitWith2) {
+  EXPECT_EQ(Meshctl({}).code, kExitUsage);
+  EXPECT_EQ(Meshctl({"frobnicate"}).code, kExitUsage);
+  EXPECT_EQ(Meshctl({"-o", "xml", "version"}).code, kExitUsage);
+  EXPECT_EQ(Meshctl({"--timeout", "-1", "health"}).code, kExitUsage);
+}
+
+TEST_F(MeshctlTest, HelpIsSuccess) {
+  const Result r = Meshctl({"--help"});
+  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_THAT(r.out, HasSubstr("health"));
+}
+
+}  // namespace
+}  // namespace mesh::cli

@@ -1,0 +1,50 @@
+#include "mesh/build_info.h"
+
+#include <gtest/gtest.h>
+
+#include "mesh/config.h"
+
+namespace mesh {
+namespace {
+
+TEST(BuildInfo, ReflectsTheConfigHeader) {
+  const BuildInfo info = GetBuildInfo();
+  EXPECT_EQ(info.version, MESH_VERSION_STRING);
+  EXPECT_TRUE(info.has_gloo);
+  EXPECT_GT(info.gloo_version, 0);
+  EXPECT_EQ(info.has_cuda, MESH_HAVE_CUDA == 1);
+  EXPECT_EQ(info.has_nccl, MESH_HAVE_NCCL == 1);
+  if (info.has_nccl) {
+    EXPECT_GE(info.nccl_version, 20000) << "NCCL 2.x encodes as MAJOR*10000+...";
+  } else {
+    EXPECT_EQ(info.nccl_version, 0);
+  }
+}
+
+TEST(BuildInfo, NoDeviceIsNotAnError) {
+  // Works the same on CPU-only machines: a count, never a crash.
+  EXPECT_GE(CudaDeviceCount(), 0);
+}
+
+TEST(BuildInfo, NcclRuntimeMatchesTheBuild) {
+  auto version = NcclRuntimeVersion();
+  if (!GetBuildInfo().has_nccl) {
+    EXPECT_EQ(version.status().code(), absl::StatusCode::kUnimplemented);
+    return;
+  }
+  // ncclGetVersion needs no device; it proves libnccl is linked and loads.
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(*version / 10000, GetBuildInfo().nccl_version / 10000)
+      << "runtime NCCL major differs from the headers";
+}
+
+TEST(BuildInfo, CudaSelfTestFailsCleanlyWithoutADevice) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "a device is present; see cuda_gpu_test";
+  const absl::Status status = CudaRoundTripSelfTest(64);
+  EXPECT_TRUE(status.code() == absl::StatusCode::kFailedPrecondition ||
+              status.code() == absl::StatusCode::kUnimplemented)
+      << status;
+}
+
+}  // namespace
+}  // namespace mesh
