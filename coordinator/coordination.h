@@ -1,0 +1,374 @@
+// Coordination: the worker-facing state of the coordinator — jobs and their
+// generations, rendezvous (Join), the key-value store, barriers, the NCCL
+// unique-ID broker, liveness and error propagation.
+//
+// Plain C++: no gRPC types. Time comes from an injected Clock, and time-based
+// work (deadlines, heartbeat timeouts) happens in Tick(), which the server
+// calls every TickInterval() and tests call after advancing a FakeClock.
+//
+// Waiting operations never block a thread. They take a callback that runs
+// exactly once: with the result, or with an error when the wait's deadline
+// passes (DEADLINE_EXCEEDED), the generation fails (ABORTED, naming the
+// culprit) or is superseded (ABORTED), or the service shuts down
+// (UNAVAILABLE). A callback runs on the thread of whichever call completes it
+// (possibly the calling thread, before the call returns), never under an
+// internal lock, so it may call back into Coordination; it must not block.
+//
+// Scope and fencing: every worker operation names a Caller (job, generation,
+// rank, incarnation). Errors common to all worker operations:
+//   UNAVAILABLE          the service is shut down.
+//   NOT_FOUND            unknown job.
+//   INVALID_ARGUMENT     rank outside [0, world_size).
+//   ABORTED              generation older than the job's current one; an
+//                        incarnation other than the one that joined as that
+//                        rank; or the generation has failed (the message
+//                        names the failed rank, its host and the reason).
+//   FAILED_PRECONDITION  generation newer than the job's current one; or (for
+//                        everything but Join) the rank has not joined.
+//
+// Generation lifecycle:
+//
+//   ACTIVE ──rank dies / ReportError──▶ FAILED ──BumpGeneration──▶ (next ACTIVE)
+//     └─────────────────BumpGeneration──────────────────────────▶ (next ACTIVE)
+//
+// Rendezvous state, keys, barriers and IDs live in memory and belong to one
+// generation: a new generation starts empty, and nothing survives a
+// coordinator restart.
+//
+// Thread safety: all methods are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <queue>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+
+namespace mesh::coordinator {
+
+struct KvLimits {
+  size_t max_key_bytes = 1024;
+  size_t max_value_bytes = 1 << 20;
+  // Per job generation: the sum of key and value sizes, and the key count.
+  int64_t max_total_bytes = int64_t{256} << 20;
+  int64_t max_keys = 1'000'000;
+};
+
+struct CoordinationOptions {
+  // Ranks heartbeat this often; a rank silent for longer than the timeout is
+  // declared dead and fails its generation.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // Wait used when a request gives no timeout, and the cap on any wait.
+  absl::Duration default_wait = absl::Minutes(5);
+  absl::Duration max_wait = absl::Hours(1);
+  KvLimits kv;
+};
+
+// Possible errors of Validate: INVALID_ARGUMENT naming the bad field.
+absl::Status ValidateOptions(const CoordinationOptions& options);
+
+// The layout a job is created with.
+struct JobLayout {
+  // Empty lets CreateJob pick one. [A-Za-z0-9._-]{1,128}.
+  std::string job_id;
+  int world_size = 0;
+  // Outermost first; empty means {world_size}.
+  std::vector<int64_t> mesh_shape;
+  // One unique non-empty name per dim; empty means "dim0", "dim1", ...
+  std::vector<std::string> mesh_dim_names;
+};
+
+struct JobInfo {
+  JobLayout layout;  // Normalized: shape and names filled in.
+  int64_t generation = 0;
+  bool failed = false;  // The current generation has failed.
+};
+
+// Identity of a worker process; see RankContext in worker.proto.
+struct Caller {
+  std::string job_id;
+  int64_t generation = 0;
+  int rank = 0;
+  uint64_t incarnation = 0;
+};
+
+struct DeviceInfo {
+  std::string kind;  // "cuda" or "cpu"; empty when unknown.
+  int index = -1;
+  std::string uuid;
+  std::string pci_bus_id;
+};
+
+struct JoinArgs {
+  Caller caller;
+  std::string host;
+  DeviceInfo device;
+  // Rank 0 only, optional: 128 bytes.
+  std::string nccl_unique_id;
+  // <= 0 means CoordinationOptions::default_wait.
+  absl::Duration timeout = absl::ZeroDuration();
+};
+
+struct JoinResult {
+  int rank = 0;
+  int world_size = 0;
+  int local_rank = 0;
+  int local_world_size = 0;
+  int node_rank = 0;
+  int num_nodes = 0;
+  std::vector<int64_t> mesh_shape;
+  std::vector<std::string> mesh_dim_names;
+  int64_t generation = 0;
+  std::string nccl_unique_id;
+  absl::Duration heartbeat_interval;
+  absl::Duration heartbeat_timeout;
+};
+
+struct RankDescription {
+  int rank = 0;
+  std::string host;
+  int node_rank = 0;
+  int local_rank = 0;
+  DeviceInfo device;
+};
+
+// Why a generation failed.
+struct JobError {
+  int rank = -1;  // -1 when the cause is not a rank.
+  std::string host;
+  std::string reason;
+  int64_t generation = 0;
+  // "job j1 generation 0: rank 3 (host-b) failed: missed heartbeats ..."
+  std::string message;
+};
+
+struct CompareSetResult {
+  bool swapped = false;
+  bool present = false;  // Whether the key exists after the call.
+  std::string value;     // Its value after the call.
+};
+
+struct KvListResult {
+  std::vector<std::string> keys;
+  bool truncated = false;
+};
+
+struct KvStats {
+  int64_t num_keys = 0;
+  int64_t total_bytes = 0;
+};
+
+template <typename T>
+using Callback = absl::AnyInvocable<void(absl::StatusOr<T>) &&>;
+using DoneCallback = absl::AnyInvocable<void(absl::Status) &&>;
+
+// Called once: with the JobError when the watched generation fails, or with
+// UNAVAILABLE on shutdown, or ABORTED when the generation is superseded.
+using WatchCallback = absl::AnyInvocable<void(absl::StatusOr<JobError>) &&>;
+
+class Coordination {
+ public:
+  // `clock` must outlive this object. `options` must pass ValidateOptions
+  // (checked: a bad value is a programmer error).
+  Coordination(const Clock* clock, CoordinationOptions options);
+  ~Coordination();
+
+  Coordination(const Coordination&) = delete;
+  Coordination& operator=(const Coordination&) = delete;
+
+  const CoordinationOptions& options() const { return options_; }
+
+  // ---- Jobs --------------------------------------------------------------
+
+  // Creates a job at generation 0.
+  // Errors: INVALID_ARGUMENT (bad id, world size, shape or names),
+  // ALREADY_EXISTS (id in use), UNAVAILABLE (shut down).
+  absl::StatusOr<JobInfo> CreateJob(JobLayout layout);
+
+  // Errors: NOT_FOUND.
+  absl::StatusOr<JobInfo> GetJob(const std::string& job_id) const;
+
+  // Moves the job to its next generation, which starts empty. Every pending
+  // wait and watch of the old generation ends with ABORTED naming `reason`.
+  // Returns the new generation. Errors: NOT_FOUND, UNAVAILABLE.
+  absl::StatusOr<int64_t> BumpGeneration(const std::string& job_id, const std::string& reason);
+
+  // ---- Rendezvous ----------------------------------------------------------
+
+  // Registers the caller and completes once the whole world of the
+  // generation has joined. Re-joining with the same incarnation is
+  // idempotent (it waits again, or completes at once when the world is
+  // complete). Extra errors: ABORTED for a different incarnation of a joined
+  // rank; INVALID_ARGUMENT for an empty host or a unique ID that is not 128
+  // bytes or comes from a rank other than 0; DEADLINE_EXCEEDED with k/n
+  // joined and the missing ranks.
+  void Join(JoinArgs args, Callback<JoinResult> done);
+
+  // Host, node and device of joined ranks, in the order given (at most 4096).
+  // Extra errors: INVALID_ARGUMENT (bad rank, too many), FAILED_PRECONDITION
+  // (a rank has not joined).
+  absl::StatusOr<std::vector<RankDescription>> DescribeRanks(const Caller& caller,
+                                                             const std::vector<int>& ranks);
+
+  // ---- Key-value store, scoped to (job, generation) ------------------------
+  // Limit errors are RESOURCE_EXHAUSTED, and leave stored data unchanged.
+
+  absl::Status KvSet(const Caller& caller, const std::string& key, std::string value);
+  // wait=false: NOT_FOUND at once when absent. wait=true: waits for the key.
+  void KvGet(const Caller& caller, const std::string& key, bool wait, absl::Duration timeout,
+             Callback<std::string> done);
+  // Atomic add to a decimal int64 value (absent = 0); returns the new value.
+  // Extra errors: INVALID_ARGUMENT when the value is not a decimal int64, or
+  // the sum overflows.
+  absl::StatusOr<int64_t> KvAdd(const Caller& caller, const std::string& key, int64_t delta);
+  // Stores `desired` if the key holds `expected` (nullopt: if it is absent).
+  absl::StatusOr<CompareSetResult> KvCompareSet(const Caller& caller, const std::string& key,
+                                                std::optional<std::string> expected,
+                                                std::string desired);
+  // Deletes the key, or every key with the prefix; returns how many.
+  absl::StatusOr<int64_t> KvDelete(const Caller& caller, const std::string& key, bool prefix);
+  // Keys with `prefix` greater than `start_after`, sorted; at most `limit`
+  // (1..10000; 0 means 1000).
+  absl::StatusOr<KvListResult> KvList(const Caller& caller, const std::string& prefix,
+                                      const std::string& start_after, int limit);
+  absl::StatusOr<KvStats> KvNumKeys(const Caller& caller);
+  // Completes once every key is set.
+  void KvWait(const Caller& caller, std::vector<std::string> keys, absl::Duration timeout,
+              DoneCallback done);
+  // Values in key order; wait as in KvGet.
+  void KvMultiGet(const Caller& caller, std::vector<std::string> keys, bool wait,
+                  absl::Duration timeout, Callback<std::vector<std::string>> done);
+  // All or nothing.
+  absl::Status KvMultiSet(const Caller& caller,
+                          std::vector<std::pair<std::string, std::string>> entries);
+
+  // ---- Barriers --------------------------------------------------------------
+
+  // Completes, for every participant alike, once all of `ranks` (empty: the
+  // world) have arrived; the result is the participant count. The first
+  // caller's timeout sets the deadline. A completed barrier's result is
+  // cached for late callers. Extra errors: INVALID_ARGUMENT (a participant
+  // set that differs from the first caller's, fails the barrier for all; a
+  // caller outside the set; bad ranks); DEADLINE_EXCEEDED naming k/n arrived
+  // and the missing ranks with their hosts; ABORTED at once when the
+  // generation fails; FAILED_PRECONDITION when a participant that has not
+  // arrived leaves cleanly.
+  void Barrier(const Caller& caller, const std::string& name, std::vector<int> ranks,
+               absl::Duration timeout, Callback<int> done);
+
+  // ---- NCCL unique-ID broker ---------------------------------------------------
+
+  // Publishes 128-byte IDs under group keys. Same bytes again: no-op.
+  // Extra errors: INVALID_ARGUMENT (size), ALREADY_EXISTS (different bytes).
+  absl::Status PublishUniqueIds(const Caller& caller,
+                                std::vector<std::pair<std::string, std::string>> ids);
+  // Completes with the IDs, in key order, once all are published.
+  void GetUniqueIds(const Caller& caller, std::vector<std::string> keys, absl::Duration timeout,
+                    Callback<std::vector<std::string>> done);
+
+  // ---- Liveness and errors -----------------------------------------------------
+
+  // Records that the caller is alive. Returns the generation's JobError when
+  // it has failed (the call itself succeeds then).
+  absl::StatusOr<std::optional<JobError>> Heartbeat(const Caller& caller);
+
+  // Fails the caller's generation, naming the caller and `reason`. A no-op
+  // when the generation has already failed.
+  absl::Status ReportError(const Caller& caller, const std::string& reason);
+
+  // Clean exit of a rank: it is no longer expected to heartbeat. Barriers
+  // still waiting for it fail with FAILED_PRECONDITION.
+  absl::Status Leave(const Caller& caller);
+
+  // Subscribes to the caller's generation. `done` runs once (see
+  // WatchCallback); at once if the generation has already failed. Returns a
+  // handle for Unwatch. Errors: as for every worker operation, except that a
+  // failed generation is delivered through `done`, not returned.
+  absl::StatusOr<uint64_t> Watch(const Caller& caller, WatchCallback done);
+
+  // Drops a subscription whose callback has not run; then it never runs.
+  // Returns whether it was dropped.
+  bool Unwatch(uint64_t handle);
+
+  // ---- Time and shutdown ---------------------------------------------------------
+
+  // Expires waits whose deadline has passed and declares silent ranks dead.
+  void Tick();
+  // How often Tick should run for deadlines to be honored promptly.
+  absl::Duration TickInterval() const;
+
+  // Ends every pending wait and watch with UNAVAILABLE; later calls fail
+  // with UNAVAILABLE. Idempotent.
+  void Shutdown();
+
+  // Waits and watches currently pending (for metrics and tests).
+  size_t PendingWaits() const;
+
+ private:
+  struct Generation;
+  struct Job;
+  struct Waiter;
+  class Completions;
+
+  struct DeadlineEntry {
+    absl::Time deadline;
+    std::string job_id;
+    int64_t generation;
+    uint64_t waiter_id;
+    bool operator>(const DeadlineEntry& other) const { return deadline > other.deadline; }
+  };
+
+  // Resolves caller to its live generation, applying every fencing rule.
+  // `require_joined`: the rank must have joined with this incarnation.
+  // `allow_failed`: a failed generation resolves instead of giving ABORTED.
+  absl::StatusOr<Generation*> ResolveLocked(const Caller& caller, bool require_joined,
+                                            bool allow_failed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration ClampTimeout(absl::Duration timeout) const;
+  uint64_t AddWaiterLocked(Generation& gen, Waiter waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailGenerationLocked(Generation& gen, JobError error, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndGenerationLocked(Generation& gen, const absl::Status& status, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireWaiterLocked(Generation& gen, uint64_t waiter_id, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckLivenessLocked(Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WakeKeyWaitersLocked(Generation& gen, bool unique_ids, const std::string& key,
+                            Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TryCompleteKeyWaiterLocked(Generation& gen, uint64_t waiter_id, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteBarrierLocked(Generation& gen, const std::string& name, const absl::Status& status,
+                             Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteJoinLocked(Generation& gen, Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  JoinResult JoinResultLocked(const Generation& gen, int rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string DescribeMissingLocked(const Generation& gen, const std::vector<int>& missing) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Clock* const clock_;
+  const CoordinationOptions options_;
+
+  mutable absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Watch handle -> (job, generation) that holds it.
+  absl::flat_hash_map<uint64_t, std::pair<std::string, int64_t>> watch_index_ ABSL_GUARDED_BY(mu_);
+  std::priority_queue<DeadlineEntry, std::vector<DeadlineEntry>, std::greater<>> deadlines_
+      ABSL_GUARDED_BY(mu_);
+  absl::Time next_liveness_check_ ABSL_GUARDED_BY(mu_);
+  size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace mesh::coordinator
