@@ -1,6 +1,7 @@
 #include "coordinator/admin_service.h"
 
 #include "absl/time/time.h"
+#include "common/grpc_status.h"
 
 namespace mesh::coordinator {
 
@@ -18,6 +19,24 @@ grpc::ServerUnaryReactor* AdminServiceImpl::GetServerInfo(
 
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::CreateJob(grpc::CallbackServerContext* context,
+                                                      const mesh::v1::CreateJobRequest* request,
+                                                      mesh::v1::CreateJobResponse* response) {
+  JobLayout layout;
+  layout.job_id = request->job_id();
+  layout.world_size = request->world_size();
+  layout.mesh_shape.assign(request->mesh_shape().begin(), request->mesh_shape().end());
+  layout.mesh_dim_names.assign(request->mesh_dim_names().begin(), request->mesh_dim_names().end());
+  auto job = coordination_->CreateJob(std::move(layout));
+  if (job.ok()) {
+    response->set_job_id(job->layout.job_id);
+    response->set_generation(job->generation);
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(job.status()));
   return reactor;
 }
 

@@ -31,6 +31,7 @@ absl::Status Validate(const CoordinatorConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("port ", config.port, " is out of range 0..65535"));
   }
+  if (absl::Status s = ValidateOptions(config.coordination); !s.ok()) return s;
   if (config.max_message_bytes < 4096) {
     return absl::InvalidArgumentError(absl::StrCat("max message size ", config.max_message_bytes,
                                                    " is below the 4096-byte minimum"));
@@ -44,7 +45,9 @@ CoordinatorServer::CoordinatorServer(const CoordinatorConfig& config)
     : config_(config),
       clock_(config.clock != nullptr ? config.clock : Clock::Real()),
       server_info_(clock_),
-      admin_service_(&server_info_) {}
+      coordination_(clock_, config.coordination),
+      admin_service_(&server_info_, &coordination_),
+      worker_service_(&coordination_) {}
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const CoordinatorConfig& config) {
@@ -66,6 +69,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // silently share the port with the first. One port, one coordinator.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&server->admin_service_);
+  builder.RegisterService(&server->worker_service_);
 
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
@@ -75,6 +79,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus(mesh::v1::AdminService::service_full_name(), true);
+  health->SetServingStatus(mesh::v1::WorkerService::service_full_name(), true);
+  if (config.run_ticker) {
+    CoordinatorServer* self = server.get();
+    self->ticker_ = std::thread([self] {
+      const absl::Duration interval = self->coordination_.TickInterval();
+      while (!self->stop_ticker_.WaitForNotificationWithTimeout(interval)) {
+        self->coordination_.Tick();
+      }
+    });
+  }
   return server;
 }
 
@@ -94,8 +108,13 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
     if (shut_down_) return;
     shut_down_ = true;
   }
+  // Pending waits end first, with UNAVAILABLE, so that no reactor is left
+  // waiting on the managers when gRPC drains.
+  coordination_.Shutdown();
+  stop_ticker_.Notify();
+  if (ticker_.joinable()) ticker_.join();
   if (server_ == nullptr) return;
-  // Health first, so probes see NOT_SERVING while calls drain.
+  // Health next, so probes see NOT_SERVING while calls drain.
   server_->GetHealthCheckService()->Shutdown();
   // gRPC deadlines are real time, whatever clock the managers use.
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(grace));

@@ -13,16 +13,20 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <grpcpp/server.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/admin_service.h"
+#include "coordinator/coordination.h"
 #include "coordinator/server_info.h"
+#include "coordinator/worker_service.h"
 
 namespace mesh::coordinator {
 
@@ -35,9 +39,14 @@ struct CoordinatorConfig {
   // Largest message the server sends or accepts. Requests above it fail with
   // RESOURCE_EXHAUSTED before they reach any handler.
   int max_message_bytes = 16 * 1024 * 1024;
+  // Heartbeats, waits and KV limits of the worker-facing service.
+  CoordinationOptions coordination;
   // Time source for all managers; null means the real clock. Must outlive
   // the server.
   const Clock* clock = nullptr;
+  // Run Coordination::Tick on a background thread (deadlines, liveness).
+  // Tests with a FakeClock turn it off and call Tick themselves.
+  bool run_ticker = true;
 };
 
 // Possible errors of Start: INVALID_ARGUMENT for a bad config,
@@ -59,13 +68,16 @@ class CoordinatorServer {
   // "host:port" that a client on this machine can dial.
   std::string address() const;
 
-  // Stops accepting calls, marks the health service NOT_SERVING, lets
-  // in-flight calls finish for up to `grace`, then cancels the rest.
-  // Idempotent.
+  // Ends every pending wait with UNAVAILABLE, marks the health service
+  // NOT_SERVING, stops accepting calls, lets in-flight calls finish for up
+  // to `grace`, then cancels the rest. Idempotent.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
 
   // Blocks until Shutdown has completed.
   void Wait();
+
+  // The worker-facing logic, for tests and in-process tools.
+  Coordination& coordination() { return coordination_; }
 
  private:
   explicit CoordinatorServer(const CoordinatorConfig& config);
@@ -76,12 +88,18 @@ class CoordinatorServer {
   // Managers, in dependency order. They are destroyed in reverse order, after
   // server_ (declared last) has stopped calling into them.
   ServerInfo server_info_;
+  Coordination coordination_;
 
   // gRPC adapters over the managers above.
   AdminServiceImpl admin_service_;
+  WorkerServiceImpl worker_service_;
 
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
+
+  // Calls coordination_.Tick() every TickInterval() until stop_ticker_.
+  absl::Notification stop_ticker_;
+  std::thread ticker_;
 
   absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,0 +1,367 @@
+#include "coordinator/worker_service.h"
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_status.h"
+
+namespace mesh::coordinator {
+namespace {
+
+using namespace mesh::v1;  // NOLINT: the adapter names every message type.
+
+Caller ToCaller(const RankContext& context) {
+  return Caller{context.job_id(), context.generation(), context.rank(), context.incarnation()};
+}
+
+// The smaller of the request's timeout and what is left of the client's
+// deadline; zero (the server default) when neither is set.
+absl::Duration EffectiveTimeout(const grpc::CallbackServerContext* ctx, double timeout_seconds) {
+  absl::Duration timeout =
+      timeout_seconds > 0 ? absl::Seconds(timeout_seconds) : absl::ZeroDuration();
+  const auto deadline = ctx->deadline();
+  if (deadline != std::chrono::system_clock::time_point::max()) {
+    const absl::Duration left = absl::FromChrono(deadline - std::chrono::system_clock::now());
+    if (left > absl::ZeroDuration() && (timeout == absl::ZeroDuration() || left < timeout)) {
+      timeout = left;
+    }
+  }
+  return timeout;
+}
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+void FillJobError(const JobError& error, mesh::v1::JobError* out) {
+  out->set_rank(error.rank);
+  out->set_host(error.host);
+  out->set_reason(error.reason);
+  out->set_generation(error.generation);
+  out->set_message(error.message);
+}
+
+void FillDevice(const DeviceInfo& device, mesh::v1::DeviceInfo* out) {
+  out->set_kind(device.kind);
+  out->set_index(device.index);
+  out->set_uuid(device.uuid);
+  out->set_pci_bus_id(device.pci_bus_id);
+}
+
+std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::string>& keys) {
+  return {keys.begin(), keys.end()};
+}
+
+// Streams WATCHING, then the generation's error (or ends with the status the
+// watch ended with). Lifetime: deletes itself in OnDone, which gRPC calls only
+// after Finish; Finish is called only once the Coordination callback has run
+// or can no longer run (Unwatch succeeded or Watch failed), so the callback
+// never outlives the reactor.
+class WatchReactor final : public grpc::ServerWriteReactor<JobEvent> {
+ public:
+  WatchReactor(Coordination* coordination, const WatchJobRequest& request)
+      : coordination_(coordination) {
+    // Not under mu_: the callback may run inside Watch() (a generation that
+    // has already failed), and it takes mu_. Until started_, it only records.
+    auto handle = coordination_->Watch(ToCaller(request.context()),
+                                       [this](absl::StatusOr<JobError> r) { OnResult(r); });
+    absl::MutexLock lock(&mu_);
+    if (!handle.ok()) {
+      // Nothing was registered, so the callback never runs.
+      finished_ = true;
+      Finish(ToGrpcStatus(handle.status()));
+      return;
+    }
+    handle_ = *handle;
+    started_ = true;
+    watching_.set_kind(JobEvent::WATCHING);
+    writing_ = true;
+    StartWrite(&watching_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      // The client is gone; stop watching and end the call.
+      if (!finish_status_) finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "");
+      error_pending_ = false;
+    }
+    StepLocked();
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    if (!finish_status_) finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "");
+    error_pending_ = false;
+    StepLocked();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void OnResult(const absl::StatusOr<JobError>& result) {
+    absl::MutexLock lock(&mu_);
+    callback_done_ = true;
+    if (!finish_status_) {
+      if (result.ok()) {
+        error_.set_kind(JobEvent::ERROR);
+        FillJobError(*result, error_.mutable_error());
+        error_pending_ = true;
+        finish_status_ = grpc::Status::OK;
+      } else {
+        finish_status_ = ToGrpcStatus(result.status());
+      }
+    }
+    StepLocked();
+  }
+
+  // Advances the state machine: one write at a time, then Finish once the
+  // callback can no longer run.
+  void StepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!started_ || finished_ || writing_) return;
+    if (error_pending_) {
+      error_pending_ = false;
+      writing_ = true;
+      StartWrite(&error_);
+      return;
+    }
+    if (!finish_status_) return;
+    if (!callback_done_) {
+      if (!coordination_->Unwatch(handle_)) return;  // It is running; it will step us.
+      callback_done_ = true;
+    }
+    finished_ = true;
+    Finish(*finish_status_);
+  }
+
+  Coordination* const coordination_;
+  absl::Mutex mu_;
+  JobEvent watching_;
+  JobEvent error_ ABSL_GUARDED_BY(mu_);
+  uint64_t handle_ ABSL_GUARDED_BY(mu_) = 0;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool error_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool callback_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> finish_status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::Join(Ctx* ctx, const JoinRequest* request,
+                                                  JoinResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  JoinArgs args;
+  args.caller = ToCaller(request->context());
+  args.host = request->host();
+  args.device = DeviceInfo{request->device().kind(), request->device().index(),
+                           request->device().uuid(), request->device().pci_bus_id()};
+  if (!request->has_device()) args.device.index = -1;
+  args.nccl_unique_id = request->nccl_unique_id();
+  args.timeout = EffectiveTimeout(ctx, request->timeout_seconds());
+  coordination_->Join(std::move(args), [reactor, response](absl::StatusOr<JoinResult> r) {
+    if (r.ok()) {
+      response->set_rank(r->rank);
+      response->set_world_size(r->world_size);
+      response->set_local_rank(r->local_rank);
+      response->set_local_world_size(r->local_world_size);
+      response->set_node_rank(r->node_rank);
+      response->set_num_nodes(r->num_nodes);
+      for (int64_t d : r->mesh_shape) response->add_mesh_shape(d);
+      for (const auto& n : r->mesh_dim_names) response->add_mesh_dim_names(n);
+      response->set_generation(r->generation);
+      response->set_nccl_unique_id(r->nccl_unique_id);
+      response->set_heartbeat_interval_seconds(absl::ToDoubleSeconds(r->heartbeat_interval));
+      response->set_heartbeat_timeout_seconds(absl::ToDoubleSeconds(r->heartbeat_timeout));
+    }
+    reactor->Finish(ToGrpcStatus(r.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::DescribeRanks(Ctx* ctx,
+                                                           const DescribeRanksRequest* request,
+                                                           DescribeRanksResponse* response) {
+  auto ranks = coordination_->DescribeRanks(
+      ToCaller(request->context()),
+      std::vector<int>(request->ranks().begin(), request->ranks().end()));
+  if (ranks.ok()) {
+    for (const RankDescription& d : *ranks) {
+      auto* out = response->add_ranks();
+      out->set_rank(d.rank);
+      out->set_host(d.host);
+      out->set_node_rank(d.node_rank);
+      out->set_local_rank(d.local_rank);
+      FillDevice(d.device, out->mutable_device());
+    }
+  }
+  return Finish(ctx, ranks.status());
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::KvSet(Ctx* ctx, const KvSetRequest* request,
+                                                   KvSetResponse*) {
+  return Finish(
+      ctx, coordination_->KvSet(ToCaller(request->context()), request->key(), request->value()));
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::KvGet(Ctx* ctx, const KvGetRequest* request,
+                                                   KvGetResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  coordination_->KvGet(ToCaller(request->context()), request->key(), request->wait(),
+                       EffectiveTimeout(ctx, request->timeout_seconds()),
+                       [reactor, response](absl::StatusOr<std::string> value) {
+                         if (value.ok()) response->set_value(*std::move(value));
+                         reactor->Finish(ToGrpcStatus(value.status()));
+                       });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::KvAdd(Ctx* ctx, const KvAddRequest* request,
+                                                   KvAddResponse* response) {
+  auto value = coordination_->KvAdd(ToCaller(request->context()), request->key(), request->delta());
+  if (value.ok()) response->set_value(*value);
+  return Finish(ctx, value.status());
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::KvCompareSet(Ctx* ctx,
+                                                          const KvCompareSetRequest* request,
+                                                          KvCompareSetResponse* response) {
+  std::optional<std::string> expected;
+  if (request->has_expected()) expected = request->expected();
+  auto result = coordination_->KvCompareSet(ToCaller(request->context()), request->key(),
+                                            std::move(expected), request->desired());
+  if (result.ok()) {
+    response->set_swapped(result->swapped);
+    response->set_present(result->present);
+    response->set_value(std::move(result->value));
+  }
+  return Finish(ctx, result.status());
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::KvDelete(Ctx* ctx, const KvDeleteRequest* request,
+                                                      KvDeleteResponse* response) {
+  auto deleted =
+      coordination_->KvDelete(ToCaller(request->context()), request->key(), request->prefix());
+  if (deleted.ok()) response->set_deleted(*deleted);
+  return Finish(ctx, deleted.status());
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::KvList(Ctx* ctx, const KvListRequest* request,
+                                                    KvListResponse* response) {
+  auto result = coordination_->KvList(ToCaller(request->context()), request->prefix(),
+                                      request->start_after(), request->limit());
+  if (result.ok()) {
+    for (auto& key : result->keys) response->add_keys(std::move(key));
+    response->set_truncated(result->truncated);
+  }
+  return Finish(ctx, result.status());
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::KvNumKeys(Ctx* ctx, const KvNumKeysRequest* request,
+                                                       KvNumKeysResponse* response) {
+  auto stats = coordination_->KvNumKeys(ToCaller(request->context()));
+  if (stats.ok()) {
+    response->set_num_keys(stats->num_keys);
+    response->set_total_bytes(stats->total_bytes);
+  }
+  return Finish(ctx, stats.status());
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::KvWait(Ctx* ctx, const KvWaitRequest* request,
+                                                    KvWaitResponse*) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  coordination_->KvWait(ToCaller(request->context()), Keys(request->keys()),
+                        EffectiveTimeout(ctx, request->timeout_seconds()),
+                        [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::KvMultiGet(Ctx* ctx, const KvMultiGetRequest* request,
+                                                        KvMultiGetResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  coordination_->KvMultiGet(ToCaller(request->context()), Keys(request->keys()), request->wait(),
+                            EffectiveTimeout(ctx, request->timeout_seconds()),
+                            [reactor, response](absl::StatusOr<std::vector<std::string>> values) {
+                              if (values.ok()) {
+                                for (auto& v : *values) response->add_values(std::move(v));
+                              }
+                              reactor->Finish(ToGrpcStatus(values.status()));
+                            });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::KvMultiSet(Ctx* ctx, const KvMultiSetRequest* request,
+                                                        KvMultiSetResponse*) {
+  std::vector<std::pair<std::string, std::string>> entries;
+  entries.reserve(request->entries_size());
+  for (const auto& e : request->entries()) entries.emplace_back(e.key(), e.value());
+  return Finish(ctx, coordination_->KvMultiSet(ToCaller(request->context()), std::move(entries)));
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::Barrier(Ctx* ctx, const BarrierRequest* request,
+                                                     BarrierResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  coordination_->Barrier(ToCaller(request->context()), request->name(),
+                         std::vector<int>(request->ranks().begin(), request->ranks().end()),
+                         EffectiveTimeout(ctx, request->timeout_seconds()),
+                         [reactor, response](absl::StatusOr<int> participants) {
+                           if (participants.ok()) response->set_participants(*participants);
+                           reactor->Finish(ToGrpcStatus(participants.status()));
+                         });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::PublishUniqueIds(
+    Ctx* ctx, const PublishUniqueIdsRequest* request, PublishUniqueIdsResponse*) {
+  std::vector<std::pair<std::string, std::string>> ids(request->ids().begin(),
+                                                       request->ids().end());
+  return Finish(ctx, coordination_->PublishUniqueIds(ToCaller(request->context()), std::move(ids)));
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::GetUniqueIds(Ctx* ctx,
+                                                          const GetUniqueIdsRequest* request,
+                                                          GetUniqueIdsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  coordination_->GetUniqueIds(ToCaller(request->context()), Keys(request->keys()),
+                              EffectiveTimeout(ctx, request->timeout_seconds()),
+                              [reactor, response](absl::StatusOr<std::vector<std::string>> ids) {
+                                if (ids.ok()) {
+                                  for (auto& id : *ids) response->add_ids(std::move(id));
+                                }
+                                reactor->Finish(ToGrpcStatus(ids.status()));
+                              });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(Ctx* ctx, const HeartbeatRequest* request,
+                                                       HeartbeatResponse* response) {
+  auto error = coordination_->Heartbeat(ToCaller(request->context()));
+  if (error.ok() && error->has_value()) FillJobError(**error, response->mutable_error());
+  return Finish(ctx, error.status());
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::ReportError(Ctx* ctx,
+                                                         const ReportErrorRequest* request,
+                                                         ReportErrorResponse*) {
+  return Finish(ctx, coordination_->ReportError(ToCaller(request->context()), request->reason()));
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::Leave(Ctx* ctx, const LeaveRequest* request,
+                                                   LeaveResponse*) {
+  return Finish(ctx, coordination_->Leave(ToCaller(request->context())));
+}
+
+grpc::ServerWriteReactor<JobEvent>* WorkerServiceImpl::WatchJob(Ctx*,
+                                                                const WatchJobRequest* request) {
+  return new WatchReactor(coordination_, *request);
+}
+
+}  // namespace mesh::coordinator

@@ -1,0 +1,230 @@
+// WorkerService through a real in-process server on 127.0.0.1:0, with ranks
+// as threads: the full start-up path, and a rank dying mid-barrier.
+#include <atomic>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <gtest/gtest.h>
+
+#include "coordinator/coordinator_server.h"
+#include "mesh/v1/admin.grpc.pb.h"
+#include "mesh/v1/worker.grpc.pb.h"
+
+namespace mesh::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace mesh::v1;  // NOLINT
+
+constexpr int kRanks = 64;
+
+std::unique_ptr<grpc::ClientContext> Context(int seconds = 30) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
+  return ctx;
+}
+
+class WorkerServiceTest : public ::testing::Test {
+ protected:
+  void StartServer(absl::Duration interval, absl::Duration timeout) {
+    CoordinatorConfig config;
+    config.port = 0;
+    config.coordination.heartbeat_interval = interval;
+    config.coordination.heartbeat_timeout = timeout;
+    auto server = CoordinatorServer::Start(config);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+    stub_ = WorkerService::NewStub(channel_);
+    auto admin = AdminService::NewStub(channel_);
+    CreateJobRequest create;
+    create.set_job_id("train");
+    create.set_world_size(kRanks);
+    create.add_mesh_shape(8);
+    create.add_mesh_shape(8);
+    create.add_mesh_dim_names("dp");
+    create.add_mesh_dim_names("tp");
+    CreateJobResponse created;
+    ASSERT_TRUE(admin->CreateJob(Context().get(), create, &created).ok());
+  }
+
+  RankContext Rank(int rank) {
+    RankContext ctx;
+    ctx.set_job_id("train");
+    ctx.set_generation(0);
+    ctx.set_rank(rank);
+    ctx.set_incarnation(1000 + rank);
+    return ctx;
+  }
+
+  std::unique_ptr<CoordinatorServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<WorkerService::Stub> stub_;
+};
+
+TEST_F(WorkerServiceTest, SixtyFourRanksJoinExchangeKeysBarrierAndShareUniqueIds) {
+  StartServer(absl::Seconds(1), absl::Seconds(30));
+  const std::string world_id(128, '\x5a');
+  std::vector<grpc::Status> statuses(kRanks);
+  std::vector<std::string> errors(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto fail = [&](const std::string& what, const grpc::Status& s) {
+        errors[r] = what + ": " + s.error_message();
+        statuses[r] = s;
+      };
+      JoinRequest join;
+      *join.mutable_context() = Rank(r);
+      join.set_host("host-" + std::to_string(r / 8));
+      if (r == 0) join.set_nccl_unique_id(world_id);
+      join.set_timeout_seconds(30);
+      JoinResponse joined;
+      if (auto s = stub_->Join(Context().get(), join, &joined); !s.ok()) return fail("join", s);
+      if (joined.world_size() != kRanks || joined.nccl_unique_id() != world_id ||
+          joined.local_world_size() != 8 || joined.local_rank() != r % 8 ||
+          joined.node_rank() != r / 8 || joined.num_nodes() != 8 ||
+          joined.mesh_dim_names(1) != "tp") {
+        return fail("join reply", grpc::Status(grpc::StatusCode::INTERNAL, joined.DebugString()));
+      }
+      // Each rank publishes its address and reads its right neighbour's.
+      KvSetRequest set;
+      *set.mutable_context() = Rank(r);
+      set.set_key("addr/" + std::to_string(r));
+      set.set_value("10.0.0." + std::to_string(r));
+      KvSetResponse set_reply;
+      if (auto s = stub_->KvSet(Context().get(), set, &set_reply); !s.ok()) return fail("set", s);
+      KvGetRequest get;
+      *get.mutable_context() = Rank(r);
+      get.set_key("addr/" + std::to_string((r + 1) % kRanks));
+      get.set_wait(true);
+      get.set_timeout_seconds(30);
+      KvGetResponse got;
+      if (auto s = stub_->KvGet(Context().get(), get, &got); !s.ok()) return fail("get", s);
+      if (got.value() != "10.0.0." + std::to_string((r + 1) % kRanks)) {
+        return fail("get value", grpc::Status(grpc::StatusCode::INTERNAL, got.value()));
+      }
+      BarrierRequest barrier;
+      *barrier.mutable_context() = Rank(r);
+      barrier.set_name("init");
+      barrier.set_timeout_seconds(30);
+      BarrierResponse passed;
+      if (auto s = stub_->Barrier(Context().get(), barrier, &passed); !s.ok()) {
+        return fail("barrier", s);
+      }
+      // The first rank of each tp group publishes that group's ID.
+      const std::string group = "tp/" + std::to_string(r / 8);
+      if (r % 8 == 0) {
+        PublishUniqueIdsRequest publish;
+        *publish.mutable_context() = Rank(r);
+        (*publish.mutable_ids())[group] = std::string(128, static_cast<char>('a' + r / 8));
+        PublishUniqueIdsResponse published;
+        if (auto s = stub_->PublishUniqueIds(Context().get(), publish, &published); !s.ok()) {
+          return fail("publish", s);
+        }
+      }
+      GetUniqueIdsRequest ids;
+      *ids.mutable_context() = Rank(r);
+      ids.add_keys(group);
+      ids.set_timeout_seconds(30);
+      GetUniqueIdsResponse id_reply;
+      if (auto s = stub_->GetUniqueIds(Context().get(), ids, &id_reply); !s.ok()) {
+        return fail("unique ids", s);
+      }
+      if (id_reply.ids(0) != std::string(128, static_cast<char>('a' + r / 8))) {
+        return fail("unique id value", grpc::Status(grpc::StatusCode::INTERNAL, "mismatch"));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r)
+    EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << errors[r];
+  EXPECT_EQ(server_->coordination().PendingWaits(), 0u);
+}
+
+TEST_F(WorkerServiceTest, ARankKilledMidBarrierIsNamedToEveryOtherRank) {
+  StartServer(absl::Milliseconds(100), absl::Milliseconds(600));
+  constexpr int kVictim = 13;
+  std::atomic<bool> stop_heartbeats{false};
+  std::vector<grpc::Status> statuses(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      JoinRequest join;
+      *join.mutable_context() = Rank(r);
+      join.set_host(r == kVictim ? "host-victim" : "host-" + std::to_string(r / 8));
+      JoinResponse joined;
+      statuses[r] = stub_->Join(Context().get(), join, &joined);
+      if (!statuses[r].ok() || r == kVictim) return;  // The victim dies silently here.
+      // Heartbeat in the background while blocked in the barrier.
+      std::thread beat([&, r] {
+        for (int i = 0; i < 100 && !stop_heartbeats; ++i) {
+          HeartbeatRequest hb;
+          *hb.mutable_context() = Rank(r);
+          HeartbeatResponse reply;
+          (void)stub_->Heartbeat(Context().get(), hb, &reply);
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+      });
+      BarrierRequest barrier;
+      *barrier.mutable_context() = Rank(r);
+      barrier.set_name("step-1");
+      barrier.set_timeout_seconds(60);  // Far beyond the heartbeat timeout.
+      BarrierResponse passed;
+      statuses[r] = stub_->Barrier(Context(60).get(), barrier, &passed);
+      stop_heartbeats = true;
+      beat.join();
+    });
+  }
+  const absl::Time start = absl::Now();
+  for (auto& t : threads) t.join();
+  // Bounded by the heartbeat timeout, not the 60 s barrier deadline.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  for (int r = 0; r < kRanks; ++r) {
+    if (r == kVictim) continue;
+    EXPECT_EQ(statuses[r].error_code(), grpc::StatusCode::ABORTED) << "rank " << r;
+    EXPECT_THAT(statuses[r].error_message(), HasSubstr("rank 13 (host-victim)")) << "rank " << r;
+    EXPECT_THAT(statuses[r].error_message(), HasSubstr("no heartbeat")) << "rank " << r;
+  }
+}
+
+TEST_F(WorkerServiceTest, ShutdownEndsPendingJoinsAndWatchesWithUnavailable) {
+  StartServer(absl::Seconds(1), absl::Seconds(30));
+  // Two ranks of 64 join; their joins wait for the rest of the world.
+  grpc::ClientContext watch_ctx;
+  WatchJobRequest watch;
+  *watch.mutable_context() = Rank(1);
+  auto reader = stub_->WatchJob(&watch_ctx, watch);
+  JobEvent event;
+  ASSERT_TRUE(reader->Read(&event));
+  EXPECT_EQ(event.kind(), JobEvent::WATCHING);
+
+  std::thread joiner([&] {
+    JoinRequest join;
+    *join.mutable_context() = Rank(2);
+    join.set_host("host-b");
+    JoinResponse joined;
+    const grpc::Status s = stub_->Join(Context().get(), join, &joined);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  });
+  // Rank 2's join is pending; rank 1 cannot report before joining, so
+  // shut down instead: the join and the watch both end with UNAVAILABLE.
+  for (int i = 0; i < 500 && server_->coordination().PendingWaits() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(server_->coordination().PendingWaits(), 2u);
+  server_->Shutdown(absl::Seconds(2));
+  joiner.join();
+  EXPECT_FALSE(reader->Read(&event));
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+}
+
+}  // namespace
+}  // namespace mesh::coordinator
