@@ -1027,7 +1027,7 @@ absl::Status Coordination::Leave(const Caller& caller) {
 absl::StatusOr<uint64_t> Coordination::Watch(const Caller& caller, WatchCallback callback) {
   Completions done;
   absl::MutexLock lock(&mu_);
-  auto resolved = ResolveLocked(caller, /*require_joined=*/false, /*allow_failed=*/true);
+  auto resolved = ResolveLocked(caller, /*require_joined=*/true, /*allow_failed=*/true);
   if (!resolved.ok()) return resolved.status();
   Generation& gen = **resolved;
   const uint64_t handle = next_id_++;

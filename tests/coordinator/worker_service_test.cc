@@ -196,7 +196,23 @@ TEST_F(WorkerServiceTest, ARankKilledMidBarrierIsNamedToEveryOtherRank) {
 
 TEST_F(WorkerServiceTest, ShutdownEndsPendingJoinsAndWatchesWithUnavailable) {
   StartServer(absl::Seconds(1), absl::Seconds(30));
-  // Two ranks of 64 join; their joins wait for the rest of the world.
+  // Ranks 1 and 2 of 64 join; their joins wait for the rest of the world.
+  // Rank 1 also watches (a watch needs a joined rank).
+  std::vector<std::thread> joiners;
+  for (int r : {1, 2}) {
+    joiners.emplace_back([&, r] {
+      JoinRequest join;
+      *join.mutable_context() = Rank(r);
+      join.set_host("host-b");
+      JoinResponse joined;
+      const grpc::Status s = stub_->Join(Context().get(), join, &joined);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+    });
+  }
+  for (int i = 0; i < 500 && server_->coordination().PendingWaits() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(server_->coordination().PendingWaits(), 2u);
   grpc::ClientContext watch_ctx;
   WatchJobRequest watch;
   *watch.mutable_context() = Rank(1);
@@ -205,22 +221,10 @@ TEST_F(WorkerServiceTest, ShutdownEndsPendingJoinsAndWatchesWithUnavailable) {
   ASSERT_TRUE(reader->Read(&event));
   EXPECT_EQ(event.kind(), JobEvent::WATCHING);
 
-  std::thread joiner([&] {
-    JoinRequest join;
-    *join.mutable_context() = Rank(2);
-    join.set_host("host-b");
-    JoinResponse joined;
-    const grpc::Status s = stub_->Join(Context().get(), join, &joined);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
-  });
-  // Rank 2's join is pending; rank 1 cannot report before joining, so
-  // shut down instead: the join and the watch both end with UNAVAILABLE.
-  for (int i = 0; i < 500 && server_->coordination().PendingWaits() < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_EQ(server_->coordination().PendingWaits(), 2u);
+  ASSERT_EQ(server_->coordination().PendingWaits(), 3u);
+  // Shutdown ends both joins and the watch with UNAVAILABLE.
   server_->Shutdown(absl::Seconds(2));
-  joiner.join();
+  for (auto& t : joiners) t.join();
   EXPECT_FALSE(reader->Read(&event));
   const grpc::Status status = reader->Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
