@@ -7,12 +7,15 @@
 #include <fstream>
 #include <string>
 
+#include "absl/time/time.h"
+
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/version.h"
+#include "coordinator/coordination.h"
 #include "coordinator/coordinator_server.h"
 
 namespace {
@@ -37,6 +40,13 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   std::string port_file;
   double shutdown_grace_s = 5.0;
+  // Durations are taken in seconds (fractions allowed) and converted after
+  // parsing; ValidateOptions then checks their relations.
+  mesh::coordinator::CoordinationOptions& coordination = config.coordination;
+  double heartbeat_interval_s = absl::ToDoubleSeconds(coordination.heartbeat_interval);
+  double heartbeat_timeout_s = absl::ToDoubleSeconds(coordination.heartbeat_timeout);
+  double default_wait_s = absl::ToDoubleSeconds(coordination.default_wait);
+  double max_wait_s = absl::ToDoubleSeconds(coordination.max_wait);
 
   CLI::App app{"mesh-coordinator: the Mesh cluster coordinator", "mesh-coordinator"};
   app.set_version_flag("--version", mesh::kVersion);
@@ -61,6 +71,43 @@ int main(int argc, char** argv) {
       ->envname("MESH_SHUTDOWN_GRACE")
       ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
+  app.add_option("--heartbeat-interval", heartbeat_interval_s,
+                 "Seconds between a rank's heartbeats (told to ranks when they join)")
+      ->envname("MESH_HEARTBEAT_INTERVAL")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--heartbeat-timeout", heartbeat_timeout_s,
+                 "Seconds of silence after which a rank is declared dead")
+      ->envname("MESH_HEARTBEAT_TIMEOUT")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--default-wait", default_wait_s,
+                 "Seconds a join, get, barrier or unique-ID wait lasts when the request "
+                 "gives no timeout")
+      ->envname("MESH_DEFAULT_WAIT")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-wait", max_wait_s, "Cap in seconds on any wait a request asks for")
+      ->envname("MESH_MAX_WAIT")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--kv-max-key-bytes", coordination.kv.max_key_bytes, "Largest KV key")
+      ->envname("MESH_KV_MAX_KEY_BYTES")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--kv-max-value-bytes", coordination.kv.max_value_bytes, "Largest KV value")
+      ->envname("MESH_KV_MAX_VALUE_BYTES")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--kv-max-total-bytes", coordination.kv.max_total_bytes,
+                 "Per job generation: total bytes of keys and values")
+      ->envname("MESH_KV_MAX_TOTAL_BYTES")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--kv-max-keys", coordination.kv.max_keys, "Per job generation: key count")
+      ->envname("MESH_KV_MAX_KEYS")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--log-format", log_format, "text or json")
       ->envname("MESH_LOG_FORMAT")
       ->check(CLI::IsMember({"text", "json"}))
@@ -80,6 +127,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "mesh-coordinator: %s\n", std::string(status.message()).c_str());
       return 2;
     }
+  }
+
+  coordination.heartbeat_interval = absl::Seconds(heartbeat_interval_s);
+  coordination.heartbeat_timeout = absl::Seconds(heartbeat_timeout_s);
+  coordination.default_wait = absl::Seconds(default_wait_s);
+  coordination.max_wait = absl::Seconds(max_wait_s);
+  if (absl::Status status = mesh::coordinator::ValidateOptions(coordination); !status.ok()) {
+    std::fprintf(stderr, "mesh-coordinator: %s\n", std::string(status.message()).c_str());
+    return 2;
   }
 
   mesh::LogOptions log_options;

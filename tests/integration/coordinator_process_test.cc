@@ -14,6 +14,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "cli/admin_client.h"
+#include "mesh/v1/admin.grpc.pb.h"
+#include "mesh/v1/worker.grpc.pb.h"
 #include "tests/util/subprocess.h"
 
 namespace mesh {
@@ -98,10 +100,75 @@ TEST(CoordinatorProcess, FlagBeatsEnvironmentBeatsConfigFile) {
   unlink(config.c_str());
 }
 
+// Heartbeat settings reach ranks in their join reply, and KV limits are
+// enforced: each comes from a different layer of the precedence.
+TEST(CoordinatorProcess, HeartbeatAndKvLimitFlagsTakeEffect) {
+  const std::string config =
+      ::testing::TempDir() + "/mesh_cfg_kv_" + std::to_string(getpid()) + ".yaml";
+  std::ofstream(config) << "kv-max-value-bytes: 100\nheartbeat-timeout: 7\n";
+  auto [coordinator, address] =
+      StartCoordinator({"--port", "0", "--config", config, "--heartbeat-interval", "0.25",
+                        "--shutdown-grace", "0.5"},
+                       {"MESH_HEARTBEAT_TIMEOUT=3"});
+  unlink(config.c_str());
+
+  auto channel = cli::MakeChannel(address);
+  auto admin = v1::AdminService::NewStub(channel);
+  auto worker = v1::WorkerService::NewStub(channel);
+  const auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(10); };
+
+  v1::CreateJobRequest create;
+  create.set_world_size(1);
+  v1::CreateJobResponse created;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(deadline());
+    ASSERT_TRUE(admin->CreateJob(&context, create, &created).ok());
+  }
+  v1::RankContext rank;
+  rank.set_job_id(created.job_id());
+  rank.set_incarnation(1);
+
+  v1::JoinRequest join;
+  *join.mutable_context() = rank;
+  join.set_host("host-a");
+  join.set_timeout_seconds(5);
+  v1::JoinResponse joined;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(deadline());
+    grpc::Status status = worker->Join(&context, join, &joined);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  EXPECT_DOUBLE_EQ(joined.heartbeat_interval_seconds(), 0.25);  // Flag.
+  EXPECT_DOUBLE_EQ(joined.heartbeat_timeout_seconds(), 3);      // Env beats config.
+
+  for (const auto& [size, code] : {std::pair{100, grpc::StatusCode::OK},
+                                   std::pair{101, grpc::StatusCode::RESOURCE_EXHAUSTED}}) {
+    v1::KvSetRequest set;
+    *set.mutable_context() = rank;
+    set.set_key("k");
+    set.set_value(std::string(size, 'x'));
+    v1::KvSetResponse set_response;
+    grpc::ClientContext context;
+    context.set_deadline(deadline());
+    EXPECT_EQ(worker->KvSet(&context, set, &set_response).error_code(), code) << size;
+  }
+
+  coordinator.Signal(SIGTERM);
+  auto status = coordinator.Wait(kStopTimeout);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(ExitCode(*status), 0);
+}
+
 TEST(CoordinatorProcess, BadFlagsAndConfigAreUsageErrors) {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{MESH_COORDINATOR_BIN, "--port", "70000"},
         std::vector<std::string>{MESH_COORDINATOR_BIN, "--log-format", "xml"},
+        // Rejected by ValidateOptions: the timeout must exceed the interval.
+        std::vector<std::string>{MESH_COORDINATOR_BIN, "--heartbeat-timeout", "1",
+                                 "--heartbeat-interval", "2"},
+        std::vector<std::string>{MESH_COORDINATOR_BIN, "--kv-max-keys", "0"},
         std::vector<std::string>{MESH_COORDINATOR_BIN, "--config", "/nonexistent.yaml"}}) {
     auto process = Subprocess::Start(args);
     ASSERT_TRUE(process.ok());
