@@ -64,10 +64,11 @@
 #include "absl/time/time.h"
 #include "mesh/device.h"
 #include "mesh/process_group.h"
-#include "mesh/store.h"
 #include "mesh/work.h"
 
 namespace mesh {
+
+class Store;  // mesh/store.h; only held here.
 
 // Size of an ncclUniqueId.
 inline constexpr size_t kNcclUniqueIdBytes = 128;

@@ -207,6 +207,13 @@ absl::StatusOr<AllToAllPlan> PlanAllToAll(const GroupView& group, const Tensor& 
                                 RowSize(output), "; input ", input.ShapeString(), ", output ",
                                 output.ShapeString()));
   }
+  // Send and receive chunks are copied independently and in no set order.
+  const auto* in = static_cast<const char*>(input.data());
+  const auto* out = static_cast<const char*>(output.data());
+  if (input.nbytes() > 0 && output.nbytes() > 0 && in < out + output.nbytes() &&
+      out < in + input.nbytes()) {
+    return Invalid(group, kOp, "input and output overlap; all_to_all cannot run in place");
+  }
   AllToAllPlan plan;
   if (absl::Status s =
           PlanSide(group, "input", input, input_splits, &plan.send_counts, &plan.send_offsets);

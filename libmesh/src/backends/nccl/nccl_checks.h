@@ -82,7 +82,8 @@ struct AllToAllPlan {
 // Each side is checked on its own: an empty split list means equal splits of
 // that tensor's dim 0, which must then be divisible by size(); otherwise the
 // list has size() non-negative entries summing to dim 0. Both tensors need
-// at least one dimension and the same row size (product of dims 1..).
+// at least one dimension and the same row size (product of dims 1..), and
+// their memory must not overlap.
 absl::StatusOr<AllToAllPlan> PlanAllToAll(const GroupView& group, const Tensor& input,
                                           const Tensor& output,
                                           absl::Span<const int64_t> input_splits,

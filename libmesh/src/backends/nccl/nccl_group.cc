@@ -155,7 +155,7 @@ void GroupCore::AbortLocked() {
   // after that would pass for a success.
   for (const std::shared_ptr<PendingOp>& op : ops) {
     op->Poll();
-    op->Finish(reason);
+    op->Finish(reason).IgnoreError();
   }
   if (comm_ != nullptr) {
     DeviceGuard guard(params_.device);
@@ -224,7 +224,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> GroupCore::Launch(
                                            " could not be issued, so the group was aborted"),
                               failure));
     AbortLocked();
-    pending->Finish(health());
+    pending->Finish(health()).IgnoreError();
     return std::make_shared<NcclWork>(shared_from_this(), std::move(pending));
   }
   {
