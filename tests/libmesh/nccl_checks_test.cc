@@ -186,7 +186,7 @@ TEST(NcclPlanAllToAll, RejectsBadSplitsAndShapes) {
   const std::vector<int64_t> two = {3, 3};
   ExpectInvalid(PlanAllToAll(g, in, out, two, {}).status(),
                 "input_splits has 2 entries; it needs one per member (3)");
-  const std::vector<int64_t> negative = {7, -1, 0};
+  const std::vector<int64_t> negative = {3, -1, 4};
   ExpectInvalid(PlanAllToAll(g, in, out, {}, negative).status(), "output_splits[1] is negative");
   const std::vector<int64_t> short_sum = {1, 2, 2};
   ExpectInvalid(PlanAllToAll(g, in, out, short_sum, {}).status(), "sum to 5, not input dim 0 (6)");
