@@ -183,14 +183,13 @@ absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::NewGroup
     const GroupSpec& spec = specs[i];
     const int group_rank = (*group_ranks)[i];
     const int size = static_cast<int>(spec.global_ranks.size());
-    // NCCL keeps its own copy of the name; this one only has to outlive
-    // the creating call.
     const std::string name = GroupName(spec);
     const std::string what = GroupWhat(name, group_rank, size, device);
+    const char* comm_name = PersistentName(name);  // NCCL keeps the pointer.
     absl::StatusOr<ncclComm_t> comm =
-        split_ ? world_->core()->Split(spec.color, group_rank, name.c_str(), what, deadline,
+        split_ ? world_->core()->Split(spec.color, group_rank, comm_name, what, deadline,
                                        cancelled)
-               : InitComm(ToUniqueId(ids[i]), size, group_rank, device, name.c_str(), what,
+               : InitComm(ToUniqueId(ids[i]), size, group_rank, device, comm_name, what,
                           deadline, cancelled);
     if (!comm.ok()) return comm.status();
     if (absl::Status s = CheckCommShape(*comm, size, group_rank, what); !s.ok()) {

@@ -193,35 +193,39 @@ absl::StatusOr<ProcessGroup::WorkPtr> GroupCore::Launch(
   // Ordering: the caller's earlier work on its stream, then the op, then
   // the completion event. Recording `ready_` again while an earlier wait on
   // it is still queued is fine: cudaStreamWaitEvent captures the event's
-  // state at the time of the call.
-  absl::Status failure;
+  // state at the time of the call. A failure here has issued nothing, so it
+  // is the caller's synchronous error and the group stays healthy.
   if (cudaError_t err = cudaEventRecord(ready_, caller); err != cudaSuccess) {
-    failure = CudaError("cudaEventRecord on the caller's current stream (is it a stream of this "
-                        "group's device?)",
-                        err);
-  } else if (cudaError_t err2 = cudaStreamWaitEvent(stream_, ready_, 0); err2 != cudaSuccess) {
-    failure = CudaError("cudaStreamWaitEvent on the group stream", err2);
-  } else {
-    const ncclResult_t r = enqueue(comm_, stream_);
-    if (r == ncclInProgress) {
-      // First use of a peer connection (lazy connect) runs in NCCL's
-      // background thread; nothing is on the stream until it is done.
-      failure = AwaitComm(comm_, absl::StrCat("issuing ", pending->description()),
-                          absl::Now() + params_.options.timeout, [this] { return Cancelled(); });
-    } else if (r != ncclSuccess) {
-      failure = NcclError(absl::StrCat("issuing ", pending->description()), r, comm_);
-    }
-    if (failure.ok()) {
-      if (cudaError_t err3 = cudaEventRecord(*done, stream_); err3 != cudaSuccess) {
-        failure = CudaError("cudaEventRecord on the group stream", err3);
-      }
+    return WithPrefix(absl::StrCat(what_, " ", pending->description()),
+                      CudaError("cudaEventRecord on the caller's current stream (is it a stream "
+                                "of this group's device?)",
+                                err));
+  }
+  if (cudaError_t err = cudaStreamWaitEvent(stream_, ready_, 0); err != cudaSuccess) {
+    return WithPrefix(absl::StrCat(what_, " ", pending->description()),
+                      CudaError("cudaStreamWaitEvent on the group stream", err));
+  }
+  absl::Status failure;
+  const ncclResult_t r = enqueue(comm_, stream_);
+  if (r == ncclInProgress) {
+    // First use of a peer connection (lazy connect) runs in NCCL's
+    // background thread; nothing is on the stream until it is done.
+    failure = AwaitComm(comm_, absl::StrCat("issuing ", pending->description()),
+                        absl::Now() + params_.options.timeout, [this] { return Cancelled(); });
+  } else if (r != ncclSuccess) {
+    failure = NcclError(absl::StrCat("issuing ", pending->description()), r, comm_);
+  }
+  if (failure.ok()) {
+    if (cudaError_t err = cudaEventRecord(*done, stream_); err != cudaSuccess) {
+      failure = CudaError("cudaEventRecord on the group stream", err);
     }
   }
   if (!failure.ok()) {
-    // Peers have issued (or will issue) this collective; with this rank
-    // unable to, the group's op order is broken for good.
+    // The NCCL call was made (or half made): peers have issued this
+    // collective too, and without its completion event nothing can order
+    // later work after it, so the group's op order is broken for good.
     SetAbortReason(WithPrefix(absl::StrCat(what_, ": ", pending->description(),
-                                           " could not be issued, so the group was aborted"),
+                                           " failed while being issued, so the group was aborted"),
                               failure));
     AbortLocked();
     pending->Finish(health()).IgnoreError();
@@ -269,12 +273,15 @@ absl::StatusOr<ncclComm_t> GroupCore::Split(int color, int key, const char* chil
     SetAbortReason(absl::Status(
         status.code(), absl::StrCat(status.message(), "; the parent ", what_,
                                     " is unusable after a failed split and was aborted")));
-    AbortLocked();  // ncclCommAbort joins the split job, so `slot` is final now.
+    // NCCL 2.2x's ncclCommAbort joins the split job before it returns, so
+    // a child the job made meanwhile is in the slot by now and is aborted
+    // too. The documentation does not promise that join, so the slot itself
+    // is leaked rather than freed under a possible late writer: 8 bytes on
+    // a fatal path.
+    AbortLocked();
     if (ncclComm_t late = __atomic_load_n(slot, __ATOMIC_ACQUIRE); late != nullptr) {
       ncclCommAbort(late);
     }
-    // Leaked on purpose: NCCL's documentation does not promise that the
-    // abort joined the job, and 8 bytes on a fatal path are cheap.
     return status;
   }
   ncclComm_t child = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
@@ -448,6 +455,10 @@ absl::StatusOr<std::shared_ptr<NcclGroup>> NcclGroup::Create(
   if (status.ok()) {
     if (cudaError_t err = cudaMalloc(&scratch, sizeof(float)); err != cudaSuccess) {
       status = CudaError("cudaMalloc of the barrier buffer", err);
+    } else if (cudaError_t err2 = cudaMemset(scratch, 0, sizeof(float)); err2 != cudaSuccess) {
+      // Nobody looks at the barrier's sum, but NCCL reads the buffer, so it
+      // should hold a defined value.
+      status = CudaError("cudaMemset of the barrier buffer", err2);
     }
   }
   if (!status.ok()) {

@@ -141,7 +141,7 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   // members) with `color` and `key`; waits for the child to come up. A
   // failure of the split itself leaves this communicator unusable (NCCL
   // records it as its asynchronous error), so it aborts this group too.
-  // `child_name` must outlive the call.
+  // `child_name` is a PersistentName (NCCL keeps the pointer).
   // Possible errors: DEADLINE_EXCEEDED, NCCL's errors, `cancelled()`'s
   // status, this group's abort reason, FAILED_PRECONDITION when NCCL has no
   // ncclCommSplit.

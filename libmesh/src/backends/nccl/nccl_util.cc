@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <thread>
 
+#include "absl/container/node_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/check.h"
 
 namespace mesh::nccl {
@@ -150,6 +152,14 @@ ncclConfig_t NonBlockingConfig(const char* name) {
   (void)name;
 #endif
   return config;
+}
+
+const char* PersistentName(absl::string_view name) {
+  static absl::Mutex mu(absl::kConstInit);
+  // Leaked on purpose: communicators may outlive any owner we could give it.
+  static auto* names = new absl::node_hash_set<std::string>();
+  absl::MutexLock lock(&mu);
+  return names->emplace(name).first->c_str();  // Node-based: the string never moves.
 }
 
 absl::StatusOr<ncclComm_t> InitComm(const ncclUniqueId& id, int nranks, int rank, int device,

@@ -32,9 +32,10 @@
 
 // ncclCommSplit arrived in 2.18.
 #define MESH_NCCL_HAS_SPLIT (NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0))
-// ncclConfig_t::commName, shown in NCCL's logs and traces. Guarded
-// conservatively: the field exists in every config version from 2.21 on.
-#define MESH_NCCL_HAS_COMM_NAME (NCCL_VERSION_CODE >= NCCL_VERSION(2, 21, 0))
+// ncclConfig_t::commName, shown in NCCL's logs and given to profiler
+// plugins. Guarded conservatively (the field sits after 2.25's trafficClass
+// in the struct; 2.27 certainly has it).
+#define MESH_NCCL_HAS_COMM_NAME (NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0))
 
 namespace mesh::nccl {
 
@@ -94,12 +95,18 @@ class DeviceGuard {
 absl::Status AwaitComm(ncclComm_t comm, absl::string_view what, absl::Time deadline,
                        absl::FunctionRef<absl::Status()> cancelled);
 
-// A config for a non-blocking communicator named `name` (which must outlive
-// the call that uses the config; NCCL copies what it keeps).
+// A config for a non-blocking communicator named `name`. NCCL keeps the
+// name pointer (not a copy) for the communicator's whole life, so `name`
+// must come from PersistentName.
 ncclConfig_t NonBlockingConfig(const char* name);
 
+// A copy of `name` that lives until the process exits, interned so that a
+// name used again costs nothing more. Group names are few (one per mesh
+// dimension and color), so the table stays small.
+const char* PersistentName(absl::string_view name);
+
 // Creates a communicator with ncclCommInitRankConfig (non-blocking) on
-// `device` and waits for it to come up. `what` names it in errors, e.g.
+// `device` and waits for it to come up. `name` is a PersistentName. `what` names it in errors, e.g.
 // "group 'world' (rank 3 of 8, cuda:1)". On any failure the half-made
 // communicator is aborted.
 // Possible errors: DEADLINE_EXCEEDED (peers did not arrive by `deadline`),
