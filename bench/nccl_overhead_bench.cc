@@ -43,8 +43,9 @@ class RawNccl {
  public:
   static absl::StatusOr<std::unique_ptr<RawNccl>> Create() {
     auto raw = std::unique_ptr<RawNccl>(new RawNccl());
-    if (absl::Status s = CudaStatus("cudaStreamCreateWithFlags",
-                                    cudaStreamCreateWithFlags(&raw->stream_, cudaStreamNonBlocking));
+    if (absl::Status s =
+            CudaStatus("cudaStreamCreateWithFlags",
+                       cudaStreamCreateWithFlags(&raw->stream_, cudaStreamNonBlocking));
         !s.ok()) {
       return s;
     }
@@ -72,7 +73,9 @@ class RawNccl {
     return NcclStatus("ncclAllReduce", r);
   }
 
-  absl::Status Sync() { return CudaStatus("cudaStreamSynchronize", cudaStreamSynchronize(stream_)); }
+  absl::Status Sync() {
+    return CudaStatus("cudaStreamSynchronize", cudaStreamSynchronize(stream_));
+  }
 
  private:
   RawNccl() = default;
@@ -205,8 +208,8 @@ absl::StatusOr<NcclOverheadResult> RunNcclOverheadBench(const NcclOverheadOption
     return s;
   }
   cudaDeviceProp prop;
-  if (absl::Status s = CudaStatus("cudaGetDeviceProperties",
-                                  cudaGetDeviceProperties(&prop, options.device));
+  if (absl::Status s =
+          CudaStatus("cudaGetDeviceProperties", cudaGetDeviceProperties(&prop, options.device));
       !s.ok()) {
     return s;
   }

@@ -46,7 +46,8 @@ TEST(NcclCheckTensor, AcceptsContiguousTensorsOnTheGroupDevice) {
         << DTypeName(dtype);
   }
   // Zero elements and 0-dim scalars are contiguous too.
-  EXPECT_TRUE(CheckTensor(Group(0, 2), "all_reduce", "tensor", View(DType::kFloat32, {0}), {}).ok());
+  EXPECT_TRUE(
+      CheckTensor(Group(0, 2), "all_reduce", "tensor", View(DType::kFloat32, {0}), {}).ok());
   EXPECT_TRUE(CheckTensor(Group(0, 2), "all_reduce", "tensor", View(DType::kFloat32, {}), {}).ok());
 }
 
@@ -79,7 +80,8 @@ TEST(NcclCheckTensor, Bfloat16NeedsTheCapability) {
   old.bfloat16 = false;
   ExpectInvalid(CheckTensor(Group(0, 2), "all_reduce", "tensor", View(DType::kBFloat16, {2}), old),
                 "NCCL >= 2.10");
-  EXPECT_TRUE(CheckTensor(Group(0, 2), "all_reduce", "tensor", View(DType::kFloat16, {2}), old).ok());
+  EXPECT_TRUE(
+      CheckTensor(Group(0, 2), "all_reduce", "tensor", View(DType::kFloat16, {2}), old).ok());
 }
 
 TEST(NcclCheckReduceOp, BoolTakesOnlyMinAndMax) {
@@ -92,8 +94,8 @@ TEST(NcclCheckReduceOp, BoolTakesOnlyMinAndMax) {
   // Every reduction exists for the other dtypes (kAvg on integers truncates).
   for (DType dtype : kAllDTypes) {
     if (dtype == DType::kBool) continue;
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
-                        ReduceOp::kProd}) {
+    for (ReduceOp op :
+         {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProd}) {
       EXPECT_TRUE(CheckReduceOp(g, "reduce", dtype, op, {}).ok()) << DTypeName(dtype);
     }
   }
@@ -104,8 +106,7 @@ TEST(NcclCheckReduceOp, AvgNeedsTheCapability) {
   old.avg = false;
   ExpectInvalid(CheckReduceOp(Group(0, 2), "all_reduce", DType::kFloat32, ReduceOp::kAvg, old),
                 "'avg' needs NCCL >= 2.10");
-  EXPECT_TRUE(
-      CheckReduceOp(Group(0, 2), "all_reduce", DType::kFloat32, ReduceOp::kSum, old).ok());
+  EXPECT_TRUE(CheckReduceOp(Group(0, 2), "all_reduce", DType::kFloat32, ReduceOp::kSum, old).ok());
 }
 
 TEST(NcclCheckRootAndPeer, Ranges) {
@@ -133,18 +134,18 @@ TEST(NcclCheckSizes, AllGatherAndReduceScatter) {
                 "output has 11 elements; it needs group size (4) x input elements (3)");
   EXPECT_TRUE(
       CheckReduceScatterSizes(g, View(DType::kFloat32, {8}), View(DType::kFloat32, {2})).ok());
+  ExpectInvalid(CheckReduceScatterSizes(g, View(DType::kFloat32, {9}), View(DType::kFloat32, {2})),
+                "input has 9 elements; it needs group size (4) x output elements (2)");
   ExpectInvalid(
-      CheckReduceScatterSizes(g, View(DType::kFloat32, {9}), View(DType::kFloat32, {2})),
-      "input has 9 elements; it needs group size (4) x output elements (2)");
-  ExpectInvalid(CheckSameDType(g, "all_gather", View(DType::kFloat32, {1}), View(DType::kInt32, {4})),
-                "input is float32 but output is int32");
+      CheckSameDType(g, "all_gather", View(DType::kFloat32, {1}), View(DType::kInt32, {4})),
+      "input is float32 but output is int32");
 }
 
 TEST(NcclPlanAllToAll, EqualSplitsCountRowsOfDimZero) {
   const GroupView g = Group(0, 3);
-  absl::StatusOr<AllToAllPlan> plan = PlanAllToAll(
-      g, View(DType::kFloat32, {6, 2}, kCuda0, g_buffer),
-      View(DType::kFloat32, {6, 2}, kCuda0, g_other), {}, {});
+  absl::StatusOr<AllToAllPlan> plan =
+      PlanAllToAll(g, View(DType::kFloat32, {6, 2}, kCuda0, g_buffer),
+                   View(DType::kFloat32, {6, 2}, kCuda0, g_other), {}, {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_THAT(plan->send_counts, ElementsAre(4, 4, 4));
   EXPECT_THAT(plan->send_offsets, ElementsAre(0, 4, 8));
@@ -156,9 +157,9 @@ TEST(NcclPlanAllToAll, UnevenSplitsAllowEmptyChunks) {
   const GroupView g = Group(1, 3);
   const std::vector<int64_t> in_splits = {0, 3, 1};
   const std::vector<int64_t> out_splits = {2, 0, 5};
-  absl::StatusOr<AllToAllPlan> plan = PlanAllToAll(
-      g, View(DType::kInt64, {4, 5}, kCuda0, g_buffer),
-      View(DType::kInt64, {7, 5}, kCuda0, g_other), in_splits, out_splits);
+  absl::StatusOr<AllToAllPlan> plan =
+      PlanAllToAll(g, View(DType::kInt64, {4, 5}, kCuda0, g_buffer),
+                   View(DType::kInt64, {7, 5}, kCuda0, g_other), in_splits, out_splits);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_THAT(plan->send_counts, ElementsAre(0, 15, 5));
   EXPECT_THAT(plan->send_offsets, ElementsAre(0, 0, 15));
@@ -180,9 +181,9 @@ TEST(NcclPlanAllToAll, RejectsBadSplitsAndShapes) {
   const GroupView g = Group(0, 3);
   const Tensor in = View(DType::kFloat32, {6, 2}, kCuda0, g_buffer);
   const Tensor out = View(DType::kFloat32, {6, 2}, kCuda0, g_other);
-  ExpectInvalid(PlanAllToAll(g, View(DType::kFloat32, {5, 2}, kCuda0, g_buffer), out, {}, {})
-                    .status(),
-                "input dim 0 (5) is not divisible by the group size (3)");
+  ExpectInvalid(
+      PlanAllToAll(g, View(DType::kFloat32, {5, 2}, kCuda0, g_buffer), out, {}, {}).status(),
+      "input dim 0 (5) is not divisible by the group size (3)");
   const std::vector<int64_t> two = {3, 3};
   ExpectInvalid(PlanAllToAll(g, in, out, two, {}).status(),
                 "input_splits has 2 entries; it needs one per member (3)");
@@ -219,7 +220,8 @@ GroupSpec Spec(std::string family, int color, std::vector<int> ranks) {
 
 TEST(NcclCheckGroupSpecs, ReturnsTheCallersGroupRankPerSpec) {
   // Rank 5 of a (2, 4) mesh: replicate group {1, 5}, shard group {4..7}.
-  const std::vector<GroupSpec> specs = {Spec("mesh/dp", 1, {1, 5}), Spec("mesh/tp", 1, {4, 5, 6, 7})};
+  const std::vector<GroupSpec> specs = {Spec("mesh/dp", 1, {1, 5}),
+                                        Spec("mesh/tp", 1, {4, 5, 6, 7})};
   absl::StatusOr<std::vector<int>> ranks = CheckGroupSpecs(specs, 5, 8);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   EXPECT_THAT(*ranks, ElementsAre(1, 1));

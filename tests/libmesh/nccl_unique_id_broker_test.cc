@@ -111,12 +111,11 @@ TEST(StoreUniqueIdBroker, PublishesAndFetchesInOneCallEach) {
   auto counting = std::make_shared<CountingStore>(inner);
   StoreUniqueIdBroker broker(counting);
   const std::vector<std::pair<std::string, std::string>> ids = {{"k/a", FakeId("a")},
-                                                                 {"k/b", FakeId("b")}};
+                                                                {"k/b", FakeId("b")}};
   ASSERT_TRUE(broker.Publish(ids).ok());
   EXPECT_EQ(counting->multi_sets(), 1);
   const std::vector<std::string> keys = {"k/b", "k/a"};
-  absl::StatusOr<std::vector<std::string>> got =
-      broker.Get(keys, absl::Now() + absl::Seconds(5));
+  absl::StatusOr<std::vector<std::string>> got = broker.Get(keys, absl::Now() + absl::Seconds(5));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_THAT(*got, ElementsAre(FakeId("b"), FakeId("a")));
   EXPECT_EQ(counting->multi_gets(), 1);
@@ -137,7 +136,7 @@ TEST(StoreUniqueIdBroker, RejectsIdsOfTheWrongSizeAndStoresNothing) {
   auto inner = std::make_shared<InMemoryStore>();
   StoreUniqueIdBroker broker(inner);
   const std::vector<std::pair<std::string, std::string>> ids = {{"k/a", FakeId("a")},
-                                                                 {"k/b", "too short"}};
+                                                                {"k/b", "too short"}};
   absl::Status s = broker.Publish(ids);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("'k/b' has 9 bytes, not 128"));
@@ -249,8 +248,8 @@ TEST(ExchangeUniqueIds, GeneratorFailuresPropagate) {
   auto failing = []() -> absl::StatusOr<std::string> {
     return absl::UnavailableError("no bootstrap interface");
   };
-  absl::Status s = ExchangeUniqueIds(specs, 0, 0, broker, failing, absl::Now() + absl::Seconds(1))
-                       .status();
+  absl::Status s =
+      ExchangeUniqueIds(specs, 0, 0, broker, failing, absl::Now() + absl::Seconds(1)).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("no bootstrap interface"));
   auto wrong_size = []() -> absl::StatusOr<std::string> { return std::string("tiny"); };

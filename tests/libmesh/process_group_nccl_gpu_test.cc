@@ -36,39 +36,66 @@ using ::testing::HasSubstr;
 constexpr Device kCuda0 = Device::Cuda(0);
 constexpr absl::Duration kSync = absl::Seconds(60);
 
-#define ASSERT_OK(expr)                            \
-  do {                                             \
-    const absl::Status _s = (expr);                \
-    ASSERT_TRUE(_s.ok()) << #expr << ": " << _s;   \
+#define ASSERT_OK(expr)                          \
+  do {                                           \
+    const absl::Status _s = (expr);              \
+    ASSERT_TRUE(_s.ok()) << #expr << ": " << _s; \
   } while (false)
 
 // ---- Host <-> device helpers. ------------------------------------------------
 
 void SetElement(const Tensor& cpu, int64_t i, double v) {
   switch (cpu.dtype()) {
-    case DType::kFloat32: cpu.data_as<float>()[i] = static_cast<float>(v); return;
-    case DType::kFloat64: cpu.data_as<double>()[i] = v; return;
-    case DType::kFloat16: cpu.data_as<Float16>()[i] = Float16(static_cast<float>(v)); return;
-    case DType::kBFloat16: cpu.data_as<BFloat16>()[i] = BFloat16(static_cast<float>(v)); return;
-    case DType::kInt8: cpu.data_as<int8_t>()[i] = static_cast<int8_t>(v); return;
-    case DType::kUInt8: cpu.data_as<uint8_t>()[i] = static_cast<uint8_t>(v); return;
-    case DType::kInt32: cpu.data_as<int32_t>()[i] = static_cast<int32_t>(v); return;
-    case DType::kInt64: cpu.data_as<int64_t>()[i] = static_cast<int64_t>(v); return;
-    case DType::kBool: cpu.data_as<uint8_t>()[i] = v != 0 ? 1 : 0; return;
+    case DType::kFloat32:
+      cpu.data_as<float>()[i] = static_cast<float>(v);
+      return;
+    case DType::kFloat64:
+      cpu.data_as<double>()[i] = v;
+      return;
+    case DType::kFloat16:
+      cpu.data_as<Float16>()[i] = Float16(static_cast<float>(v));
+      return;
+    case DType::kBFloat16:
+      cpu.data_as<BFloat16>()[i] = BFloat16(static_cast<float>(v));
+      return;
+    case DType::kInt8:
+      cpu.data_as<int8_t>()[i] = static_cast<int8_t>(v);
+      return;
+    case DType::kUInt8:
+      cpu.data_as<uint8_t>()[i] = static_cast<uint8_t>(v);
+      return;
+    case DType::kInt32:
+      cpu.data_as<int32_t>()[i] = static_cast<int32_t>(v);
+      return;
+    case DType::kInt64:
+      cpu.data_as<int64_t>()[i] = static_cast<int64_t>(v);
+      return;
+    case DType::kBool:
+      cpu.data_as<uint8_t>()[i] = v != 0 ? 1 : 0;
+      return;
   }
 }
 
 double GetElement(const Tensor& cpu, int64_t i) {
   switch (cpu.dtype()) {
-    case DType::kFloat32: return cpu.data_as<float>()[i];
-    case DType::kFloat64: return cpu.data_as<double>()[i];
-    case DType::kFloat16: return static_cast<float>(cpu.data_as<Float16>()[i]);
-    case DType::kBFloat16: return static_cast<float>(cpu.data_as<BFloat16>()[i]);
-    case DType::kInt8: return cpu.data_as<int8_t>()[i];
-    case DType::kUInt8: return cpu.data_as<uint8_t>()[i];
-    case DType::kInt32: return cpu.data_as<int32_t>()[i];
-    case DType::kInt64: return static_cast<double>(cpu.data_as<int64_t>()[i]);
-    case DType::kBool: return cpu.data_as<uint8_t>()[i];
+    case DType::kFloat32:
+      return cpu.data_as<float>()[i];
+    case DType::kFloat64:
+      return cpu.data_as<double>()[i];
+    case DType::kFloat16:
+      return static_cast<float>(cpu.data_as<Float16>()[i]);
+    case DType::kBFloat16:
+      return static_cast<float>(cpu.data_as<BFloat16>()[i]);
+    case DType::kInt8:
+      return cpu.data_as<int8_t>()[i];
+    case DType::kUInt8:
+      return cpu.data_as<uint8_t>()[i];
+    case DType::kInt32:
+      return cpu.data_as<int32_t>()[i];
+    case DType::kInt64:
+      return static_cast<double>(cpu.data_as<int64_t>()[i]);
+    case DType::kBool:
+      return cpu.data_as<uint8_t>()[i];
   }
   return NAN;
 }
@@ -544,10 +571,10 @@ TEST(NcclTwoRanksGpuTest, CollectivesSplitsAndUniqueIdGroups) {
 
     // Uneven all_to_all: rank 0 sends 1 row to 0 and 2 to 1; rank 1 sends
     // 3 rows to 0 and 0 to 1.
-    const std::vector<int64_t> send = r == 0 ? std::vector<int64_t>{1, 2}
-                                             : std::vector<int64_t>{3, 0};
-    const std::vector<int64_t> recv = r == 0 ? std::vector<int64_t>{1, 3}
-                                             : std::vector<int64_t>{2, 0};
+    const std::vector<int64_t> send =
+        r == 0 ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{3, 0};
+    const std::vector<int64_t> recv =
+        r == 0 ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{2, 0};
     const int64_t rows_in = send[0] + send[1];
     const int64_t rows_out = recv[0] + recv[1];
     absl::StatusOr<Tensor> a_in =
@@ -562,8 +589,8 @@ TEST(NcclTwoRanksGpuTest, CollectivesSplitsAndUniqueIdGroups) {
     if (Download(*a_out) != expected_a2a) failures[r] = "all_to_all is wrong";
 
     // send / recv.
-    absl::StatusOr<Tensor> p = Upload(DType::kUInt8, {5}, std::vector<double>(5, r == 0 ? 9 : 0),
-                                      dev);
+    absl::StatusOr<Tensor> p =
+        Upload(DType::kUInt8, {5}, std::vector<double>(5, r == 0 ? 9 : 0), dev);
     w = r == 0 ? world->Send(*p, 1) : world->Recv(*p, 0);
     if (!w.ok() || !SynchronizeWork(**w, kSync).ok()) return fail("Send/Recv", w.status());
     if (Download(*p) != std::vector<double>(5, 9)) failures[r] = "send/recv is wrong";

@@ -10,8 +10,7 @@ namespace mesh::nccl {
 namespace {
 
 absl::Status Invalid(const GroupView& group, absl::string_view op, absl::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("NCCL group '", group.name, "' ", op, ": ", what));
+  return absl::InvalidArgumentError(absl::StrCat("NCCL group '", group.name, "' ", op, ": ", what));
 }
 
 // a * b, or false on int64 overflow (both non-negative).
@@ -26,11 +25,16 @@ bool MultiplyNonNegative(int64_t a, int64_t b, int64_t* out) {
 // every build.
 absl::string_view ReduceName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProd: return "prod";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kProd:
+      return "prod";
   }
   return "unknown";
 }
@@ -51,10 +55,10 @@ absl::Status PlanSide(const GroupView& group, absl::string_view role, const Tens
   std::vector<int64_t> row_splits;
   if (splits.empty()) {
     if (rows % group.size != 0) {
-      return Invalid(group, kOp,
-                     absl::StrCat(role, " dim 0 (", rows, ") is not divisible by the group size (",
-                                  group.size, "), so equal splits are impossible; pass ",
-                                  role, "_splits"));
+      return Invalid(
+          group, kOp,
+          absl::StrCat(role, " dim 0 (", rows, ") is not divisible by the group size (", group.size,
+                       "), so equal splits are impossible; pass ", role, "_splits"));
     }
     row_splits.assign(group.size, rows / group.size);
   } else {
@@ -66,8 +70,8 @@ absl::Status PlanSide(const GroupView& group, absl::string_view role, const Tens
     int64_t sum = 0;
     for (size_t j = 0; j < splits.size(); ++j) {
       if (splits[j] < 0) {
-        return Invalid(group, kOp, absl::StrCat(role, "_splits[", j, "] is negative (",
-                                                splits[j], ")"));
+        return Invalid(group, kOp,
+                       absl::StrCat(role, "_splits[", j, "] is negative (", splits[j], ")"));
       }
       if (splits[j] > rows - sum) {
         return Invalid(group, kOp,
@@ -78,8 +82,8 @@ absl::Status PlanSide(const GroupView& group, absl::string_view role, const Tens
     }
     if (sum != rows) {
       return Invalid(group, kOp,
-                     absl::StrCat(role, "_splits [", absl::StrJoin(splits, ", "), "] sum to ",
-                                  sum, ", not ", role, " dim 0 (", rows, ")"));
+                     absl::StrCat(role, "_splits [", absl::StrJoin(splits, ", "), "] sum to ", sum,
+                                  ", not ", role, " dim 0 (", rows, ")"));
     }
     row_splits.assign(splits.begin(), splits.end());
   }
@@ -99,10 +103,10 @@ absl::Status PlanSide(const GroupView& group, absl::string_view role, const Tens
 absl::Status CheckTensor(const GroupView& group, absl::string_view op, absl::string_view role,
                          const Tensor& tensor, const NcclCaps& caps) {
   if (tensor.device() != group.device) {
-    return Invalid(group, op,
-                   absl::StrCat(role, " is on ", tensor.device().ToString(),
-                                " but the group runs on ", group.device.ToString(), ": ",
-                                tensor.DebugString()));
+    return Invalid(
+        group, op,
+        absl::StrCat(role, " is on ", tensor.device().ToString(), " but the group runs on ",
+                     group.device.ToString(), ": ", tensor.DebugString()));
   }
   if (!tensor.is_contiguous()) {
     return Invalid(group, op,
@@ -113,8 +117,9 @@ absl::Status CheckTensor(const GroupView& group, absl::string_view op, absl::str
   }
   if (tensor.dtype() == DType::kBFloat16 && !caps.bfloat16) {
     return Invalid(group, op,
-                   absl::StrCat(role, " is bfloat16, which needs NCCL >= 2.10; libmesh was "
-                                      "built against an older NCCL"));
+                   absl::StrCat(role,
+                                " is bfloat16, which needs NCCL >= 2.10; libmesh was "
+                                "built against an older NCCL"));
   }
   return absl::OkStatus();
 }
@@ -148,8 +153,7 @@ absl::Status CheckReduceOp(const GroupView& group, absl::string_view op, DType d
 absl::Status CheckRoot(const GroupView& group, absl::string_view op, int root) {
   if (root < 0 || root >= group.size) {
     return Invalid(group, op,
-                   absl::StrCat("root ", root, " is not a group rank (0..", group.size - 1,
-                                ")"));
+                   absl::StrCat("root ", root, " is not a group rank (0..", group.size - 1, ")"));
   }
   return absl::OkStatus();
 }
@@ -157,8 +161,7 @@ absl::Status CheckRoot(const GroupView& group, absl::string_view op, int root) {
 absl::Status CheckPeer(const GroupView& group, absl::string_view op, int peer) {
   if (peer < 0 || peer >= group.size) {
     return Invalid(group, op,
-                   absl::StrCat("peer ", peer, " is not a group rank (0..", group.size - 1,
-                                ")"));
+                   absl::StrCat("peer ", peer, " is not a group rank (0..", group.size - 1, ")"));
   }
   if (peer == group.rank) {
     return Invalid(group, op, absl::StrCat("peer ", peer, " is this rank itself"));
@@ -169,8 +172,7 @@ absl::Status CheckPeer(const GroupView& group, absl::string_view op, int peer) {
 absl::Status CheckAllGatherSizes(const GroupView& group, const Tensor& input,
                                  const Tensor& output) {
   int64_t expected = 0;
-  if (!MultiplyNonNegative(input.numel(), group.size, &expected) ||
-      output.numel() != expected) {
+  if (!MultiplyNonNegative(input.numel(), group.size, &expected) || output.numel() != expected) {
     return Invalid(group, "all_gather",
                    absl::StrCat("output has ", output.numel(), " elements; it needs group size (",
                                 group.size, ") x input elements (", input.numel(), ")"));
@@ -181,8 +183,7 @@ absl::Status CheckAllGatherSizes(const GroupView& group, const Tensor& input,
 absl::Status CheckReduceScatterSizes(const GroupView& group, const Tensor& input,
                                      const Tensor& output) {
   int64_t expected = 0;
-  if (!MultiplyNonNegative(output.numel(), group.size, &expected) ||
-      input.numel() != expected) {
+  if (!MultiplyNonNegative(output.numel(), group.size, &expected) || input.numel() != expected) {
     return Invalid(group, "reduce_scatter",
                    absl::StrCat("input has ", input.numel(), " elements; it needs group size (",
                                 group.size, ") x output elements (", output.numel(), ")"));
@@ -220,23 +221,23 @@ absl::StatusOr<AllToAllPlan> PlanAllToAll(const GroupView& group, const Tensor& 
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = PlanSide(group, "output", output, output_splits, &plan.recv_counts,
-                                &plan.recv_offsets);
+  if (absl::Status s =
+          PlanSide(group, "output", output, output_splits, &plan.recv_counts, &plan.recv_offsets);
       !s.ok()) {
     return s;
   }
   return plan;
 }
 
-absl::StatusOr<std::vector<int>> CheckGroupSpecs(absl::Span<const GroupSpec> specs,
-                                                 int world_rank, int world_size) {
+absl::StatusOr<std::vector<int>> CheckGroupSpecs(absl::Span<const GroupSpec> specs, int world_rank,
+                                                 int world_size) {
   std::vector<int> group_ranks;
   group_ranks.reserve(specs.size());
   absl::flat_hash_set<std::string> families;
   for (size_t i = 0; i < specs.size(); ++i) {
     const GroupSpec& spec = specs[i];
-    const std::string where = absl::StrCat("group spec ", i, " (family '", spec.family,
-                                           "', color ", spec.color, ")");
+    const std::string where =
+        absl::StrCat("group spec ", i, " (family '", spec.family, "', color ", spec.color, ")");
     if (spec.family.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": the family name is empty"));
     }
@@ -257,8 +258,8 @@ absl::StatusOr<std::vector<int>> CheckGroupSpecs(absl::Span<const GroupSpec> spe
     for (size_t j = 0; j < spec.global_ranks.size(); ++j) {
       const int r = spec.global_ranks[j];
       if (r < 0 || r >= world_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": rank ", r, " is outside the world (0..", world_size - 1, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": rank ", r, " is outside the world (0..", world_size - 1, ")"));
       }
       if (!seen.insert(r).second) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": rank ", r, " is listed twice"));

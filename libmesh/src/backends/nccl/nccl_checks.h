@@ -63,8 +63,7 @@ absl::Status CheckRoot(const GroupView& group, absl::string_view op, int root);
 absl::Status CheckPeer(const GroupView& group, absl::string_view op, int peer);
 
 // output numel == size * input numel.
-absl::Status CheckAllGatherSizes(const GroupView& group, const Tensor& input,
-                                 const Tensor& output);
+absl::Status CheckAllGatherSizes(const GroupView& group, const Tensor& input, const Tensor& output);
 
 // input numel == size * output numel.
 absl::Status CheckReduceScatterSizes(const GroupView& group, const Tensor& input,
@@ -94,8 +93,8 @@ absl::StatusOr<AllToAllPlan> PlanAllToAll(const GroupView& group, const Tensor& 
 // name, a family named twice, a negative color, an empty member list, a
 // rank outside [0, world_size), a rank listed twice, or a spec that omits
 // `world_rank`.
-absl::StatusOr<std::vector<int>> CheckGroupSpecs(absl::Span<const GroupSpec> specs,
-                                                 int world_rank, int world_size);
+absl::StatusOr<std::vector<int>> CheckGroupSpecs(absl::Span<const GroupSpec> specs, int world_rank,
+                                                 int world_size);
 
 // Checks NcclProcessGroupFactory::Create's options before anything touches
 // CUDA: world_size >= 1, world_rank in range, a 128-byte unique id, a CUDA

@@ -41,8 +41,7 @@ ncclUniqueId ToUniqueId(const std::string& bytes) {
 std::string GroupName(const GroupSpec& spec) { return absl::StrCat(spec.family, "/", spec.color); }
 
 std::string GroupWhat(absl::string_view name, int rank, int size, int device) {
-  return absl::StrCat("NCCL group '", name, "' (rank ", rank, " of ", size, ", cuda:", device,
-                      ")");
+  return absl::StrCat("NCCL group '", name, "' (rank ", rank, " of ", size, ", cuda:", device, ")");
 }
 
 // A split or init that succeeded with different members than the spec means
@@ -57,10 +56,10 @@ absl::Status CheckCommShape(ncclComm_t comm, int size, int rank, absl::string_vi
     return NcclError(absl::StrCat(what, ": ncclCommUserRank"), r, comm);
   }
   if (count != size || user_rank != rank) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": NCCL made a communicator of ", count, " ranks with this one as rank ", user_rank,
-        ", but the spec says ", size, " ranks and rank ", rank,
-        "; the members passed different specs for this group"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": NCCL made a communicator of ", count, " ranks with this one as rank ",
+                     user_rank, ", but the spec says ", size, " ranks and rank ", rank,
+                     "; the members passed different specs for this group"));
   }
   return absl::OkStatus();
 }
@@ -123,8 +122,8 @@ absl::Status NcclFactory::Cancelled() const {
   return abort_reason_;
 }
 
-absl::StatusOr<std::shared_ptr<NcclGroup>> NcclFactory::Adopt(const GroupSpec& spec,
-                                                              int group_rank, ncclComm_t comm) {
+absl::StatusOr<std::shared_ptr<NcclGroup>> NcclFactory::Adopt(const GroupSpec& spec, int group_rank,
+                                                              ncclComm_t comm) {
   GroupCore::Params params;
   params.name = GroupName(spec);
   params.rank = group_rank;
@@ -132,9 +131,8 @@ absl::StatusOr<std::shared_ptr<NcclGroup>> NcclFactory::Adopt(const GroupSpec& s
   params.device = options_.device.index();
   params.options = options_.group_options;
   params.caps = BuiltCaps();
-  absl::StatusOr<std::shared_ptr<NcclGroup>> group =
-      NcclGroup::Create(std::move(params), spec.global_ranks, comm, watchdog_,
-                        options_.destroy_timeout);
+  absl::StatusOr<std::shared_ptr<NcclGroup>> group = NcclGroup::Create(
+      std::move(params), spec.global_ranks, comm, watchdog_, options_.destroy_timeout);
   if (!group.ok()) return group.status();
   absl::Status reason;
   {
@@ -187,10 +185,9 @@ absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::NewGroup
     const std::string what = GroupWhat(name, group_rank, size, device);
     const char* comm_name = PersistentName(name);  // NCCL keeps the pointer.
     absl::StatusOr<ncclComm_t> comm =
-        split_ ? world_->core()->Split(spec.color, group_rank, comm_name, what, deadline,
-                                       cancelled)
-               : InitComm(ToUniqueId(ids[i]), size, group_rank, device, comm_name, what,
-                          deadline, cancelled);
+        split_ ? world_->core()->Split(spec.color, group_rank, comm_name, what, deadline, cancelled)
+               : InitComm(ToUniqueId(ids[i]), size, group_rank, device, comm_name, what, deadline,
+                          cancelled);
     if (!comm.ok()) return comm.status();
     if (absl::Status s = CheckCommShape(*comm, size, group_rank, what); !s.ok()) {
       ncclCommAbort(*comm);
@@ -251,16 +248,15 @@ absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> CreateNcclFactory(
         "no GPU, or CUDA_VISIBLE_DEVICES hides them all)");
   }
   if (device >= visible) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "NCCL factory options: device cuda:", device, " is not visible; this process sees ",
-        visible, " CUDA device(s)"));
+    return absl::FailedPreconditionError(absl::StrCat("NCCL factory options: device cuda:", device,
+                                                      " is not visible; this process sees ",
+                                                      visible, " CUDA device(s)"));
   }
 
-  const std::string what =
-      GroupWhat("world", options.world_rank, options.world_size, device);
-  absl::StatusOr<ncclComm_t> comm = InitComm(
-      ToUniqueId(options.world_unique_id), options.world_size, options.world_rank, device,
-      "world", what, absl::Now() + options.init_timeout, [] { return absl::OkStatus(); });
+  const std::string what = GroupWhat("world", options.world_rank, options.world_size, device);
+  absl::StatusOr<ncclComm_t> comm =
+      InitComm(ToUniqueId(options.world_unique_id), options.world_size, options.world_rank, device,
+               "world", what, absl::Now() + options.init_timeout, [] { return absl::OkStatus(); });
   if (!comm.ok()) return comm.status();
 
   auto watchdog = std::make_shared<Watchdog>(options.watchdog_interval);

@@ -15,15 +15,22 @@ absl::Status WithPrefix(absl::string_view prefix, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(prefix, ": ", status.message()));
 }
 
-std::string Describe(const Tensor& t) { return absl::StrCat(DTypeName(t.dtype()), t.ShapeString()); }
+std::string Describe(const Tensor& t) {
+  return absl::StrCat(DTypeName(t.dtype()), t.ShapeString());
+}
 
 absl::string_view ReduceName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProd: return "prod";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kProd:
+      return "prod";
   }
   return "unknown";
 }
@@ -187,8 +194,8 @@ absl::StatusOr<ProcessGroup::WorkPtr> GroupCore::Launch(
     if (reason.ok()) reason = absl::FailedPreconditionError(absl::StrCat(what_, " is closed"));
     return reason;
   }
-  auto pending = std::make_shared<PendingOp>(absl::StrCat(op, " #", next_seq_++, " (", detail(), ")"),
-                                             absl::Now(), *done, events_);
+  auto pending = std::make_shared<PendingOp>(
+      absl::StrCat(op, " #", next_seq_++, " (", detail(), ")"), absl::Now(), *done, events_);
 
   // Ordering: the caller's earlier work on its stream, then the op, then
   // the completion event. Recording `ready_` again while an earlier wait on
@@ -270,9 +277,9 @@ absl::StatusOr<ncclComm_t> GroupCore::Split(int color, int key, const char* chil
     status = NcclError(what, r, comm_);
   }
   if (!status.ok()) {
-    SetAbortReason(absl::Status(
-        status.code(), absl::StrCat(status.message(), "; the parent ", what_,
-                                    " is unusable after a failed split and was aborted")));
+    SetAbortReason(absl::Status(status.code(),
+                                absl::StrCat(status.message(), "; the parent ", what_,
+                                             " is unusable after a failed split and was aborted")));
     // NCCL 2.2x's ncclCommAbort joins the split job before it returns, so
     // a child the job made meanwhile is in the slot by now and is aborted
     // too. The documentation does not promise that join, so the slot itself
@@ -301,8 +308,8 @@ absl::StatusOr<ncclComm_t> GroupCore::Split(int color, int key, const char* chil
   (void)child_name;
   (void)deadline;
   (void)cancelled;
-  return absl::FailedPreconditionError(absl::StrCat(
-      "cannot split ", what_, " into ", child_what, ": ncclCommSplit needs NCCL >= 2.18"));
+  return absl::FailedPreconditionError(absl::StrCat("cannot split ", what_, " into ", child_what,
+                                                    ": ncclCommSplit needs NCCL >= 2.18"));
 #endif
 }
 
@@ -328,8 +335,8 @@ void GroupCore::WatchdogTick(absl::Time now) {
       const absl::Duration age = now - op.issued();
       if (age > params_.options.timeout) {
         reason = absl::DeadlineExceededError(absl::StrCat(
-            what_, ": ", op.description(), " has not completed after ",
-            absl::FormatDuration(age), " (timeout ", absl::FormatDuration(params_.options.timeout),
+            what_, ": ", op.description(), " has not completed after ", absl::FormatDuration(age),
+            " (timeout ", absl::FormatDuration(params_.options.timeout),
             "); a peer is missing, stuck, or issued a different op; the group was aborted"));
       }
       break;
@@ -401,8 +408,8 @@ absl::Status NcclWork::Wait(absl::Duration timeout) {
   if (!guard.status().ok()) return guard.status();
   cudaStream_t current = static_cast<cudaStream_t>(CurrentCudaStream(Device::Cuda(device)));
   if (cudaError_t err = cudaStreamWaitEvent(current, op_->done(), 0); err != cudaSuccess) {
-    return CudaError(absl::StrCat("making the current stream wait for ", op_->description(),
-                                  " of ", core_->what()),
+    return CudaError(absl::StrCat("making the current stream wait for ", op_->description(), " of ",
+                                  core_->what()),
                      err);
   }
   // The group may have failed the op meanwhile (abort, watchdog).
@@ -428,9 +435,11 @@ void NcclWork::Abort(absl::Status reason) {
 
 // ---- NcclGroup -------------------------------------------------------------
 
-absl::StatusOr<std::shared_ptr<NcclGroup>> NcclGroup::Create(
-    GroupCore::Params params, std::vector<int> global_ranks, ncclComm_t comm,
-    std::shared_ptr<Watchdog> watchdog, absl::Duration destroy_timeout) {
+absl::StatusOr<std::shared_ptr<NcclGroup>> NcclGroup::Create(GroupCore::Params params,
+                                                             std::vector<int> global_ranks,
+                                                             ncclComm_t comm,
+                                                             std::shared_ptr<Watchdog> watchdog,
+                                                             absl::Duration destroy_timeout) {
   MESH_CHECK(comm != nullptr, "NcclGroup::Create needs a communicator");
   const std::string what = absl::StrCat("creating the stream of NCCL group '", params.name, "'");
   DeviceGuard guard(params.device);
@@ -631,14 +640,14 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllToAll(Tensor input, Tensor o
           const size_t recv_count = static_cast<size_t>(plan->recv_counts[peer]);
           if (send_count > 0) {
             const ncclResult_t r =
-                ncclSend(send + static_cast<size_t>(plan->send_offsets[peer]) * element,
-                         send_count, type, peer, comm, stream);
+                ncclSend(send + static_cast<size_t>(plan->send_offsets[peer]) * element, send_count,
+                         type, peer, comm, stream);
             if (r != ncclSuccess && first_error == ncclSuccess) first_error = r;
           }
           if (recv_count > 0) {
             const ncclResult_t r =
-                ncclRecv(recv + static_cast<size_t>(plan->recv_offsets[peer]) * element,
-                         recv_count, type, peer, comm, stream);
+                ncclRecv(recv + static_cast<size_t>(plan->recv_offsets[peer]) * element, recv_count,
+                         type, peer, comm, stream);
             if (r != ncclSuccess && first_error == ncclSuccess) first_error = r;
           }
         }

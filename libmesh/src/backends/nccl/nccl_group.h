@@ -113,8 +113,7 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   };
 
   // Takes ownership of every handle; Close() releases them.
-  GroupCore(Params params, ncclComm_t comm, cudaStream_t stream, cudaEvent_t ready,
-            void* scratch);
+  GroupCore(Params params, ncclComm_t comm, cudaStream_t stream, cudaEvent_t ready, void* scratch);
   // Makes no blocking call; Close() must have run (NcclGroup guarantees it).
   ~GroupCore();
 
@@ -230,9 +229,11 @@ class NcclGroup final : public ProcessGroupNccl {
   // Wraps an initialized communicator: creates the group's stream, ready
   // event and scratch buffer on params.device and registers the core with
   // `watchdog`. On failure the communicator is aborted.
-  static absl::StatusOr<std::shared_ptr<NcclGroup>> Create(
-      GroupCore::Params params, std::vector<int> global_ranks, ncclComm_t comm,
-      std::shared_ptr<Watchdog> watchdog, absl::Duration destroy_timeout);
+  static absl::StatusOr<std::shared_ptr<NcclGroup>> Create(GroupCore::Params params,
+                                                           std::vector<int> global_ranks,
+                                                           ncclComm_t comm,
+                                                           std::shared_ptr<Watchdog> watchdog,
+                                                           absl::Duration destroy_timeout);
   ~NcclGroup() override;
 
   const std::shared_ptr<GroupCore>& core() const { return core_; }

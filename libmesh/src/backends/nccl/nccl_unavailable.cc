@@ -10,8 +10,9 @@ namespace {
 
 absl::Status NoNccl(absl::string_view what) {
   return absl::UnimplementedError(
-      absl::StrCat(what, ": this libmesh was built without NCCL (MESH_WITH_CUDA=OFF, or CUDA/NCCL "
-                         "not found at configure time)"));
+      absl::StrCat(what,
+                   ": this libmesh was built without NCCL (MESH_WITH_CUDA=OFF, or CUDA/NCCL "
+                   "not found at configure time)"));
 }
 
 }  // namespace

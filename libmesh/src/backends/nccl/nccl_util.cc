@@ -28,21 +28,29 @@ bool SplitAvailable() {
 
 ncclDataType_t ToNcclDataType(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kFloat16: return ncclFloat16;
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kFloat16:
+      return ncclFloat16;
     case DType::kBFloat16:
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
       return ncclBfloat16;
 #else
       break;
 #endif
-    case DType::kInt8: return ncclInt8;
-    case DType::kUInt8: return ncclUint8;
-    case DType::kInt32: return ncclInt32;
-    case DType::kInt64: return ncclInt64;
+    case DType::kInt8:
+      return ncclInt8;
+    case DType::kUInt8:
+      return ncclUint8;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
     // One byte holding 0 or 1: min and max are logical and / or.
-    case DType::kBool: return ncclUint8;
+    case DType::kBool:
+      return ncclUint8;
   }
   MESH_CHECK(false, "dtype has no NCCL type; CheckTensor should have rejected it");
   return ncclUint8;
@@ -50,10 +58,14 @@ ncclDataType_t ToNcclDataType(DType dtype) {
 
 ncclRedOp_t ToNcclRedOp(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kProd: return ncclProd;
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kProd:
+      return ncclProd;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
     case ReduceOp::kAvg:
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
       return ncclAvg;
@@ -67,25 +79,30 @@ ncclRedOp_t ToNcclRedOp(ReduceOp op) {
 
 absl::StatusCode CodeForNcclResult(ncclResult_t result) {
   switch (result) {
-    case ncclSuccess: return absl::StatusCode::kOk;
+    case ncclSuccess:
+      return absl::StatusCode::kOk;
     case ncclSystemError:
-    case ncclRemoteError: return absl::StatusCode::kUnavailable;
-    case ncclInvalidArgument: return absl::StatusCode::kInvalidArgument;
-    case ncclInvalidUsage: return absl::StatusCode::kFailedPrecondition;
+    case ncclRemoteError:
+      return absl::StatusCode::kUnavailable;
+    case ncclInvalidArgument:
+      return absl::StatusCode::kInvalidArgument;
+    case ncclInvalidUsage:
+      return absl::StatusCode::kFailedPrecondition;
     case ncclUnhandledCudaError:
     case ncclInternalError:
     case ncclInProgress:
-    default: return absl::StatusCode::kInternal;
+    default:
+      return absl::StatusCode::kInternal;
   }
 }
 
 absl::Status NcclError(absl::string_view what, ncclResult_t result, ncclComm_t comm) {
   const char* last = ncclGetLastError(comm);
-  return absl::Status(CodeForNcclResult(result),
-                      absl::StrCat(what, ": NCCL error ", static_cast<int>(result), ": ",
-                                   ncclGetErrorString(result),
-                                   last != nullptr && last[0] != '\0' ? absl::StrCat(" (", last, ")")
-                                                                      : std::string()));
+  return absl::Status(
+      CodeForNcclResult(result),
+      absl::StrCat(
+          what, ": NCCL error ", static_cast<int>(result), ": ", ncclGetErrorString(result),
+          last != nullptr && last[0] != '\0' ? absl::StrCat(" (", last, ")") : std::string()));
 }
 
 absl::Status CudaError(absl::string_view what, cudaError_t err) {
@@ -131,8 +148,9 @@ absl::Status AwaitComm(ncclComm_t comm, absl::string_view what, absl::Time deadl
     if (absl::Status s = cancelled(); !s.ok()) return s;
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
-          absl::StrCat(what, ": NCCL did not finish before the deadline (peers missing or "
-                             "stuck?)"));
+          absl::StrCat(what,
+                       ": NCCL did not finish before the deadline (peers missing or "
+                       "stuck?)"));
     }
     if (polls < 64) {
       std::this_thread::yield();
@@ -163,14 +181,12 @@ const char* PersistentName(absl::string_view name) {
 }
 
 absl::StatusOr<ncclComm_t> InitComm(const ncclUniqueId& id, int nranks, int rank, int device,
-                                    const char* name, absl::string_view what,
-                                    absl::Time deadline,
+                                    const char* name, absl::string_view what, absl::Time deadline,
                                     absl::FunctionRef<absl::Status()> cancelled) {
   DeviceGuard guard(device);  // NCCL binds the communicator to the current device.
   if (!guard.status().ok()) {
-    return absl::Status(guard.status().code(),
-                        absl::StrCat("creating NCCL communicator for ", what, ": ",
-                                     guard.status().message()));
+    return absl::Status(guard.status().code(), absl::StrCat("creating NCCL communicator for ", what,
+                                                            ": ", guard.status().message()));
   }
   ncclConfig_t config = NonBlockingConfig(name);
   ncclComm_t comm = nullptr;
@@ -181,8 +197,8 @@ absl::StatusOr<ncclComm_t> InitComm(const ncclUniqueId& id, int nranks, int rank
       return absl::InternalError(
           absl::StrCat("ncclCommInitRankConfig for ", what, " returned no communicator"));
     }
-    status = AwaitComm(comm, absl::StrCat("creating NCCL communicator for ", what), deadline,
-                       cancelled);
+    status =
+        AwaitComm(comm, absl::StrCat("creating NCCL communicator for ", what), deadline, cancelled);
   } else {
     status = NcclError(absl::StrCat("ncclCommInitRankConfig for ", what), r, comm);
   }

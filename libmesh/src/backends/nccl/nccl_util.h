@@ -113,8 +113,7 @@ const char* PersistentName(absl::string_view name);
 // UNAVAILABLE/INTERNAL (NCCL failed), the cancellation status, INTERNAL for
 // a CUDA error.
 absl::StatusOr<ncclComm_t> InitComm(const ncclUniqueId& id, int nranks, int rank, int device,
-                                    const char* name, absl::string_view what,
-                                    absl::Time deadline,
+                                    const char* name, absl::string_view what, absl::Time deadline,
                                     absl::FunctionRef<absl::Status()> cancelled);
 
 }  // namespace mesh::nccl

@@ -16,9 +16,9 @@ absl::Status SynchronizeWork(const Work& work, absl::Duration timeout) {
   absl::Duration sleep = absl::Microseconds(5);
   for (int polls = 0; !work.IsCompleted(); ++polls) {
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the op did not complete within ", absl::FormatDuration(timeout),
-          " (it keeps running; wait again or abort it)"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("the op did not complete within ", absl::FormatDuration(timeout),
+                       " (it keeps running; wait again or abort it)"));
     }
     if (polls < 256) {
       std::this_thread::yield();

@@ -26,8 +26,7 @@ absl::Status StoreUniqueIdBroker::Publish(
   for (const auto& [key, id] : ids) {
     if (id.size() != kUniqueIdBytes) {
       return absl::InvalidArgumentError(absl::StrCat("NCCL unique id for '", key, "' has ",
-                                                     id.size(), " bytes, not ",
-                                                     kUniqueIdBytes));
+                                                     id.size(), " bytes, not ", kUniqueIdBytes));
     }
     keys.push_back(key);
     values.push_back(id);
@@ -40,21 +39,19 @@ absl::StatusOr<std::vector<std::string>> StoreUniqueIdBroker::Get(
   if (keys.empty()) return std::vector<std::string>{};
   const absl::Duration timeout = deadline - absl::Now();
   if (timeout <= absl::ZeroDuration()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("no time left to fetch ", keys.size(), " NCCL unique id(s), first '",
-                     keys.front(), "'"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no time left to fetch ", keys.size(), " NCCL unique id(s), first '", keys.front(), "'"));
   }
   absl::StatusOr<std::vector<std::string>> values = store_->MultiGet(keys, timeout);
   if (!values.ok()) return values.status();
   if (values->size() != keys.size()) {
-    return absl::InternalError(absl::StrCat("store returned ", values->size(),
-                                            " values for ", keys.size(), " keys"));
+    return absl::InternalError(
+        absl::StrCat("store returned ", values->size(), " values for ", keys.size(), " keys"));
   }
   for (size_t i = 0; i < keys.size(); ++i) {
     if ((*values)[i].size() != kUniqueIdBytes) {
       return absl::DataLossError(absl::StrCat("NCCL unique id under '", keys[i], "' has ",
-                                              (*values)[i].size(), " bytes, not ",
-                                              kUniqueIdBytes));
+                                              (*values)[i].size(), " bytes, not ", kUniqueIdBytes));
     }
   }
   return values;
@@ -65,9 +62,8 @@ std::string UniqueIdKey(uint64_t call, const GroupSpec& spec) {
 }
 
 absl::StatusOr<std::vector<std::string>> ExchangeUniqueIds(
-    absl::Span<const GroupSpec> specs, int world_rank, uint64_t call,
-    NcclUniqueIdBroker& broker, absl::FunctionRef<absl::StatusOr<std::string>()> generate,
-    absl::Time deadline) {
+    absl::Span<const GroupSpec> specs, int world_rank, uint64_t call, NcclUniqueIdBroker& broker,
+    absl::FunctionRef<absl::StatusOr<std::string>()> generate, absl::Time deadline) {
   const std::string context =
       absl::StrCat("rank ", world_rank, ", NewGroups call ", call, ": NCCL unique-id exchange");
   std::vector<std::string> ids(specs.size());

@@ -88,8 +88,7 @@ std::string UniqueIdKey(uint64_t call, const GroupSpec& spec);
 // Possible errors: those of `generate`, Publish and Get, prefixed with the
 // rank and the call.
 absl::StatusOr<std::vector<std::string>> ExchangeUniqueIds(
-    absl::Span<const GroupSpec> specs, int world_rank, uint64_t call,
-    NcclUniqueIdBroker& broker, absl::FunctionRef<absl::StatusOr<std::string>()> generate,
-    absl::Time deadline);
+    absl::Span<const GroupSpec> specs, int world_rank, uint64_t call, NcclUniqueIdBroker& broker,
+    absl::FunctionRef<absl::StatusOr<std::string>()> generate, absl::Time deadline);
 
 }  // namespace mesh::nccl
