@@ -11,13 +11,17 @@
 //     2. enqueues the NCCL call(s) on the group's stream,
 //     3. records a completion event there, and returns its Work.
 //   Work::Wait(timeout) makes the caller's *current* stream wait for that
-//   event and returns without blocking the host; `timeout` only bounds the
-//   host-side bookkeeping, the device-side bound is the watchdog's
-//   ProcessGroupOptions::timeout. Work::IsCompleted polls the event
-//   (cudaEventQuery). To block the host, use SynchronizeWork below.
-//   The op holds copies of its tensor views (and so their keep-alives) until
-//   it completes, so owning tensors may be dropped after issuing; borrowed
-//   memory must stay valid until completion, as ProcessGroup requires.
+//   event and returns without blocking the host, so its `timeout` has
+//   nothing to bound (it never returns DEADLINE_EXCEEDED); the device-side
+//   bound is the watchdog's ProcessGroupOptions::timeout. Work::IsCompleted
+//   polls the event (cudaEventQuery). To block the host, use
+//   SynchronizeWork below. Tensor memory must stay valid until the op
+//   completes on the device, as ProcessGroup requires (the op keeps no
+//   reference to it). Memory freed with cudaFree, as Tensor::Empty's is,
+//   is safe to drop early because cudaFree synchronizes the device.
+//   Ops of different groups run on different streams and may overlap; as
+//   with any NCCL program, every rank must issue them in an order that
+//   cannot deadlock (NCCL kernels wait for their peers).
 //
 // Communicators.
 //   The world communicator is made from the world ncclUniqueId that rank 0
