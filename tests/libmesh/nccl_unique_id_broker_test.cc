@@ -165,6 +165,51 @@ TEST(StoreUniqueIdBroker, MissingIdsTimeOutNamingTheKey) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
 }
 
+TEST(CallbackUniqueIdBroker, ForwardsBatchesAndChecksWhatComesBack) {
+  std::map<std::string, std::string> published;
+  int publishes = 0;
+  int gets = 0;
+  int short_answers = 0;  // When > 0, `get` drops the last id this many times.
+  CallbackUniqueIdBroker broker(
+      [&](absl::Span<const std::pair<std::string, std::string>> ids) {
+        ++publishes;
+        for (const auto& [key, id] : ids) published[key] = id;
+        return absl::OkStatus();
+      },
+      [&](absl::Span<const std::string> keys,
+          absl::Time) -> absl::StatusOr<std::vector<std::string>> {
+        ++gets;
+        std::vector<std::string> out;
+        for (const std::string& key : keys) out.push_back(published[key]);
+        if (short_answers > 0) {
+          --short_answers;
+          out.pop_back();
+        }
+        return out;
+      });
+  EXPECT_TRUE(broker.Publish({}).ok());
+  EXPECT_TRUE(broker.Get({}, absl::Now()).ok());
+  EXPECT_EQ(publishes + gets, 0) << "empty batches must not reach the transport";
+
+  const std::vector<std::pair<std::string, std::string>> ids = {{"a", FakeId("a")},
+                                                                {"b", FakeId("b")}};
+  ASSERT_TRUE(broker.Publish(ids).ok());
+  const std::vector<std::string> keys = {"b", "a"};
+  absl::StatusOr<std::vector<std::string>> got = broker.Get(keys, absl::Now());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(*got, ElementsAre(FakeId("b"), FakeId("a")));
+  EXPECT_EQ(publishes, 1);
+  EXPECT_EQ(gets, 1);
+
+  const std::vector<std::pair<std::string, std::string>> bad = {{"c", "short"}};
+  EXPECT_EQ(broker.Publish(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(publishes, 1) << "a bad id must not reach the transport";
+  const std::vector<std::string> unknown = {"nobody-published-this"};
+  EXPECT_EQ(broker.Get(unknown, absl::Now()).status().code(), absl::StatusCode::kDataLoss);
+  short_answers = 1;
+  EXPECT_EQ(broker.Get(keys, absl::Now()).status().code(), absl::StatusCode::kInternal);
+}
+
 // The specs rank `r` of a (2, 4) mesh passes, plus a family of singletons.
 std::vector<GroupSpec> MeshSpecs(int r) {
   const int dp_color = r % 4;  // Replicate groups {0,4}, {1,5}, {2,6}, {3,7}.

@@ -10,6 +10,32 @@ absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
   return absl::Status(status.code(), absl::StrCat(prefix, ": ", status.message()));
 }
 
+// The checks every broker applies, whatever its transport.
+absl::Status CheckIdsToPublish(absl::Span<const std::pair<std::string, std::string>> ids) {
+  for (const auto& [key, id] : ids) {
+    if (id.size() != kUniqueIdBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("NCCL unique id for '", key, "' has ",
+                                                     id.size(), " bytes, not ", kUniqueIdBytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckFetchedIds(absl::Span<const std::string> keys,
+                             const std::vector<std::string>& values) {
+  if (values.size() != keys.size()) {
+    return absl::InternalError(
+        absl::StrCat("broker returned ", values.size(), " ids for ", keys.size(), " keys"));
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (values[i].size() != kUniqueIdBytes) {
+      return absl::DataLossError(absl::StrCat("NCCL unique id under '", keys[i], "' has ",
+                                              values[i].size(), " bytes, not ", kUniqueIdBytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 StoreUniqueIdBroker::StoreUniqueIdBroker(std::shared_ptr<Store> store) : store_(std::move(store)) {
@@ -19,15 +45,12 @@ StoreUniqueIdBroker::StoreUniqueIdBroker(std::shared_ptr<Store> store) : store_(
 absl::Status StoreUniqueIdBroker::Publish(
     absl::Span<const std::pair<std::string, std::string>> ids) {
   if (ids.empty()) return absl::OkStatus();
+  if (absl::Status s = CheckIdsToPublish(ids); !s.ok()) return s;
   std::vector<std::string> keys;
   std::vector<std::string> values;
   keys.reserve(ids.size());
   values.reserve(ids.size());
   for (const auto& [key, id] : ids) {
-    if (id.size() != kUniqueIdBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("NCCL unique id for '", key, "' has ",
-                                                     id.size(), " bytes, not ", kUniqueIdBytes));
-    }
     keys.push_back(key);
     values.push_back(id);
   }
@@ -44,16 +67,28 @@ absl::StatusOr<std::vector<std::string>> StoreUniqueIdBroker::Get(
   }
   absl::StatusOr<std::vector<std::string>> values = store_->MultiGet(keys, timeout);
   if (!values.ok()) return values.status();
-  if (values->size() != keys.size()) {
-    return absl::InternalError(
-        absl::StrCat("store returned ", values->size(), " values for ", keys.size(), " keys"));
-  }
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if ((*values)[i].size() != kUniqueIdBytes) {
-      return absl::DataLossError(absl::StrCat("NCCL unique id under '", keys[i], "' has ",
-                                              (*values)[i].size(), " bytes, not ", kUniqueIdBytes));
-    }
-  }
+  if (absl::Status s = CheckFetchedIds(keys, *values); !s.ok()) return s;
+  return values;
+}
+
+CallbackUniqueIdBroker::CallbackUniqueIdBroker(PublishFn publish, GetFn get)
+    : publish_(std::move(publish)), get_(std::move(get)) {
+  MESH_CHECK(publish_ != nullptr && get_ != nullptr, "CallbackUniqueIdBroker needs both callbacks");
+}
+
+absl::Status CallbackUniqueIdBroker::Publish(
+    absl::Span<const std::pair<std::string, std::string>> ids) {
+  if (ids.empty()) return absl::OkStatus();
+  if (absl::Status s = CheckIdsToPublish(ids); !s.ok()) return s;
+  return publish_(ids);
+}
+
+absl::StatusOr<std::vector<std::string>> CallbackUniqueIdBroker::Get(
+    absl::Span<const std::string> keys, absl::Time deadline) {
+  if (keys.empty()) return std::vector<std::string>{};
+  absl::StatusOr<std::vector<std::string>> values = get_(keys, deadline);
+  if (!values.ok()) return values.status();
+  if (absl::Status s = CheckFetchedIds(keys, *values); !s.ok()) return s;
   return values;
 }
 

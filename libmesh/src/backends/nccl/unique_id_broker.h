@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -71,6 +72,37 @@ class StoreUniqueIdBroker final : public NcclUniqueIdBroker {
 
  private:
   const std::shared_ptr<Store> store_;
+};
+
+// A broker over two callables, for transports that are not a mesh::Store,
+// e.g. the coordinator's PublishUniqueIds/GetUniqueIds RPCs:
+//
+//   CallbackUniqueIdBroker broker(
+//       [client](auto ids) { return client->PublishUniqueIds(ids, kRpcTimeout); },
+//       [client](auto keys, absl::Time deadline) {
+//         return client->GetUniqueIds(keys, deadline - absl::Now());
+//       });
+//
+// It adds the contract's checks around them: empty batches make no call, ids
+// must be kUniqueIdBytes long both ways, and `get` must return one id per
+// key (INTERNAL otherwise).
+class CallbackUniqueIdBroker final : public NcclUniqueIdBroker {
+ public:
+  using PublishFn =
+      std::function<absl::Status(absl::Span<const std::pair<std::string, std::string>>)>;
+  using GetFn = std::function<absl::StatusOr<std::vector<std::string>>(
+      absl::Span<const std::string>, absl::Time)>;
+
+  // Both must be callable (checked).
+  CallbackUniqueIdBroker(PublishFn publish, GetFn get);
+
+  absl::Status Publish(absl::Span<const std::pair<std::string, std::string>> ids) override;
+  absl::StatusOr<std::vector<std::string>> Get(absl::Span<const std::string> keys,
+                                               absl::Time deadline) override;
+
+ private:
+  const PublishFn publish_;
+  const GetFn get_;
 };
 
 // The broker key of `spec`'s group in the `call`-th NewGroups call of a
