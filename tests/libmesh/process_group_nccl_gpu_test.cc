@@ -376,8 +376,10 @@ TEST_F(NcclGpuTest, WatchdogAbortsAnOpPendingPastTheTimeout) {
     ASSERT_TRUE(issued.ok()) << issued.status();
     work = *issued;
   }
+  // Keep the gate shut until the abort has settled the op: opened earlier,
+  // the op could complete first and rightly count as a success.
   const absl::Time give_up = absl::Now() + absl::Seconds(20);
-  while (world_->health().ok() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(10));
+  while (!work->IsCompleted() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(10));
   gate.open = true;  // Let the stream drain whatever the abort left.
   const absl::Status health = world_->health();
   EXPECT_EQ(health.code(), absl::StatusCode::kDeadlineExceeded) << health;
@@ -406,11 +408,14 @@ TEST_F(NcclGpuTest, AbortFailsPendingWorkAndLaterOps) {
     pending = *issued;
   }
   const absl::Status reason = absl::UnavailableError("rank 3 (host-b) exited with signal 9");
-  // ncclCommAbort may wait for the streams NCCL used; release the gate once
-  // the abort has recorded its reason, from another thread.
+  // Open the gate from another thread once the abort has settled the op
+  // (earlier, the op could complete first and rightly count as a success),
+  // in case ncclCommAbort waits for the streams NCCL used.
   std::thread opener([&] {
     const absl::Time give_up = absl::Now() + absl::Seconds(20);
-    while (world_->health().ok() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+    while (!pending->IsCompleted() && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
     gate.open = true;
   });
   pending->Abort(reason);  // A Work's abort aborts its group.
