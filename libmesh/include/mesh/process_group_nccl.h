@@ -45,10 +45,22 @@
 //   with UNAVAILABLE (peer or network failure) or INTERNAL; either message
 //   names the group and the pending op.
 //
+// Errors of an op, beyond mesh/process_group.h's:
+//   synchronous  INVALID_ARGUMENT from the checks below, decided before any
+//                CUDA call; the abort reason once the group is aborted;
+//                INTERNAL when CUDA refuses to order the group stream after
+//                the caller's current stream (e.g. that stream belongs to
+//                another device); nothing was issued and the group stays
+//                healthy.
+//   Work         the abort reason (Abort, AbortAll, the watchdog), or the
+//                NCCL/CUDA error that broke issuing the op, which aborts the
+//                group since its peers issued the op too.
+//
 // Tensors: CUDA tensors on the group's device, contiguous (INVALID_ARGUMENT
 // otherwise), any libmesh dtype; bool travels as uint8, so its reductions
-// are kMin/kMax only. NCCL matches sends and receives between a pair in
-// issue order whatever their tags: tags are accepted and ignored, which is
+// are kMin/kMax only. kAvg on integers is NCCL's sum-then-divide in the
+// element type, so the sum may wrap where the average would fit. NCCL matches sends and receives
+// between a pair in issue order whatever their tags: tags are accepted and ignored, which is
 // equivalent whenever both sides issue their tagged messages in the same
 // order (c10d's NCCL backend behaves alike).
 //
