@@ -59,6 +59,16 @@ TEST(NcclErrors, MessageNamesTheOperationAndNcclsReason) {
   EXPECT_THAT(std::string(s.message()), HasSubstr(ncclGetErrorString(ncclRemoteError)));
 }
 
+TEST(NcclErrors, CreationReportsInternalFailuresAsUnavailable) {
+  EXPECT_EQ(NcclError("x", ncclInternalError, nullptr, absl::StatusCode::kUnavailable).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(NcclError("x", ncclUnhandledCudaError, nullptr, absl::StatusCode::kUnavailable).code(),
+            absl::StatusCode::kUnavailable);
+  // Usage errors keep their codes: retrying will not fix them.
+  EXPECT_EQ(NcclError("x", ncclInvalidUsage, nullptr, absl::StatusCode::kUnavailable).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(NcclConfig, IsNonBlockingAndNamed) {
   const char* name = "mesh/tp/1";
   ncclConfig_t config = NonBlockingConfig(name);

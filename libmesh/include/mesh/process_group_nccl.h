@@ -186,7 +186,9 @@ class NcclProcessGroupFactory : public ProcessGroupFactory {
   //                        kSplit where NCCL cannot split;
   //   DEADLINE_EXCEEDED    the world communicator did not come up within
   //                        init_timeout (peers missing);
-  //   UNAVAILABLE          NCCL failed to create it (network, peers);
+  //   UNAVAILABLE          NCCL failed to create it (network, peers,
+  //                        devices); FAILED_PRECONDITION for NCCL usage
+  //                        errors (e.g. two ranks on one GPU);
   //   UNIMPLEMENTED        libmesh was built without NCCL.
   static absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> Create(
       NcclProcessGroupFactoryOptions options);

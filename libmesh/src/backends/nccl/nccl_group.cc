@@ -272,9 +272,9 @@ absl::StatusOr<ncclComm_t> GroupCore::Split(int color, int key, const char* chil
   const ncclResult_t r = ncclCommSplit(comm_, color, key, slot, &config);
   if (r == ncclInProgress) {
     // The job is attached to the parent: its state reports the split.
-    status = AwaitComm(comm_, what, deadline, cancel);
+    status = AwaitComm(comm_, what, deadline, cancel, absl::StatusCode::kUnavailable);
   } else if (r != ncclSuccess) {
-    status = NcclError(what, r, comm_);
+    status = NcclError(what, r, comm_, absl::StatusCode::kUnavailable);
   }
   if (!status.ok()) {
     SetAbortReason(absl::Status(status.code(),
@@ -297,7 +297,8 @@ absl::StatusOr<ncclComm_t> GroupCore::Split(int color, int key, const char* chil
     return absl::InternalError(absl::StrCat(what, ": NCCL returned no communicator"));
   }
   // The child's own state, normally already ncclSuccess.
-  if (absl::Status s = AwaitComm(child, what, deadline, cancel); !s.ok()) {
+  if (absl::Status s = AwaitComm(child, what, deadline, cancel, absl::StatusCode::kUnavailable);
+      !s.ok()) {
     ncclCommAbort(child);
     return s;
   }

@@ -96,10 +96,13 @@ absl::StatusCode CodeForNcclResult(ncclResult_t result) {
   }
 }
 
-absl::Status NcclError(absl::string_view what, ncclResult_t result, ncclComm_t comm) {
+absl::Status NcclError(absl::string_view what, ncclResult_t result, ncclComm_t comm,
+                       absl::StatusCode internal_as) {
   const char* last = ncclGetLastError(comm);
+  absl::StatusCode code = CodeForNcclResult(result);
+  if (code == absl::StatusCode::kInternal) code = internal_as;
   return absl::Status(
-      CodeForNcclResult(result),
+      code,
       absl::StrCat(
           what, ": NCCL error ", static_cast<int>(result), ": ", ncclGetErrorString(result),
           last != nullptr && last[0] != '\0' ? absl::StrCat(" (", last, ")") : std::string()));
@@ -133,7 +136,7 @@ DeviceGuard::~DeviceGuard() {
 }
 
 absl::Status AwaitComm(ncclComm_t comm, absl::string_view what, absl::Time deadline,
-                       absl::FunctionRef<absl::Status()> cancelled) {
+                       absl::FunctionRef<absl::Status()> cancelled, absl::StatusCode internal_as) {
   // Spin briefly (a lazy connection or a small init often finishes within
   // microseconds), then back off to sleeps of up to 1 ms: inits take up to
   // seconds, and a 2-core machine has no cycles to burn.
@@ -141,10 +144,10 @@ absl::Status AwaitComm(ncclComm_t comm, absl::string_view what, absl::Time deadl
   for (int polls = 0;; ++polls) {
     ncclResult_t state = ncclSuccess;
     if (ncclResult_t r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess) {
-      return NcclError(absl::StrCat(what, ": ncclCommGetAsyncError"), r, comm);
+      return NcclError(absl::StrCat(what, ": ncclCommGetAsyncError"), r, comm, internal_as);
     }
     if (state == ncclSuccess) return absl::OkStatus();
-    if (state != ncclInProgress) return NcclError(what, state, comm);
+    if (state != ncclInProgress) return NcclError(what, state, comm, internal_as);
     if (absl::Status s = cancelled(); !s.ok()) return s;
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
@@ -197,10 +200,11 @@ absl::StatusOr<ncclComm_t> InitComm(const ncclUniqueId& id, int nranks, int rank
       return absl::InternalError(
           absl::StrCat("ncclCommInitRankConfig for ", what, " returned no communicator"));
     }
-    status =
-        AwaitComm(comm, absl::StrCat("creating NCCL communicator for ", what), deadline, cancelled);
+    status = AwaitComm(comm, absl::StrCat("creating NCCL communicator for ", what), deadline,
+                       cancelled, absl::StatusCode::kUnavailable);
   } else {
-    status = NcclError(absl::StrCat("ncclCommInitRankConfig for ", what), r, comm);
+    status = NcclError(absl::StrCat("ncclCommInitRankConfig for ", what), r, comm,
+                       absl::StatusCode::kUnavailable);
   }
   if (!status.ok()) {
     // Abort also joins NCCL's init thread, so nothing writes to `comm` later.

@@ -61,8 +61,12 @@ ncclRedOp_t ToNcclRedOp(ReduceOp op);
 absl::StatusCode CodeForNcclResult(ncclResult_t result);
 
 // "<what>: <ncclGetErrorString> (<ncclGetLastError>)" with
-// CodeForNcclResult's code. `comm` may be null.
-absl::Status NcclError(absl::string_view what, ncclResult_t result, ncclComm_t comm);
+// CodeForNcclResult's code, except that INTERNAL becomes `internal_as`.
+// `comm` may be null. Creating a communicator passes UNAVAILABLE: arguments
+// were checked beforehand, so what fails there is the environment (network,
+// peers, devices), and retrying the job may help.
+absl::Status NcclError(absl::string_view what, ncclResult_t result, ncclComm_t comm,
+                       absl::StatusCode internal_as = absl::StatusCode::kInternal);
 
 // "<what>: <cudaGetErrorName>: <cudaGetErrorString>", INTERNAL (or
 // RESOURCE_EXHAUSTED for an allocation failure). Clears the runtime's
@@ -88,12 +92,14 @@ class DeviceGuard {
 };
 
 // Polls ncclCommGetAsyncError(comm) until it leaves ncclInProgress.
-// Returns OK on ncclSuccess; the NCCL error (via NcclError, prefixed with
-// `what`); DEADLINE_EXCEEDED naming `what` when `deadline` passes; or the
-// non-OK status `cancelled()` returns (it is asked between polls). The
-// communicator is left as it is in every case: the caller aborts it.
+// Returns OK on ncclSuccess; the NCCL error (via NcclError with
+// `internal_as`, prefixed with `what`); DEADLINE_EXCEEDED naming `what` when
+// `deadline` passes; or the non-OK status `cancelled()` returns (it is asked
+// between polls). The communicator is left as it is in every case: the
+// caller aborts it.
 absl::Status AwaitComm(ncclComm_t comm, absl::string_view what, absl::Time deadline,
-                       absl::FunctionRef<absl::Status()> cancelled);
+                       absl::FunctionRef<absl::Status()> cancelled,
+                       absl::StatusCode internal_as = absl::StatusCode::kInternal);
 
 // A config for a non-blocking communicator named `name`. NCCL keeps the
 // name pointer (not a copy) for the communicator's whole life, so `name`
