@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/nccl_overhead_bench.h"
 #include "bench/ping_bench.h"
 
 namespace {
@@ -47,7 +48,61 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
 
+  // ---- nccl-overhead (branch nccl) ----
+  mesh::bench::NcclOverheadOptions nccl;
+  CLI::App* nccl_cmd = app.add_subcommand(
+      "nccl-overhead", "libmesh all_reduce per-call overhead vs raw ncclAllReduce (GPU)");
+  nccl_cmd->add_option("--elements", nccl.elements, "float32 element counts, one row each")
+      ->capture_default_str();
+  nccl_cmd->add_option("-n,--iterations", nccl.iterations, "Measured calls per size and side")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  nccl_cmd->add_option("-w,--warmup", nccl.warmup, "Warm-up calls per size and side")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  nccl_cmd->add_option("--block", nccl.block, "Calls per pipelined block")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  nccl_cmd->add_option("--device", nccl.device, "CUDA device ordinal")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
+
+  if (nccl_cmd->parsed()) {
+    if (smoke) {
+      nccl.elements = {1, 1024};
+      nccl.iterations = 20;
+      nccl.warmup = 2;
+      nccl.block = 5;
+    }
+    auto result = mesh::bench::RunNcclOverheadBench(nccl);
+    if (!result.ok()) {
+      std::fprintf(stderr, "mesh-bench nccl-overhead: %s\n", result.status().ToString().c_str());
+      return 1;
+    }
+    if (result->skipped) {
+      std::printf("skipped: %s\n", result->skip_reason.c_str());
+      return Finish(mesh::bench::ToJson(*result), json_path);
+    }
+    std::printf(
+        "# mesh-bench nccl-overhead: all_reduce (sum, float32), world size 1, cuda:%d (%s), NCCL "
+        "%d; p50 per call\n",
+        nccl.device, result->device_name.c_str(), result->nccl_version);
+    std::printf("| %10s | %14s | %14s | %7s | %14s | %14s | %7s |\n", "bytes", "raw pipe (us)",
+                "mesh pipe (us)", "ratio", "raw sync (us)", "mesh sync (us)", "ratio");
+    std::printf("|%s|%s|%s|%s|%s|%s|%s|\n", std::string(12, '-').c_str(),
+                std::string(16, '-').c_str(), std::string(16, '-').c_str(),
+                std::string(9, '-').c_str(), std::string(16, '-').c_str(),
+                std::string(16, '-').c_str(), std::string(9, '-').c_str());
+    for (const auto& row : result->rows) {
+      std::printf("| %10lld | %14.2f | %14.2f | %7.2f | %14.2f | %14.2f | %7.2f |\n",
+                  static_cast<long long>(row.bytes), row.raw_pipelined.p50_us,
+                  row.mesh_pipelined.p50_us, row.pipelined_ratio, row.raw_sync.p50_us,
+                  row.mesh_sync.p50_us, row.sync_ratio);
+    }
+    return Finish(mesh::bench::ToJson(*result), json_path);
+  }
 
   if (ping_cmd->parsed()) {
     if (smoke) {

@@ -1,0 +1,288 @@
+// NcclProcessGroupFactory and GenerateNcclUniqueId; compiled only when
+// MESH_HAVE_NCCL (nccl_unavailable.cc stands in otherwise).
+#include "backends/nccl/nccl_factory.h"
+
+#include <atomic>
+#include <cstring>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "backends/nccl/nccl_checks.h"
+#include "backends/nccl/nccl_group.h"
+#include "backends/nccl/nccl_util.h"
+#include "backends/nccl/nccl_watchdog.h"
+#include "mesh/build_info.h"
+
+namespace mesh {
+namespace nccl {
+namespace {
+
+static_assert(sizeof(ncclUniqueId) == kNcclUniqueIdBytes && kUniqueIdBytes == kNcclUniqueIdBytes,
+              "ncclUniqueId changed size");
+
+absl::StatusOr<std::string> GenerateIdBytes() {
+  ncclUniqueId id;
+  if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+    return NcclError("ncclGetUniqueId", r, nullptr);
+  }
+  return std::string(id.internal, sizeof(id.internal));
+}
+
+ncclUniqueId ToUniqueId(const std::string& bytes) {
+  ncclUniqueId id;
+  std::memcpy(id.internal, bytes.data(), sizeof(id.internal));  // Size checked by the caller.
+  return id;
+}
+
+std::string GroupName(const GroupSpec& spec) { return absl::StrCat(spec.family, "/", spec.color); }
+
+std::string GroupWhat(absl::string_view name, int rank, int size, int device) {
+  return absl::StrCat("NCCL group '", name, "' (rank ", rank, " of ", size, ", cuda:", device, ")");
+}
+
+// A split or init that succeeded with different members than the spec means
+// ranks passed different specs for one group.
+absl::Status CheckCommShape(ncclComm_t comm, int size, int rank, absl::string_view what) {
+  int count = 0;
+  int user_rank = 0;
+  if (ncclResult_t r = ncclCommCount(comm, &count); r != ncclSuccess) {
+    return NcclError(absl::StrCat(what, ": ncclCommCount"), r, comm);
+  }
+  if (ncclResult_t r = ncclCommUserRank(comm, &user_rank); r != ncclSuccess) {
+    return NcclError(absl::StrCat(what, ": ncclCommUserRank"), r, comm);
+  }
+  if (count != size || user_rank != rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": NCCL made a communicator of ", count, " ranks with this one as rank ",
+                     user_rank, ", but the spec says ", size, " ranks and rank ", rank,
+                     "; the members passed different specs for this group"));
+  }
+  return absl::OkStatus();
+}
+
+class NcclFactory final : public NcclProcessGroupFactory {
+ public:
+  NcclFactory(NcclProcessGroupFactoryOptions options, bool split,
+              std::unique_ptr<NcclUniqueIdBroker> broker, std::shared_ptr<Watchdog> watchdog,
+              std::shared_ptr<NcclGroup> world)
+      : options_(std::move(options)),
+        split_(split),
+        broker_(std::move(broker)),
+        watchdog_(std::move(watchdog)),
+        world_(std::move(world)) {
+    absl::MutexLock lock(&mu_);
+    cores_.push_back(world_->core());
+  }
+
+  int world_rank() const override { return options_.world_rank; }
+  int world_size() const override { return options_.world_size; }
+  const Device& device() const override { return options_.device; }
+  bool splits_communicators() const override { return split_; }
+
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> World() override { return world_; }
+
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroups(
+      const std::vector<GroupSpec>& specs) override;
+
+  void AbortAll(absl::Status reason) override;
+
+ private:
+  // The AbortAll reason, else OK.
+  absl::Status Cancelled() const;
+  // Wraps `comm` in a group and registers it for AbortAll (aborting it at
+  // once if AbortAll came first).
+  absl::StatusOr<std::shared_ptr<NcclGroup>> Adopt(const GroupSpec& spec, int group_rank,
+                                                   ncclComm_t comm);
+
+  const NcclProcessGroupFactoryOptions options_;
+  const bool split_;
+  const std::unique_ptr<NcclUniqueIdBroker> broker_;  // May be null.
+  const std::shared_ptr<Watchdog> watchdog_;
+  // Destroyed before watchdog_ (declared after it), though the group keeps
+  // its own reference to the watchdog anyway.
+  const std::shared_ptr<NcclGroup> world_;
+
+  // NewGroups is collective: one call at a time, numbered.
+  absl::Mutex new_groups_mu_;
+  uint64_t calls_ ABSL_GUARDED_BY(new_groups_mu_) = 0;
+
+  std::atomic<bool> aborted_{false};
+  mutable absl::Mutex mu_ ABSL_ACQUIRED_AFTER(new_groups_mu_);
+  absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::weak_ptr<GroupCore>> cores_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status NcclFactory::Cancelled() const {
+  if (!aborted_.load(std::memory_order_acquire)) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  return abort_reason_;
+}
+
+absl::StatusOr<std::shared_ptr<NcclGroup>> NcclFactory::Adopt(const GroupSpec& spec, int group_rank,
+                                                              ncclComm_t comm) {
+  GroupCore::Params params;
+  params.name = GroupName(spec);
+  params.rank = group_rank;
+  params.size = static_cast<int>(spec.global_ranks.size());
+  params.device = options_.device.index();
+  params.options = options_.group_options;
+  params.caps = BuiltCaps();
+  absl::StatusOr<std::shared_ptr<NcclGroup>> group = NcclGroup::Create(
+      std::move(params), spec.global_ranks, comm, watchdog_, options_.destroy_timeout);
+  if (!group.ok()) return group.status();
+  absl::Status reason;
+  {
+    absl::MutexLock lock(&mu_);
+    if (abort_reason_.ok()) {
+      cores_.push_back((*group)->core());
+    } else {
+      reason = abort_reason_;
+    }
+  }
+  if (!reason.ok()) {
+    (*group)->Abort(reason);
+    return reason;
+  }
+  return group;
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::NewGroups(
+    const std::vector<GroupSpec>& specs) {
+  absl::MutexLock lock(&new_groups_mu_);
+  if (absl::Status s = Cancelled(); !s.ok()) return s;
+  absl::StatusOr<std::vector<int>> group_ranks =
+      CheckGroupSpecs(specs, options_.world_rank, options_.world_size);
+  if (!group_ranks.ok()) return group_ranks.status();
+  const uint64_t call = calls_++;
+  const absl::Time deadline = absl::Now() + options_.init_timeout;
+  const int device = options_.device.index();
+  auto cancelled = [this] { return Cancelled(); };
+
+  std::vector<std::string> ids;
+  if (!split_) {
+    if (broker_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "NCCL NewGroups: building groups from unique ids (ncclCommSplit is unavailable or "
+          "disabled) needs a store in NcclProcessGroupFactoryOptions");
+    }
+    absl::StatusOr<std::vector<std::string>> exchanged =
+        ExchangeUniqueIds(specs, options_.world_rank, call, *broker_, GenerateIdBytes, deadline);
+    if (!exchanged.ok()) return exchanged.status();
+    ids = *std::move(exchanged);
+  }
+
+  std::vector<std::shared_ptr<ProcessGroup>> groups;
+  groups.reserve(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const GroupSpec& spec = specs[i];
+    const int group_rank = (*group_ranks)[i];
+    const int size = static_cast<int>(spec.global_ranks.size());
+    const std::string name = GroupName(spec);
+    const std::string what = GroupWhat(name, group_rank, size, device);
+    const char* comm_name = PersistentName(name);  // NCCL keeps the pointer.
+    absl::StatusOr<ncclComm_t> comm =
+        split_ ? world_->core()->Split(spec.color, group_rank, comm_name, what, deadline, cancelled)
+               : InitComm(ToUniqueId(ids[i]), size, group_rank, device, comm_name, what, deadline,
+                          cancelled);
+    if (!comm.ok()) return comm.status();
+    if (absl::Status s = CheckCommShape(*comm, size, group_rank, what); !s.ok()) {
+      ncclCommAbort(*comm);
+      return s;
+    }
+    absl::StatusOr<std::shared_ptr<NcclGroup>> group = Adopt(spec, group_rank, *comm);
+    if (!group.ok()) return group.status();
+    groups.push_back(*std::move(group));
+  }
+  return groups;
+}
+
+void NcclFactory::AbortAll(absl::Status reason) {
+  if (reason.ok()) reason = absl::AbortedError("NCCL process groups aborted without a reason");
+  std::vector<std::shared_ptr<GroupCore>> live;
+  {
+    absl::MutexLock lock(&mu_);
+    if (abort_reason_.ok()) abort_reason_ = std::move(reason);
+    aborted_.store(true, std::memory_order_release);
+    reason = abort_reason_;
+    for (const std::weak_ptr<GroupCore>& weak : cores_) {
+      if (std::shared_ptr<GroupCore> core = weak.lock()) live.push_back(std::move(core));
+    }
+  }
+  for (const std::shared_ptr<GroupCore>& core : live) core->Abort(reason);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> CreateNcclFactory(
+    NcclProcessGroupFactoryOptions options, std::unique_ptr<NcclUniqueIdBroker> broker) {
+  if (absl::Status s = CheckFactoryOptions(options); !s.ok()) return s;
+  bool split = false;
+  switch (options.group_creation) {
+    case NcclGroupCreation::kAuto:
+      split = SplitAvailable();
+      break;
+    case NcclGroupCreation::kSplit:
+      if (!SplitAvailable()) {
+        return absl::FailedPreconditionError(
+            "NCCL factory options: group_creation is kSplit, but ncclCommSplit needs NCCL >= "
+            "2.18");
+      }
+      split = true;
+      break;
+    case NcclGroupCreation::kUniqueIds:
+      split = false;
+      break;
+  }
+  if (broker == nullptr && options.store != nullptr) {
+    broker = std::make_unique<StoreUniqueIdBroker>(options.store);
+  }
+  const int device = options.device.index();
+  const int visible = CudaDeviceCount();
+  if (visible == 0) {
+    return absl::FailedPreconditionError(
+        "the NCCL backend needs a CUDA device, but none is visible to this process (no driver, "
+        "no GPU, or CUDA_VISIBLE_DEVICES hides them all)");
+  }
+  if (device >= visible) {
+    return absl::FailedPreconditionError(absl::StrCat("NCCL factory options: device cuda:", device,
+                                                      " is not visible; this process sees ",
+                                                      visible, " CUDA device(s)"));
+  }
+
+  const std::string what = GroupWhat("world", options.world_rank, options.world_size, device);
+  absl::StatusOr<ncclComm_t> comm =
+      InitComm(ToUniqueId(options.world_unique_id), options.world_size, options.world_rank, device,
+               "world", what, absl::Now() + options.init_timeout, [] { return absl::OkStatus(); });
+  if (!comm.ok()) return comm.status();
+
+  auto watchdog = std::make_shared<Watchdog>(options.watchdog_interval);
+  GroupCore::Params params;
+  params.name = "world";
+  params.rank = options.world_rank;
+  params.size = options.world_size;
+  params.device = device;
+  params.options = options.group_options;
+  params.caps = BuiltCaps();
+  std::vector<int> ranks(options.world_size);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  absl::StatusOr<std::shared_ptr<NcclGroup>> world = NcclGroup::Create(
+      std::move(params), std::move(ranks), *comm, watchdog, options.destroy_timeout);
+  if (!world.ok()) return world.status();
+  return std::unique_ptr<NcclProcessGroupFactory>(new NcclFactory(
+      std::move(options), split, std::move(broker), std::move(watchdog), *std::move(world)));
+}
+
+}  // namespace nccl
+
+absl::StatusOr<std::string> GenerateNcclUniqueId() { return nccl::GenerateIdBytes(); }
+
+absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> NcclProcessGroupFactory::Create(
+    NcclProcessGroupFactoryOptions options) {
+  return nccl::CreateNcclFactory(std::move(options), nullptr);
+}
+
+}  // namespace mesh

@@ -1,0 +1,269 @@
+// The NCCL process group's machinery. Private to libmesh; compiled only when
+// MESH_HAVE_NCCL.
+//
+// Three objects, split by who may hold them and where they may die:
+//
+//   NcclGroup (the ProcessGroupNccl users hold)
+//     │ owns the teardown: ~NcclGroup finalizes or aborts the communicator
+//     │ and frees the stream, so that heavy, possibly blocking CUDA and NCCL
+//     │ calls only run on user threads
+//     ▼
+//   GroupCore (shared by the NcclGroup, its Works and the watchdog)
+//     │ the communicator, the issue lock, the pending-op queue, the abort
+//     │ state; its destructor makes no blocking call, so the watchdog may
+//     │ drop the last reference
+//     ▼
+//   PendingOp (shared by one Work and the core's queue)
+//       one op's completion event and final status
+//
+// Lock order: GroupCore::issue_mu_ → GroupCore::ops_mu_ → PendingOp::mu_;
+// GroupCore::state_mu_ and EventPool::mu_ are leaves.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "backends/nccl/nccl_checks.h"
+#include "mesh/process_group_nccl.h"
+
+namespace mesh::nccl {
+
+class Watchdog;
+
+// A free list of completion events (cudaEventDisableTiming) of one device.
+// Recording an event costs far less than creating one, and an op needs one.
+// Thread-safe. The destructor destroys the pooled events; it runs when the
+// last PendingOp holding the pool is gone, so every event is back by then.
+class EventPool {
+ public:
+  explicit EventPool(int device) : device_(device) {}
+  ~EventPool();
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+
+  // Possible errors: INTERNAL/RESOURCE_EXHAUSTED from cudaEventCreate.
+  absl::StatusOr<cudaEvent_t> Acquire();
+  void Release(cudaEvent_t event);
+
+ private:
+  const int device_;
+  absl::Mutex mu_;
+  std::vector<cudaEvent_t> free_ ABSL_GUARDED_BY(mu_);
+};
+
+// One issued op: its completion event and, once known, its final status.
+// Thread-safe.
+class PendingOp {
+ public:
+  // `done` comes from `pool` and goes back to it on destruction.
+  PendingOp(std::string description, absl::Time issued, cudaEvent_t done,
+            std::shared_ptr<EventPool> pool);
+  ~PendingOp();
+  PendingOp(const PendingOp&) = delete;
+  PendingOp& operator=(const PendingOp&) = delete;
+
+  // "all_reduce #17 (float32[1024], sum)", for messages.
+  const std::string& description() const { return description_; }
+  absl::Time issued() const { return issued_; }
+  cudaEvent_t done() const { return done_; }
+
+  // Sets the final status unless one is set already; returns the final one.
+  absl::Status Finish(absl::Status status);
+  // The final status, if known.
+  std::optional<absl::Status> result() const;
+  // result(), after asking the event: a completed event makes the op OK, a
+  // failed query (a broken device) makes it INTERNAL. Never blocks.
+  std::optional<absl::Status> Poll();
+
+ private:
+  const std::string description_;
+  const absl::Time issued_;
+  const cudaEvent_t done_;
+  const std::shared_ptr<EventPool> pool_;
+  mutable absl::Mutex mu_;
+  std::optional<absl::Status> result_ ABSL_GUARDED_BY(mu_);
+};
+
+// The state of one group shared by the group, its Works and the watchdog.
+// Thread-safe.
+class GroupCore : public std::enable_shared_from_this<GroupCore> {
+ public:
+  struct Params {
+    std::string name;
+    int rank = 0;
+    int size = 1;
+    int device = 0;
+    ProcessGroupOptions options;
+    NcclCaps caps;
+  };
+
+  // Takes ownership of every handle; Close() releases them.
+  GroupCore(Params params, ncclComm_t comm, cudaStream_t stream, cudaEvent_t ready, void* scratch);
+  // Makes no blocking call; Close() must have run (NcclGroup guarantees it).
+  ~GroupCore();
+
+  const Params& params() const { return params_; }
+  cudaStream_t stream() const { return stream_; }
+  // 4 device bytes the barrier all-reduces.
+  void* scratch() const { return scratch_; }
+  // "group 'mesh/tp/1' (rank 2 of 4, cuda:0)".
+  const std::string& what() const { return what_; }
+
+  // Issues one op: orders the group stream after the caller's current
+  // stream, runs `enqueue(comm, stream)` (the NCCL call or calls; it returns
+  // NCCL's result), waits out ncclInProgress (bounded by options.timeout),
+  // and records the completion event. `detail` describes the op for
+  // messages. Returns the synchronous error (the group's abort reason when
+  // already aborted; a CUDA error before anything was issued) or a Work.
+  // A failure after the group's stream was touched aborts the group and
+  // returns a Work that has failed with the reason.
+  absl::StatusOr<ProcessGroup::WorkPtr> Launch(
+      absl::string_view op, absl::FunctionRef<std::string()> detail,
+      absl::FunctionRef<ncclResult_t(ncclComm_t, cudaStream_t)> enqueue);
+
+  // ncclCommSplit of this group's communicator (a collective over all its
+  // members) with `color` and `key`; waits for the child to come up. A
+  // failure of the split itself leaves this communicator unusable (NCCL
+  // records it as its asynchronous error), so it aborts this group too.
+  // `child_name` is a PersistentName (NCCL keeps the pointer).
+  // Possible errors: DEADLINE_EXCEEDED, NCCL's errors, `cancelled()`'s
+  // status, this group's abort reason, FAILED_PRECONDITION when NCCL has no
+  // ncclCommSplit.
+  absl::StatusOr<ncclComm_t> Split(int color, int key, const char* child_name,
+                                   absl::string_view child_what, absl::Time deadline,
+                                   absl::FunctionRef<absl::Status()> cancelled);
+
+  // See ProcessGroup::Abort. Waits for an op being issued to notice, so it
+  // blocks for at most one poll interval of that op, never on peers.
+  void Abort(absl::Status reason);
+  absl::Status health() const;
+
+  // One watchdog pass: retires completed ops, aborts the group when the
+  // oldest pending op is older than options.timeout or the communicator
+  // reports an asynchronous error.
+  void WatchdogTick(absl::Time now);
+
+  // Finalizes the communicator (waiting up to `destroy_timeout` for issued
+  // ops to drain), destroys it, or aborts it when draining fails; then frees
+  // the stream, the ready event and the scratch buffer. Ops still pending
+  // after an abort fail. Blocking; called once, by ~NcclGroup or a failed
+  // creation.
+  void Close(absl::Duration destroy_timeout);
+
+ private:
+  // Records `reason` as the abort reason unless one is recorded.
+  void SetAbortReason(absl::Status reason) ABSL_LOCKS_EXCLUDED(state_mu_);
+  // Fails pending ops with the abort reason (those already complete
+  // succeed), then ncclCommAbort. The reason must be set.
+  void AbortLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(issue_mu_);
+  // Drops completed ops from the front of the queue.
+  void RetireCompletedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // The abort reason while aborting, else OK; the cancellation test of
+  // every poll this group makes.
+  absl::Status Cancelled() const;
+
+  const Params params_;
+  const std::string what_;
+  cudaStream_t stream_;
+  cudaEvent_t ready_;
+  void* scratch_;
+  const std::shared_ptr<EventPool> events_;
+
+  // Set (release) before issue_mu_ is taken to abort, so a thread polling an
+  // op inside issue_mu_ gives up at its next poll.
+  std::atomic<bool> aborting_{false};
+
+  // Serializes every NCCL call on comm_ (NCCL requires it, and a
+  // non-blocking call must be polled to completion before the next).
+  absl::Mutex issue_mu_;
+  ncclComm_t comm_ ABSL_GUARDED_BY(issue_mu_);
+  bool closed_ ABSL_GUARDED_BY(issue_mu_) = false;
+  uint64_t next_seq_ ABSL_GUARDED_BY(issue_mu_) = 0;
+
+  // Issued ops not yet known complete, oldest first. Ops of one stream
+  // complete in order, so the front is the one the watchdog times.
+  absl::Mutex ops_mu_ ABSL_ACQUIRED_AFTER(issue_mu_);
+  std::deque<std::shared_ptr<PendingOp>> pending_ ABSL_GUARDED_BY(ops_mu_);
+
+  mutable absl::Mutex state_mu_;
+  absl::Status abort_reason_ ABSL_GUARDED_BY(state_mu_);
+};
+
+// The Work of an NCCL op (stream semantics; see mesh/process_group_nccl.h).
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<GroupCore> core, std::shared_ptr<PendingOp> op)
+      : core_(std::move(core)), op_(std::move(op)) {}
+
+  absl::Status Wait(absl::Duration timeout) override;
+  bool IsCompleted() const override;
+  absl::Status status() const override;
+  void Abort(absl::Status reason) override;
+
+ protected:
+  absl::Duration default_timeout() const override { return core_->params().options.timeout; }
+
+ private:
+  const std::shared_ptr<GroupCore> core_;
+  const std::shared_ptr<PendingOp> op_;
+};
+
+// The ProcessGroupNccl users hold. Thread-safe.
+class NcclGroup final : public ProcessGroupNccl {
+ public:
+  // Wraps an initialized communicator: creates the group's stream, ready
+  // event and scratch buffer on params.device and registers the core with
+  // `watchdog`. On failure the communicator is aborted.
+  static absl::StatusOr<std::shared_ptr<NcclGroup>> Create(GroupCore::Params params,
+                                                           std::vector<int> global_ranks,
+                                                           ncclComm_t comm,
+                                                           std::shared_ptr<Watchdog> watchdog,
+                                                           absl::Duration destroy_timeout);
+  ~NcclGroup() override;
+
+  const std::shared_ptr<GroupCore>& core() const { return core_; }
+  void* stream() const override { return core_->stream(); }
+
+  absl::StatusOr<WorkPtr> AllReduce(Tensor tensor, ReduceOp op) override;
+  absl::StatusOr<WorkPtr> Broadcast(Tensor tensor, int root) override;
+  absl::StatusOr<WorkPtr> Reduce(Tensor tensor, int root, ReduceOp op) override;
+  absl::StatusOr<WorkPtr> AllGather(Tensor input, Tensor output) override;
+  absl::StatusOr<WorkPtr> ReduceScatter(Tensor input, Tensor output, ReduceOp op) override;
+  absl::StatusOr<WorkPtr> AllToAll(Tensor input, Tensor output,
+                                   std::vector<int64_t> input_splits = {},
+                                   std::vector<int64_t> output_splits = {}) override;
+  absl::StatusOr<WorkPtr> Send(Tensor tensor, int peer, int tag = 0) override;
+  absl::StatusOr<WorkPtr> Recv(Tensor tensor, int peer, int tag = 0) override;
+  absl::StatusOr<WorkPtr> Barrier() override;
+  void Abort(absl::Status reason) override { core_->Abort(std::move(reason)); }
+  absl::Status health() const override { return core_->health(); }
+
+ private:
+  NcclGroup(const GroupCore::Params& params, std::vector<int> global_ranks,
+            std::shared_ptr<GroupCore> core, std::shared_ptr<Watchdog> watchdog,
+            absl::Duration destroy_timeout);
+
+  GroupView View() const;
+
+  const std::shared_ptr<GroupCore> core_;
+  // Keeps the watchdog thread alive while the group lives.
+  const std::shared_ptr<Watchdog> watchdog_;
+  const absl::Duration destroy_timeout_;
+};
+
+}  // namespace mesh::nccl

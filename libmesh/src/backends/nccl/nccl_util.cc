@@ -1,0 +1,217 @@
+#include "backends/nccl/nccl_util.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/container/node_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/check.h"
+
+namespace mesh::nccl {
+
+NcclCaps BuiltCaps() {
+  NcclCaps caps;
+  caps.bfloat16 = NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0);
+  caps.avg = NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0);
+  return caps;
+}
+
+bool SplitAvailable() {
+#if MESH_NCCL_HAS_SPLIT
+  int version = 0;
+  return ncclGetVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 18, 0);
+#else
+  return false;
+#endif
+}
+
+ncclDataType_t ToNcclDataType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kBFloat16:
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+      return ncclBfloat16;
+#else
+      break;
+#endif
+    case DType::kInt8:
+      return ncclInt8;
+    case DType::kUInt8:
+      return ncclUint8;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
+    // One byte holding 0 or 1: min and max are logical and / or.
+    case DType::kBool:
+      return ncclUint8;
+  }
+  MESH_CHECK(false, "dtype has no NCCL type; CheckTensor should have rejected it");
+  return ncclUint8;
+}
+
+ncclRedOp_t ToNcclRedOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kProd:
+      return ncclProd;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kAvg:
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+      return ncclAvg;
+#else
+      break;
+#endif
+  }
+  MESH_CHECK(false, "reduction has no NCCL op; CheckReduceOp should have rejected it");
+  return ncclSum;
+}
+
+absl::StatusCode CodeForNcclResult(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess:
+      return absl::StatusCode::kOk;
+    case ncclSystemError:
+    case ncclRemoteError:
+      return absl::StatusCode::kUnavailable;
+    case ncclInvalidArgument:
+      return absl::StatusCode::kInvalidArgument;
+    case ncclInvalidUsage:
+      return absl::StatusCode::kFailedPrecondition;
+    case ncclUnhandledCudaError:
+    case ncclInternalError:
+    case ncclInProgress:
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
+absl::Status NcclError(absl::string_view what, ncclResult_t result, ncclComm_t comm,
+                       absl::StatusCode internal_as) {
+  const char* last = ncclGetLastError(comm);
+  absl::StatusCode code = CodeForNcclResult(result);
+  if (code == absl::StatusCode::kInternal) code = internal_as;
+  return absl::Status(
+      code,
+      absl::StrCat(
+          what, ": NCCL error ", static_cast<int>(result), ": ", ncclGetErrorString(result),
+          last != nullptr && last[0] != '\0' ? absl::StrCat(" (", last, ")") : std::string()));
+}
+
+absl::Status CudaError(absl::string_view what, cudaError_t err) {
+  cudaGetLastError();  // Non-sticky errors would otherwise resurface in later calls.
+  const std::string message =
+      absl::StrCat(what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  if (cudaError_t err = cudaGetDevice(&previous_); err != cudaSuccess) {
+    status_ = CudaError("cudaGetDevice", err);
+    previous_ = -1;
+    return;
+  }
+  if (previous_ == device) return;
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
+    status_ = CudaError(absl::StrCat("cudaSetDevice(", device, ")"), err);
+    previous_ = -1;  // Nothing to restore.
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ < 0) return;
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current != previous_) cudaSetDevice(previous_);
+}
+
+absl::Status AwaitComm(ncclComm_t comm, absl::string_view what, absl::Time deadline,
+                       absl::FunctionRef<absl::Status()> cancelled, absl::StatusCode internal_as) {
+  // Spin briefly (a lazy connection or a small init often finishes within
+  // microseconds), then back off to sleeps of up to 1 ms: inits take up to
+  // seconds, and a 2-core machine has no cycles to burn.
+  absl::Duration sleep = absl::Microseconds(10);
+  for (int polls = 0;; ++polls) {
+    ncclResult_t state = ncclSuccess;
+    if (ncclResult_t r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess) {
+      return NcclError(absl::StrCat(what, ": ncclCommGetAsyncError"), r, comm, internal_as);
+    }
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) return NcclError(what, state, comm, internal_as);
+    if (absl::Status s = cancelled(); !s.ok()) return s;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what,
+                       ": NCCL did not finish before the deadline (peers missing or "
+                       "stuck?)"));
+    }
+    if (polls < 64) {
+      std::this_thread::yield();
+    } else {
+      absl::SleepFor(sleep);
+      sleep = std::min(sleep * 2, absl::Milliseconds(1));
+    }
+  }
+}
+
+ncclConfig_t NonBlockingConfig(const char* name) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+#if MESH_NCCL_HAS_COMM_NAME
+  config.commName = name;
+#else
+  (void)name;
+#endif
+  return config;
+}
+
+const char* PersistentName(absl::string_view name) {
+  static absl::Mutex mu(absl::kConstInit);
+  // Leaked on purpose: communicators may outlive any owner we could give it.
+  static auto* names = new absl::node_hash_set<std::string>();
+  absl::MutexLock lock(&mu);
+  return names->emplace(name).first->c_str();  // Node-based: the string never moves.
+}
+
+absl::StatusOr<ncclComm_t> InitComm(const ncclUniqueId& id, int nranks, int rank, int device,
+                                    const char* name, absl::string_view what, absl::Time deadline,
+                                    absl::FunctionRef<absl::Status()> cancelled) {
+  DeviceGuard guard(device);  // NCCL binds the communicator to the current device.
+  if (!guard.status().ok()) {
+    return absl::Status(guard.status().code(), absl::StrCat("creating NCCL communicator for ", what,
+                                                            ": ", guard.status().message()));
+  }
+  ncclConfig_t config = NonBlockingConfig(name);
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
+  absl::Status status;
+  if (r == ncclInProgress || r == ncclSuccess) {
+    if (comm == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("ncclCommInitRankConfig for ", what, " returned no communicator"));
+    }
+    status = AwaitComm(comm, absl::StrCat("creating NCCL communicator for ", what), deadline,
+                       cancelled, absl::StatusCode::kUnavailable);
+  } else {
+    status = NcclError(absl::StrCat("ncclCommInitRankConfig for ", what), r, comm,
+                       absl::StatusCode::kUnavailable);
+  }
+  if (!status.ok()) {
+    // Abort also joins NCCL's init thread, so nothing writes to `comm` later.
+    if (comm != nullptr) ncclCommAbort(comm);
+    return status;
+  }
+  return comm;
+}
+
+}  // namespace mesh::nccl
