@@ -11,6 +11,7 @@
 // Thread safety: none. The owner's mutex guards every call.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -43,6 +44,7 @@ class BarrierTable {
 
     // Adds a waiter to complete when the barrier finishes.
     void AddWaiter(uint64_t waiter_id) { waiters_.push_back(waiter_id); }
+    size_t num_waiters() const { return waiters_.size(); }
     // Records the arrival of participant `rank` (idempotent). Returns whether
     // every participant has now arrived.
     bool Arrive(int rank);
