@@ -191,7 +191,9 @@ class Coordination {
                                                              const std::vector<int>& ranks);
 
   // ---- Key-value store, scoped to (job, generation) ------------------------
-  // Limit errors are RESOURCE_EXHAUSTED, and leave stored data unchanged.
+  // Keys and limits as in kv_table.h: an empty key (an empty prefix is
+  // fine) is INVALID_ARGUMENT; a limit (key or value size, key count, total
+  // bytes) is RESOURCE_EXHAUSTED and leaves stored data unchanged.
 
   absl::Status KvSet(const Caller& caller, const std::string& key, std::string value);
   // wait=false: NOT_FOUND at once when absent. wait=true: waits for the key.
@@ -202,6 +204,7 @@ class Coordination {
   // the sum overflows.
   absl::StatusOr<int64_t> KvAdd(const Caller& caller, const std::string& key, int64_t delta);
   // Stores `desired` if the key holds `expected` (nullopt: if it is absent).
+  // A `desired` over the value size limit fails whether or not it matches.
   absl::StatusOr<CompareSetResult> KvCompareSet(const Caller& caller, const std::string& key,
                                                 std::optional<std::string> expected,
                                                 std::string desired);
@@ -238,11 +241,15 @@ class Coordination {
 
   // ---- NCCL unique-ID broker ---------------------------------------------------
 
-  // Publishes 128-byte IDs under group keys. Same bytes again: no-op.
-  // Extra errors: INVALID_ARGUMENT (size), ALREADY_EXISTS (different bytes).
+  // Publishes 128-byte IDs under group keys, all or none. Same bytes again:
+  // no-op. Keys follow the KV key rules. Extra errors: INVALID_ARGUMENT
+  // (size), ALREADY_EXISTS (different bytes than published, or than given
+  // for the same key in this call).
   absl::Status PublishUniqueIds(const Caller& caller,
                                 std::vector<std::pair<std::string, std::string>> ids);
-  // Completes with the IDs, in key order, once all are published.
+  // Completes with the IDs, in key order, once all are published. The same
+  // wait as KvMultiGet's, over the ID table: DEADLINE_EXCEEDED names the IDs
+  // nobody published.
   void GetUniqueIds(const Caller& caller, std::vector<std::string> keys, absl::Duration timeout,
                     Callback<std::vector<std::string>> done);
 
