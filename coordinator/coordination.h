@@ -25,6 +25,8 @@
 //                        names the failed rank, its host and the reason).
 //   FAILED_PRECONDITION  generation newer than the job's current one; or (for
 //                        everything but Join) the rank has not joined.
+// Every error message starts with "job <id> generation <n>: " once the
+// caller has resolved to a generation.
 //
 // Generation lifecycle:
 //
@@ -35,13 +37,25 @@
 // generation: a new generation starts empty, and nothing survives a
 // coordinator restart.
 //
+// Structure: each concept is a class of its own, none of them thread-safe,
+// all owned per generation and guarded by the one mutex here:
+//   job_layout.h       JobLayout and its validation
+//   rendezvous.h       Rendezvous: who joined, the node topology
+//   liveness.h         LivenessTracker: heartbeats, the first dead rank
+//   kv_table.h         KvTable: keys, values, limits and quotas
+//   barrier_table.h    BarrierTable: named barriers, their participants
+//   unique_id_table.h  UniqueIdTable: published NCCL unique IDs
+//   key_waits.h        KeyWaitIndex: waits for lists of keys, in any table
+//   waiter_registry.h  WaiterRegistry: every pending wait, its deadline
+// Coordination itself does fencing (ResolveLocked), turns the classes'
+// results into callbacks, and runs those after unlocking.
+//
 // Thread safety: all methods are thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <queue>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,16 +68,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "coordinator/job_layout.h"  // JobLayout
+#include "coordinator/kv_table.h"    // KvLimits, CompareSetResult, KvListResult, KvStats
+#include "coordinator/rendezvous.h"  // DeviceInfo, RankDescription
+#include "coordinator/waiter_registry.h"
 
 namespace mesh::coordinator {
-
-struct KvLimits {
-  size_t max_key_bytes = 1024;
-  size_t max_value_bytes = 1 << 20;
-  // Per job generation: the sum of key and value sizes, and the key count.
-  int64_t max_total_bytes = int64_t{256} << 20;
-  int64_t max_keys = 1'000'000;
-};
 
 struct CoordinationOptions {
   // Ranks heartbeat this often; a rank silent for longer than the timeout is
@@ -79,17 +89,6 @@ struct CoordinationOptions {
 // Possible errors of Validate: INVALID_ARGUMENT naming the bad field.
 absl::Status ValidateOptions(const CoordinationOptions& options);
 
-// The layout a job is created with.
-struct JobLayout {
-  // Empty lets CreateJob pick one. [A-Za-z0-9._-]{1,128}.
-  std::string job_id;
-  int world_size = 0;
-  // Outermost first; empty means {world_size}.
-  std::vector<int64_t> mesh_shape;
-  // One unique non-empty name per dim; empty means "dim0", "dim1", ...
-  std::vector<std::string> mesh_dim_names;
-};
-
 struct JobInfo {
   JobLayout layout;  // Normalized: shape and names filled in.
   int64_t generation = 0;
@@ -102,13 +101,6 @@ struct Caller {
   int64_t generation = 0;
   int rank = 0;
   uint64_t incarnation = 0;
-};
-
-struct DeviceInfo {
-  std::string kind;  // "cuda" or "cpu"; empty when unknown.
-  int index = -1;
-  std::string uuid;
-  std::string pci_bus_id;
 };
 
 struct JoinArgs {
@@ -136,14 +128,6 @@ struct JoinResult {
   absl::Duration heartbeat_timeout;
 };
 
-struct RankDescription {
-  int rank = 0;
-  std::string host;
-  int node_rank = 0;
-  int local_rank = 0;
-  DeviceInfo device;
-};
-
 // Why a generation failed.
 struct JobError {
   int rank = -1;  // -1 when the cause is not a rank.
@@ -152,22 +136,6 @@ struct JobError {
   int64_t generation = 0;
   // "job j1 generation 0: rank 3 (host-b) failed: missed heartbeats ..."
   std::string message;
-};
-
-struct CompareSetResult {
-  bool swapped = false;
-  bool present = false;  // Whether the key exists after the call.
-  std::string value;     // Its value after the call.
-};
-
-struct KvListResult {
-  std::vector<std::string> keys;
-  bool truncated = false;
-};
-
-struct KvStats {
-  int64_t num_keys = 0;
-  int64_t total_bytes = 0;
 };
 
 template <typename T>
@@ -223,7 +191,9 @@ class Coordination {
                                                              const std::vector<int>& ranks);
 
   // ---- Key-value store, scoped to (job, generation) ------------------------
-  // Limit errors are RESOURCE_EXHAUSTED, and leave stored data unchanged.
+  // Keys and limits as in kv_table.h: an empty key (an empty prefix is
+  // fine) is INVALID_ARGUMENT; a limit (key or value size, key count, total
+  // bytes) is RESOURCE_EXHAUSTED and leaves stored data unchanged.
 
   absl::Status KvSet(const Caller& caller, const std::string& key, std::string value);
   // wait=false: NOT_FOUND at once when absent. wait=true: waits for the key.
@@ -234,6 +204,7 @@ class Coordination {
   // the sum overflows.
   absl::StatusOr<int64_t> KvAdd(const Caller& caller, const std::string& key, int64_t delta);
   // Stores `desired` if the key holds `expected` (nullopt: if it is absent).
+  // A `desired` over the value size limit fails whether or not it matches.
   absl::StatusOr<CompareSetResult> KvCompareSet(const Caller& caller, const std::string& key,
                                                 std::optional<std::string> expected,
                                                 std::string desired);
@@ -270,11 +241,15 @@ class Coordination {
 
   // ---- NCCL unique-ID broker ---------------------------------------------------
 
-  // Publishes 128-byte IDs under group keys. Same bytes again: no-op.
-  // Extra errors: INVALID_ARGUMENT (size), ALREADY_EXISTS (different bytes).
+  // Publishes 128-byte IDs under group keys, all or none. Same bytes again:
+  // no-op. Keys follow the KV key rules. Extra errors: INVALID_ARGUMENT
+  // (size), ALREADY_EXISTS (different bytes than published, or than given
+  // for the same key in this call).
   absl::Status PublishUniqueIds(const Caller& caller,
                                 std::vector<std::pair<std::string, std::string>> ids);
-  // Completes with the IDs, in key order, once all are published.
+  // Completes with the IDs, in key order, once all are published. The same
+  // wait as KvMultiGet's, over the ID table: DEADLINE_EXCEEDED names the IDs
+  // nobody published.
   void GetUniqueIds(const Caller& caller, std::vector<std::string> keys, absl::Duration timeout,
                     Callback<std::vector<std::string>> done);
 
@@ -317,18 +292,12 @@ class Coordination {
   size_t PendingWaits() const;
 
  private:
-  struct Generation;
   struct Job;
+  struct Generation;
   struct Waiter;
   class Completions;
-
-  struct DeadlineEntry {
-    absl::Time deadline;
-    std::string job_id;
-    int64_t generation;
-    uint64_t waiter_id;
-    bool operator>(const DeadlineEntry& other) const { return deadline > other.deadline; }
-  };
+  // The tables a key wait can wait on.
+  enum class KeySpace { kKv, kUniqueIds };
 
   // Resolves caller to its live generation, applying every fencing rule.
   // `require_joined`: the rank must have joined with this incarnation.
@@ -336,39 +305,53 @@ class Coordination {
   absl::StatusOr<Generation*> ResolveLocked(const Caller& caller, bool require_joined,
                                             bool allow_failed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration ClampTimeout(absl::Duration timeout) const;
-  uint64_t AddWaiterLocked(Generation& gen, Waiter waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::unique_ptr<Generation> NewGenerationLocked(const Job& job, int64_t number)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers a wait of `gen` that expires once `deadline` has passed.
+  uint64_t AddWaiterLocked(Generation& gen, absl::Time deadline, Waiter waiter)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Generations end: every pending wait of `gen` gets `status`, except that
+  // watches get `*error` when it is given.
+  void EndGenerationLocked(Generation& gen, const absl::Status& status, const JobError* error,
+                           Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailGenerationLocked(Generation& gen, JobError error, Completions& done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EndGenerationLocked(Generation& gen, const absl::Status& status, Completions& done)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ExpireWaiterLocked(Generation& gen, uint64_t waiter_id, Completions& done)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CheckLivenessLocked(Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void WakeKeyWaitersLocked(Generation& gen, bool unique_ids, const std::string& key,
-                            Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void TryCompleteKeyWaiterLocked(Generation& gen, uint64_t waiter_id, Completions& done)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CompleteBarrierLocked(Generation& gen, const std::string& name, const absl::Status& status,
-                             Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   void CompleteJoinLocked(Generation& gen, Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   JoinResult JoinResultLocked(const Generation& gen, int rank) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string DescribeMissingLocked(const Generation& gen, const std::vector<int>& missing) const
+
+  // The one code path for "complete once these keys of `space` are set".
+  void WaitForKeysLocked(Generation& gen, KeySpace space, int rank, std::vector<std::string> keys,
+                         absl::Duration timeout, Callback<std::vector<std::string>> callback,
+                         Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdvanceKeyWaiterLocked(Generation& gen, uint64_t waiter_id, Completions& done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `key` of `space` was just set: wakes the waiters parked on it.
+  void KeySetLocked(Generation& gen, KeySpace space, const std::string& key, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void FinishBarrierLocked(Generation& gen, const std::string& name, const absl::Status& status,
+                           Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Ends `waiter` (taken from waiters_ as `id`) whose deadline passed.
+  void ExpireLocked(uint64_t id, Waiter waiter, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckLivenessLocked(absl::Time now, Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock* const clock_;
   const CoordinationOptions options_;
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
+  // Every pending wait and watch of every job; scoped by generation. Empty
+  // once Shutdown has run, so its destruction after jobs_ (reverse order of
+  // declaration) ends nothing; a Waiter points into its generation.
+  WaiterRegistry<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
-  // Watch handle -> (job, generation) that holds it.
-  absl::flat_hash_map<uint64_t, std::pair<std::string, int64_t>> watch_index_ ABSL_GUARDED_BY(mu_);
-  std::priority_queue<DeadlineEntry, std::vector<DeadlineEntry>, std::greater<>> deadlines_
-      ABSL_GUARDED_BY(mu_);
   absl::Time next_liveness_check_ ABSL_GUARDED_BY(mu_);
-  size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace mesh::coordinator

@@ -17,10 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "tests/coordinator/status_matchers.h"
 
 namespace mesh::coordinator {
 namespace {
 
+using ::mesh::testing::IsOk;
+using ::mesh::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ContainsRegex;
 using ::testing::ElementsAre;
@@ -30,34 +33,6 @@ using ::testing::Not;
 
 constexpr absl::Duration kHeartbeatInterval = absl::Seconds(1);
 constexpr absl::Duration kHeartbeatTimeout = absl::Seconds(10);
-
-// ---- Status matchers (Abseil 20220623 ships none) ----------------------------
-
-absl::Status GetStatus(const absl::Status& status) { return status; }
-template <typename T>
-absl::Status GetStatus(const absl::StatusOr<T>& status_or) {
-  return status_or.status();
-}
-
-MATCHER(IsOk, "is OK") {
-  const absl::Status status = GetStatus(arg);
-  *result_listener << "status is " << status;
-  return status.ok();
-}
-
-MATCHER_P(StatusIs, code, "") {
-  const absl::Status status = GetStatus(arg);
-  *result_listener << "status is " << status;
-  return status.code() == code;
-}
-
-MATCHER_P2(StatusIs, code, message_matcher, "") {
-  const absl::Status status = GetStatus(arg);
-  *result_listener << "status is " << status;
-  return status.code() == code &&
-         ::testing::ExplainMatchResult(message_matcher, std::string(status.message()),
-                                       result_listener);
-}
 
 // Matches text that mentions `n` as a number of its own: not as part of
 // another number, nor as either side of a "k/n" count.
@@ -1019,6 +994,75 @@ TEST_F(CoordinationKvLimitsTest, KvMultiSetIsAllOrNothing) {
   EXPECT_EQ(TryGet(r0_, "b"), absl::StatusOr<std::string>("x"));
 }
 
+TEST_F(CoordinationKvLimitsTest, LimitErrorsNameTheJobAndGeneration) {
+  EXPECT_THAT(coord().KvSet(r0_, "k", std::string(17, 'v')),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("job job generation 0")));
+  for (const char* key : {"a", "b", "c"}) ASSERT_THAT(coord().KvAdd(r0_, key, 1), IsOk());
+  EXPECT_THAT(coord().KvAdd(r0_, "d", 1),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("job job generation 0")));
+}
+
+TEST_F(CoordinationTest, AMultiKeyWaitSeesAKeyDeletedWhileItWaits) {
+  StartJob("job", {"h", "h"});
+  const Caller r0 = Rank("job", 0), r1 = Rank("job", 1);
+  CapturedOr<std::vector<std::string>> multi;
+  coord().KvMultiGet(r1, {"a", "b"}, /*wait=*/true, absl::Minutes(1), multi.Callback());
+  ASSERT_THAT(coord().KvSet(r0, "a", "1"), IsOk());
+  ASSERT_EQ(coord().KvDelete(r0, "a", /*prefix=*/false), absl::StatusOr<int64_t>(1));
+  ASSERT_THAT(coord().KvSet(r0, "b", "2"), IsOk());
+  EXPECT_FALSE(multi.fired()) << "completed although key 'a' is gone";
+  ASSERT_THAT(coord().KvSet(r0, "a", "3"), IsOk());
+  ASSERT_TRUE(multi.fired());
+  ASSERT_THAT(multi.result(), IsOk());
+  EXPECT_THAT(*multi.result(), ElementsAre("3", "2"));
+  EXPECT_EQ(coord().PendingWaits(), 0u);
+}
+
+TEST_F(CoordinationTest, KvKeysAndUniqueIdKeysAreSeparate) {
+  StartJob("job", {"h", "h"});
+  const Caller r0 = Rank("job", 0), r1 = Rank("job", 1);
+  CapturedOr<std::vector<std::string>> ids;
+  coord().GetUniqueIds(r1, {"world"}, absl::Minutes(1), ids.Callback());
+  CapturedOr<std::string> get;
+  coord().KvGet(r1, "nccl", /*wait=*/true, absl::Minutes(1), get.Callback());
+
+  ASSERT_THAT(coord().KvSet(r0, "world", "not an ID"), IsOk());
+  ASSERT_THAT(coord().PublishUniqueIds(r0, {{"nccl", Id128('n')}}), IsOk());
+  EXPECT_FALSE(ids.fired());
+  EXPECT_FALSE(get.fired());
+
+  ASSERT_THAT(coord().PublishUniqueIds(r0, {{"world", Id128('w')}}), IsOk());
+  ASSERT_TRUE(ids.fired());
+  ASSERT_THAT(ids.result(), IsOk());
+  EXPECT_THAT(*ids.result(), ElementsAre(Id128('w')));
+  ASSERT_THAT(coord().KvSet(r0, "nccl", "kv"), IsOk());
+  ASSERT_TRUE(get.fired());
+  EXPECT_EQ(get.result(), absl::StatusOr<std::string>("kv"));
+}
+
+TEST_F(CoordinationTest, KeyWaitsTimeOutNamingTheirMissingKeys) {
+  StartJob("job", {"h", "h"});
+  const Caller r0 = Rank("job", 0), r1 = Rank("job", 1);
+  ASSERT_THAT(coord().KvSet(r0, "here", "v"), IsOk());
+  CapturedOr<std::vector<std::string>> multi;
+  coord().KvMultiGet(r1, {"here", "gone"}, /*wait=*/true, absl::Seconds(5), multi.Callback());
+  CapturedOr<std::vector<std::string>> ids;
+  coord().GetUniqueIds(r1, {"world"}, absl::Seconds(5), ids.Callback());
+  clock_.Advance(absl::Seconds(6));
+  coord().Tick();
+  ASSERT_TRUE(multi.fired());
+  EXPECT_THAT(multi.result(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(HasSubstr("'gone'"), Not(HasSubstr("'here'")), HasSubstr("set"))));
+  ASSERT_TRUE(ids.fired());
+  EXPECT_THAT(ids.result(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                     AllOf(HasSubstr("'world'"), HasSubstr("published"))));
+  // A key set after the wait timed out wakes nothing stale.
+  ASSERT_THAT(coord().KvSet(r0, "gone", "late"), IsOk());
+  EXPECT_EQ(multi.calls(), 1);
+  EXPECT_EQ(coord().PendingWaits(), 0u);
+}
+
 // ---- Fencing -----------------------------------------------------------------------------
 
 TEST_F(CoordinationTest, OperationsOfARankThatHasNotJoinedAreAFailedPrecondition) {
@@ -1339,6 +1383,23 @@ TEST_F(CoordinationTest, ANewGenerationNeverSeesAnOldUniqueId) {
   EXPECT_THAT(coord().PublishUniqueIds(Rank("job", 0, 1), {{"world", Id128('n')}}), IsOk());
 }
 
+TEST_F(CoordinationTest, PublishUniqueIdsIsAllOrNothing) {
+  StartJob("job", {"h", "h"});
+  const Caller r0 = Rank("job", 0);
+  // One key with two different IDs in one call.
+  EXPECT_THAT(coord().PublishUniqueIds(r0, {{"g", Id128('a')}, {"g", Id128('b')}}),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  // A good ID next to a bad one.
+  EXPECT_THAT(coord().PublishUniqueIds(r0, {{"h", Id128('h')}, {"bad", "short"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  CapturedOr<std::vector<std::string>> ids;
+  coord().GetUniqueIds(Rank("job", 1), {"g"}, absl::Seconds(5), ids.Callback());
+  CapturedOr<std::vector<std::string>> h;
+  coord().GetUniqueIds(Rank("job", 1), {"h"}, absl::Seconds(5), h.Callback());
+  EXPECT_FALSE(ids.fired());
+  EXPECT_FALSE(h.fired());
+}
+
 // ---- Liveness and errors ---------------------------------------------------------------
 
 TEST_F(CoordinationTest, ASilentRankIsDeclaredDeadAndFailsTheGeneration) {
@@ -1606,6 +1667,28 @@ TEST_F(CoordinationTest, UnwatchPreventsTheCallback) {
   EXPECT_TRUE(kept.fired());
   // A watch whose callback ran cannot be dropped.
   EXPECT_FALSE(coord().Unwatch(*kept_handle));
+}
+
+TEST_F(CoordinationTest, UnwatchNeverDropsAWaitThatIsNotAWatch) {
+  StartJob("job", {"h", "h"});
+  Captured<absl::StatusOr<JobError>> watch;
+  const absl::StatusOr<uint64_t> handle = coord().Watch(Rank("job", 0), watch.Callback());
+  ASSERT_THAT(handle, IsOk());
+  CapturedOr<std::string> get;
+  coord().KvGet(Rank("job", 1), "k", /*wait=*/true, absl::Minutes(1), get.Callback());
+  CapturedOr<int> barrier;
+  coord().Barrier(Rank("job", 1), "sync", {}, absl::Minutes(1), barrier.Callback());
+  ASSERT_EQ(coord().PendingWaits(), 3u);
+  // Whatever ids the other waits have, no handle but the watch's drops one.
+  for (uint64_t other = 0; other < *handle + 100; ++other) {
+    if (other == *handle) continue;
+    EXPECT_FALSE(coord().Unwatch(other)) << other;
+  }
+  EXPECT_EQ(coord().PendingWaits(), 3u);
+  EXPECT_TRUE(coord().Unwatch(*handle));
+  EXPECT_EQ(coord().PendingWaits(), 2u);
+  EXPECT_FALSE(get.fired());
+  EXPECT_FALSE(barrier.fired());
 }
 
 TEST_F(CoordinationTest, BumpGenerationEndsWatchesAndWaitsWithAborted) {
