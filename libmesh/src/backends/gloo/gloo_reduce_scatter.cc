@@ -4,9 +4,10 @@
 #include <array>
 #include <vector>
 
-#include <gloo/common/logging.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
+
+#include "common/check.h"
 
 namespace mesh::gloo_backend {
 namespace {
@@ -21,9 +22,8 @@ void RingReduceScatter(const std::shared_ptr<::gloo::Context>& context,
                        const RingReduceScatterArgs& args) {
   const int n = context->size;
   const int r = context->rank;
-  GLOO_ENFORCE_GE(n, 2);
-  GLOO_ENFORCE_GT(args.count, 0);
-  GLOO_ENFORCE_GT(args.element_size, 0);
+  MESH_CHECK(n >= 2, "ring reduce-scatter needs two or more ranks");
+  MESH_CHECK(args.count > 0 && args.element_size > 0, "ring reduce-scatter of nothing");
 
   const size_t elem = args.element_size;
   const size_t chunk = args.count * elem;
