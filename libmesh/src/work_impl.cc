@@ -17,9 +17,9 @@ absl::Status HostWork::Wait(absl::Duration timeout) {
   // LockWhenWithTimeout would also do, but an explicit await keeps a
   // non-positive timeout a pure poll.
   if (!mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "work still pending after ", absl::FormatDuration(timeout),
-        "; the op keeps running: wait again or abort it"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("work still pending after ", absl::FormatDuration(timeout),
+                     "; the op keeps running: wait again or abort it"));
   }
   return status_;
 }

@@ -38,6 +38,7 @@ class HostWork final : public Work {
   // (and changes nothing) when it was already completed.
   bool Complete(absl::Status status);
 
+  using Work::Wait;
   absl::Status Wait(absl::Duration timeout) override;
   bool IsCompleted() const override;
   absl::Status status() const override;

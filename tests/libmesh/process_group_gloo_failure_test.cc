@@ -159,7 +159,9 @@ TEST(GlooAbort, AnErrorNamesThePeerRankTheOpWaitedOn) {
   auto w = (*ranks)->world[0]->Broadcast(t, 1);
   ASSERT_TRUE(w.ok());
   ExpectStillPending(*w, absl::Milliseconds(200));
+  // The factory holds the world group too (World() returns it again).
   (*ranks)->world[1].reset();
+  (*ranks)->factories[1].reset();
   const absl::Status s = (*w)->Wait(kPrompt);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("group rank 1 (world rank 1)"));

@@ -79,8 +79,9 @@ std::vector<T> Apply(DType dtype, ReduceOp op, std::vector<T> a, const std::vect
 TEST(GlooReduceKernels, IntegersWrapInsteadOfOverflowing) {
   EXPECT_EQ(Apply<int8_t>(DType::kInt8, ReduceOp::kSum, {127, -128}, {1, -1}),
             (std::vector<int8_t>{-128, 127}));
-  EXPECT_EQ(Apply<int32_t>(DType::kInt32, ReduceOp::kSum, {std::numeric_limits<int32_t>::max()}, {1}),
-            (std::vector<int32_t>{std::numeric_limits<int32_t>::min()}));
+  EXPECT_EQ(
+      Apply<int32_t>(DType::kInt32, ReduceOp::kSum, {std::numeric_limits<int32_t>::max()}, {1}),
+      (std::vector<int32_t>{std::numeric_limits<int32_t>::min()}));
   EXPECT_EQ(Apply<int64_t>(DType::kInt64, ReduceOp::kProd, {int64_t{1} << 62}, {4}),
             (std::vector<int64_t>{0}));
   EXPECT_EQ(Apply<uint8_t>(DType::kUInt8, ReduceOp::kProd, {255, 16}, {255, 16}),
@@ -102,7 +103,7 @@ TEST(GlooReduceKernels, HalfTypesCombineInFloatAndRoundToNearestEven) {
   const auto h = [](float f) { return Float16(f); };
   auto sum = Apply<Float16>(DType::kFloat16, ReduceOp::kSum, {h(2048), h(1), h(65504)},
                             {h(1), h(0x1p-24f), h(32)});
-  EXPECT_EQ(static_cast<float>(sum[0]), 2048.0f);   // 2049 ties to even.
+  EXPECT_EQ(static_cast<float>(sum[0]), 2048.0f);  // 2049 ties to even.
   EXPECT_EQ(static_cast<float>(sum[1]), 1.0f);
   EXPECT_TRUE(std::isinf(static_cast<float>(sum[2])));  // Overflows to inf.
   const auto b = [](float f) { return BFloat16(f); };

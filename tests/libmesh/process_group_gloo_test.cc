@@ -162,7 +162,8 @@ std::vector<Case> AllCases() {
   std::vector<Case> cases;
   for (int n : {1, 2, 3, 4, 5, 8}) {
     for (DType dtype : kAllDTypes) {
-      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{1021}}) cases.push_back({n, dtype, count});
+      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{1021}})
+        cases.push_back({n, dtype, count});
     }
     for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt64, DType::kBool}) {
       cases.push_back({n, dtype, kLarge});
@@ -175,9 +176,7 @@ class GlooCollectives : public ::testing::TestWithParam<Case> {};
 
 // Rows that member `from` sends to member `to` in the uneven all-to-all:
 // 0, 1/3, 2/3 or the whole count, so some pairs exchange nothing.
-int64_t UnevenRows(int64_t count, int from, int to) {
-  return count * ((from + 2 * to) % 4) / 3;
-}
+int64_t UnevenRows(int64_t count, int from, int to) { return count * ((from + 2 * to) % 4) / 3; }
 
 void RunEveryCollective(ProcessGroup& g, const Case& c) {
   const int n = c.n;
@@ -194,7 +193,9 @@ void RunEveryCollective(ProcessGroup& g, const Case& c) {
     ASSERT_TRUE(Await(g.AllReduce(t, op)).ok()) << what;
     ExpectElements(
         t,
-        [&](int64_t i) { return Fold(dtype, op, n, [&](int q) { return Value(dtype, op, q, i, 1); }); },
+        [&](int64_t i) {
+          return Fold(dtype, op, n, [&](int q) { return Value(dtype, op, q, i, 1); });
+        },
         what);
   }
 
@@ -204,7 +205,8 @@ void RunEveryCollective(ProcessGroup& g, const Case& c) {
     Tensor t = Poisoned(dtype, {count});
     if (r == root) FillWith(t, [&](int64_t i) { return Value(dtype, ReduceOp::kSum, r, i, 2); });
     ASSERT_TRUE(Await(g.Broadcast(t, root)).ok()) << what;
-    ExpectElements(t, [&](int64_t i) { return Value(dtype, ReduceOp::kSum, root, i, 2); }, what);
+    ExpectElements(
+        t, [&](int64_t i) { return Value(dtype, ReduceOp::kSum, root, i, 2); }, what);
   }
 
   // Reduce to the last rank (non-zero whenever n > 1).
@@ -217,7 +219,9 @@ void RunEveryCollective(ProcessGroup& g, const Case& c) {
     if (r == root) {
       ExpectElements(
           t,
-          [&](int64_t i) { return Fold(dtype, op, n, [&](int q) { return Value(dtype, op, q, i, 3); }); },
+          [&](int64_t i) {
+            return Fold(dtype, op, n, [&](int q) { return Value(dtype, op, q, i, 3); });
+          },
           what);
     }
   }
@@ -231,7 +235,9 @@ void RunEveryCollective(ProcessGroup& g, const Case& c) {
     ASSERT_TRUE(Await(g.AllGather(in, out)).ok()) << what;
     ExpectElements(
         out,
-        [&](int64_t k) { return Value(dtype, ReduceOp::kSum, static_cast<int>(k / count), k % count, 4); },
+        [&](int64_t k) {
+          return Value(dtype, ReduceOp::kSum, static_cast<int>(k / count), k % count, 4);
+        },
         what);
   }
 
@@ -292,7 +298,8 @@ void RunEveryCollective(ProcessGroup& g, const Case& c) {
         expected.push_back(Value(dtype, ReduceOp::kSum, j, k, 7));
       }
     }
-    ExpectElements(out, [&](int64_t k) { return expected[k]; }, what);
+    ExpectElements(
+        out, [&](int64_t k) { return expected[k]; }, what);
   }
 
   // Send/Recv around the ring; odd ranks post their receive first, so both
@@ -314,7 +321,8 @@ void RunEveryCollective(ProcessGroup& g, const Case& c) {
     }
     ASSERT_TRUE(Await(s).ok()) << what;
     ASSERT_TRUE(Await(q).ok()) << what;
-    ExpectElements(recv, [&](int64_t i) { return Value(dtype, ReduceOp::kSum, from, i, 8); }, what);
+    ExpectElements(
+        recv, [&](int64_t i) { return Value(dtype, ReduceOp::kSum, from, i, 8); }, what);
   }
 
   ASSERT_TRUE(Await(g.Barrier()).ok()) << "rank " << r << " barrier";
@@ -347,7 +355,8 @@ TEST_P(GlooAllreduceAlgorithms, SumMatchesTheReferenceAcrossSegmentBoundaries) {
     ASSERT_NE(group, nullptr);
     EXPECT_EQ(group->AllreduceAlgorithmFor(1), algorithm);
     // Odd sizes around gloo's 1 MiB segments and n-way chunking.
-    for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{n * 2 + 1}, int64_t{262147}, int64_t{600001}}) {
+    for (int64_t count :
+         {int64_t{1}, int64_t{7}, int64_t{n * 2 + 1}, int64_t{262147}, int64_t{600001}}) {
       Tensor t = Poisoned(DType::kInt32, {count});
       FillWith(t, [&](int64_t i) { return Value(DType::kInt32, ReduceOp::kSum, r, i, 9); });
       ASSERT_TRUE(Await(group->AllReduce(t, ReduceOp::kSum)).ok());
@@ -362,15 +371,14 @@ TEST_P(GlooAllreduceAlgorithms, SumMatchesTheReferenceAcrossSegmentBoundaries) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    RingAndBcube, GlooAllreduceAlgorithms,
-    ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
-                       ::testing::Values(GlooAllreduceAlgorithm::kRing,
-                                         GlooAllreduceAlgorithm::kBcube)),
-    [](const auto& info) {
-      return absl::StrCat("n", std::get<0>(info.param), "_",
-                          GlooAllreduceAlgorithmName(std::get<1>(info.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(RingAndBcube, GlooAllreduceAlgorithms,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
+                                            ::testing::Values(GlooAllreduceAlgorithm::kRing,
+                                                              GlooAllreduceAlgorithm::kBcube)),
+                         [](const auto& info) {
+                           return absl::StrCat("n", std::get<0>(info.param), "_",
+                                               GlooAllreduceAlgorithmName(std::get<1>(info.param)));
+                         });
 
 TEST(GlooAllreduceAlgorithm, AutoSwitchesToRingAtTheThreshold) {
   auto ranks = MakeRanks(1);
@@ -436,10 +444,12 @@ TEST_P(GlooNonContiguous, StridedTensorsAreStagedBothWays) {
     }
     {
       Strided t = StridedOf(dtype, count);
-      if (r == 0) FillWith(t.view, [&](int64_t i) { return Value(dtype, ReduceOp::kSum, 0, i, 11); });
+      if (r == 0)
+        FillWith(t.view, [&](int64_t i) { return Value(dtype, ReduceOp::kSum, 0, i, 11); });
       ASSERT_TRUE(Await(g.Broadcast(t.view, 0)).ok());
-      ExpectElements(t.view, [&](int64_t i) { return Value(dtype, ReduceOp::kSum, 0, i, 11); },
-                     "strided broadcast");
+      ExpectElements(
+          t.view, [&](int64_t i) { return Value(dtype, ReduceOp::kSum, 0, i, 11); },
+          "strided broadcast");
       ExpectGapsPoisoned(t, "strided broadcast");
     }
     {
@@ -454,7 +464,8 @@ TEST_P(GlooNonContiguous, StridedTensorsAreStagedBothWays) {
       ExpectElements(
           out.view,
           [&](int64_t k) {
-            return Value(dtype, ReduceOp::kSum, static_cast<int>(k / (count * 3)), k % (count * 3), 12);
+            return Value(dtype, ReduceOp::kSum, static_cast<int>(k / (count * 3)), k % (count * 3),
+                         12);
           },
           "strided all_gather");
       ExpectGapsPoisoned(out, "strided all_gather");
@@ -481,7 +492,8 @@ TEST_P(GlooNonContiguous, StridedTensorsAreStagedBothWays) {
       ExpectElements(
           out.view,
           [&](int64_t k) {
-            return Value(dtype, ReduceOp::kSum, static_cast<int>(k / count), r * count + k % count, 14);
+            return Value(dtype, ReduceOp::kSum, static_cast<int>(k / count), r * count + k % count,
+                         14);
           },
           "strided all_to_all");
       ExpectGapsPoisoned(out, "strided all_to_all");
@@ -494,22 +506,23 @@ TEST_P(GlooNonContiguous, StridedTensorsAreStagedBothWays) {
       auto q = g.Recv(recv.view, (r + n - 1) % n);
       ASSERT_TRUE(Await(s).ok());
       ASSERT_TRUE(Await(q).ok());
-      ExpectElements(recv.view,
-                     [&](int64_t i) { return Value(dtype, ReduceOp::kSum, (r + n - 1) % n, i, 15); },
-                     "strided recv");
+      ExpectElements(
+          recv.view,
+          [&](int64_t i) { return Value(dtype, ReduceOp::kSum, (r + n - 1) % n, i, 15); },
+          "strided recv");
       ExpectGapsPoisoned(recv, "strided recv");
     }
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    SizesAndDTypes, GlooNonContiguous,
-    ::testing::Combine(::testing::Values(1, 2, 3, 5),
-                       ::testing::Values(DType::kFloat32, DType::kBFloat16, DType::kInt64,
-                                         DType::kBool)),
-    [](const auto& info) {
-      return absl::StrCat("n", std::get<0>(info.param), "_", DTypeName(std::get<1>(info.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(SizesAndDTypes, GlooNonContiguous,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 5),
+                                            ::testing::Values(DType::kFloat32, DType::kBFloat16,
+                                                              DType::kInt64, DType::kBool)),
+                         [](const auto& info) {
+                           return absl::StrCat("n", std::get<0>(info.param), "_",
+                                               DTypeName(std::get<1>(info.param)));
+                         });
 
 // ---- In-place forms ---------------------------------------------------------------
 
@@ -539,8 +552,9 @@ TEST(GlooInPlace, AllGatherFromOwnChunkAndReduceScatterIntoOwnChunk) {
     ExpectElements(
         *chunk,
         [&](int64_t i) {
-          return Fold(DType::kFloat32, ReduceOp::kSum, n,
-                      [&](int q) { return Value(DType::kFloat32, ReduceOp::kSum, q, r * count + i, 17); });
+          return Fold(DType::kFloat32, ReduceOp::kSum, n, [&](int q) {
+            return Value(DType::kFloat32, ReduceOp::kSum, q, r * count + i, 17);
+          });
         },
         "in-place reduce_scatter");
   });
@@ -608,18 +622,18 @@ TEST(GlooValidation, BadArgumentsFailAtOnceAndLeaveTheGroupHealthy) {
   EXPECT_EQ(g.Broadcast(f, -1).status().code(), invalid);
   EXPECT_EQ(g.Broadcast(f, 2).status().code(), invalid);
   EXPECT_EQ(g.Reduce(f, 2, ReduceOp::kSum).status().code(), invalid);
-  EXPECT_EQ(g.AllGather(f, f).status().code(), invalid);           // numel
-  EXPECT_EQ(g.AllGather(f, i8).status().code(), invalid);          // dtype
-  EXPECT_EQ(g.AllGather(cuda, f8).status().code(), invalid);       // device
+  EXPECT_EQ(g.AllGather(f, f).status().code(), invalid);      // numel
+  EXPECT_EQ(g.AllGather(f, i8).status().code(), invalid);     // dtype
+  EXPECT_EQ(g.AllGather(cuda, f8).status().code(), invalid);  // device
   EXPECT_EQ(g.ReduceScatter(f, f, ReduceOp::kSum).status().code(), invalid);
   EXPECT_EQ(g.AllToAll(scalar, scalar).status().code(), invalid);
   Tensor odd = Poisoned(DType::kFloat32, {3});
-  EXPECT_EQ(g.AllToAll(odd, odd).status().code(), invalid);        // 3 rows, 2 ranks
+  EXPECT_EQ(g.AllToAll(odd, odd).status().code(), invalid);                 // 3 rows, 2 ranks
   EXPECT_EQ(g.AllToAll(f, f, {1, 1, 2}, {2, 2}).status().code(), invalid);  // entries
   EXPECT_EQ(g.AllToAll(f, f, {-1, 5}, {2, 2}).status().code(), invalid);    // negative
   EXPECT_EQ(g.AllToAll(f, f, {1, 1}, {2, 2}).status().code(), invalid);     // sum
   EXPECT_EQ(g.AllToAll(f, f, {1, 3}, {2, 2}).status().code(), invalid);     // self 1 vs 2
-  EXPECT_EQ(g.Send(f, 0).status().code(), invalid);                // self
+  EXPECT_EQ(g.Send(f, 0).status().code(), invalid);                         // self
   EXPECT_EQ(g.Send(f, 2).status().code(), invalid);
   EXPECT_EQ(g.Recv(f, -1).status().code(), invalid);
   EXPECT_EQ(g.Send(f, 1, -3).status().code(), invalid);
@@ -668,8 +682,9 @@ TEST(GlooPointToPoint, MessagesMatchInIssueOrderPerTag) {
       for (int m = 0; m < kMessages; ++m) {
         for (int k = 0; k < 2; ++k) {
           const int tag = 2 - k;  // Posted as 3 - {1, 2}.
-          ExpectElements(tensors[m * 2 + k], [&](int64_t i) { return m * 100 + tag * 10 + i; },
-                         absl::StrCat("message ", m, " tag ", tag));
+          ExpectElements(
+              tensors[m * 2 + k], [&](int64_t i) { return m * 100 + tag * 10 + i; },
+              absl::StrCat("message ", m, " tag ", tag));
         }
       }
     }
@@ -726,10 +741,10 @@ TEST(GlooFactory, RejectsBadSpecsAndOptions) {
   Ranks& ranks = SharedWorld(2);
   GlooProcessGroupFactory& f = *ranks.factories[0];
   const auto invalid = absl::StatusCode::kInvalidArgument;
-  EXPECT_EQ(f.NewGroups({{"x", 0, {1}}}).status().code(), invalid);        // omits caller
-  EXPECT_EQ(f.NewGroups({{"x", 0, {0, 0}}}).status().code(), invalid);     // duplicate
-  EXPECT_EQ(f.NewGroups({{"x", 0, {0, 2}}}).status().code(), invalid);     // outside world
-  EXPECT_EQ(f.NewGroups({{"", 0, {0}}}).status().code(), invalid);         // no family
+  EXPECT_EQ(f.NewGroups({{"x", 0, {1}}}).status().code(), invalid);     // omits caller
+  EXPECT_EQ(f.NewGroups({{"x", 0, {0, 0}}}).status().code(), invalid);  // duplicate
+  EXPECT_EQ(f.NewGroups({{"x", 0, {0, 2}}}).status().code(), invalid);  // outside world
+  EXPECT_EQ(f.NewGroups({{"", 0, {0}}}).status().code(), invalid);      // no family
   auto store = std::make_shared<InMemoryStore>();
   EXPECT_EQ(GlooProcessGroupFactory::Create(nullptr, 0, 1).status().code(), invalid);
   EXPECT_EQ(GlooProcessGroupFactory::Create(store, 2, 2).status().code(), invalid);
@@ -750,7 +765,8 @@ TEST(GlooFactory, AGroupOfOneWorksWithoutPeers) {
   Tensor t = Poisoned(DType::kFloat32, {3});
   FillWith(t, [](int64_t i) { return i + 1; });
   ASSERT_TRUE(Await((*groups)[0]->AllReduce(t, ReduceOp::kAvg)).ok());
-  ExpectElements(t, [](int64_t i) { return i + 1; }, "solo all_reduce");
+  ExpectElements(
+      t, [](int64_t i) { return i + 1; }, "solo all_reduce");
 }
 
 }  // namespace

@@ -57,7 +57,8 @@ struct Ranks {
   }
 };
 
-inline absl::StatusOr<std::unique_ptr<Ranks>> MakeRanks(int n, GlooOptions options = TestOptions()) {
+inline absl::StatusOr<std::unique_ptr<Ranks>> MakeRanks(int n,
+                                                        GlooOptions options = TestOptions()) {
   auto ranks = std::make_unique<Ranks>();
   InMemoryStoreOptions store_options;
   store_options.timeout = kTestTimeout;

@@ -190,7 +190,7 @@ class GlooProcessGroupFactory final : public ProcessGroupFactory {
 
   // Rendezvous of one group, `global_ranks` in group-rank order.
   absl::StatusOr<std::shared_ptr<ProcessGroupGloo>> MakeGroup(const std::string& name,
-                                                               const std::vector<int>& global_ranks);
+                                                              const std::vector<int>& global_ranks);
 
   const std::shared_ptr<Store> store_;
   const int world_rank_;

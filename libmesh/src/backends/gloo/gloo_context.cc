@@ -58,7 +58,8 @@ namespace {
 // pair: the inner buffer's send/recv do exactly that.
 class InterposedBuffer final : public gt::UnboundBuffer {
  public:
-  InterposedBuffer(std::unique_ptr<gt::UnboundBuffer> inner, std::shared_ptr<AbortRegistry> registry)
+  InterposedBuffer(std::unique_ptr<gt::UnboundBuffer> inner,
+                   std::shared_ptr<AbortRegistry> registry)
       : gt::UnboundBuffer(inner->ptr, inner->size),
         inner_(std::move(inner)),
         registry_(std::move(registry)) {

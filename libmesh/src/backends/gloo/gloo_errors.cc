@@ -41,8 +41,7 @@ absl::Status TransportError(const std::string& context, absl::string_view what,
                             const std::string& peers) {
   const std::string waiting = peers.empty() ? "" : absl::StrCat(" while waiting on ", peers);
   if (IsTimeout(what)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(context, ": timed out", waiting, ": ", what));
+    return absl::DeadlineExceededError(absl::StrCat(context, ": timed out", waiting, ": ", what));
   }
   return absl::UnavailableError(
       absl::StrCat(context, ": connection to a peer failed", waiting, ": ", what));

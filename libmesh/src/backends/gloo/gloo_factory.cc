@@ -32,8 +32,7 @@ absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> CreateTcpDevice(
   try {
     return ::gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gloo: cannot bind to ", what, ": ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat("gloo: cannot bind to ", what, ": ", e.what()));
   }
 }
 
@@ -82,9 +81,9 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroupFactory>> GlooProcessGroupFactory
   }
   if (options.group.timeout <= absl::ZeroDuration() ||
       options.group.timeout == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gloo: timeout must be positive and finite, got ",
-        absl::FormatDuration(options.group.timeout)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo: timeout must be positive and finite, got ",
+                     absl::FormatDuration(options.group.timeout)));
   }
   auto device = MakeDevice(options);
   if (!device.ok()) return device.status();
@@ -119,8 +118,8 @@ absl::StatusOr<std::shared_ptr<ProcessGroupGloo>> GlooProcessGroupFactory::MakeG
   std::shared_ptr<gloo_backend::GlooContext> context;
   std::shared_ptr<::gloo::rendezvous::Store> rendezvous_store;
   if (size > 1) {
-    rendezvous_store = std::make_shared<gloo_backend::GlooStore>(std::make_shared<PrefixStore>(
-        absl::StrCat("gloo/", name, "/", generation), store_));
+    rendezvous_store = std::make_shared<gloo_backend::GlooStore>(
+        std::make_shared<PrefixStore>(absl::StrCat("gloo/", name, "/", generation), store_));
     context = std::make_shared<gloo_backend::GlooContext>(rank, size);
     context->setTimeout(absl::ToChronoMilliseconds(options_.group.timeout));
     const absl::Status connected = gloo_backend::CatchGloo(
@@ -128,9 +127,8 @@ absl::StatusOr<std::shared_ptr<ProcessGroupGloo>> GlooProcessGroupFactory::MakeG
         global_ranks, [&] { context->Connect(*rendezvous_store, device_->device); });
     if (!connected.ok()) return connected;
   }
-  auto state = std::make_shared<ProcessGroupGloo::State>(rank, global_ranks, name, options_,
-                                                         std::move(context),
-                                                         std::move(rendezvous_store));
+  auto state = std::make_shared<ProcessGroupGloo::State>(
+      rank, global_ranks, name, options_, std::move(context), std::move(rendezvous_store));
   state->Start();
   std::shared_ptr<ProcessGroupGloo> group(
       new ProcessGroupGloo(rank, global_ranks, name, options_, std::move(state)));
@@ -162,8 +160,10 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> GlooProcessGroupFactory::World() {
 absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> GlooProcessGroupFactory::NewGroups(
     const std::vector<GroupSpec>& specs) {
   for (const GroupSpec& spec : specs) {
-    const std::string what = absl::StrCat("gloo: group spec '", spec.family, "' color ", spec.color);
-    if (spec.family.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": empty family"));
+    const std::string what =
+        absl::StrCat("gloo: group spec '", spec.family, "' color ", spec.color);
+    if (spec.family.empty())
+      return absl::InvalidArgumentError(absl::StrCat(what, ": empty family"));
     if (spec.color < 0) return absl::InvalidArgumentError(absl::StrCat(what, ": negative color"));
     std::set<int> seen;
     for (int r : spec.global_ranks) {

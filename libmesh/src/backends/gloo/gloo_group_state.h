@@ -61,8 +61,8 @@ class ProcessGroupGloo::State : public std::enable_shared_from_this<ProcessGroup
 
   // Posts a send (or a receive into `into`) of `tensor` now and completes it
   // on the p2p thread. `tensor`'s elements must already be validated.
-  absl::StatusOr<ProcessGroup::WorkPtr> PostPointToPoint(bool send, const Tensor& tensor,
-                                                         int peer, int tag);
+  absl::StatusOr<ProcessGroup::WorkPtr> PostPointToPoint(bool send, const Tensor& tensor, int peer,
+                                                         int tag);
 
   void Abort(absl::Status reason);
   absl::Status health() const;

@@ -151,9 +151,10 @@ void DivideHalf(void* data, size_t count, int divisor) {
 
 absl::Status CheckReduceSupported(DType dtype, ReduceOp op) {
   if (dtype == DType::kBool && op != ReduceOp::kMin && op != ReduceOp::kMax) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reduce op '", ReduceOpName(op), "' is not defined for bool; use min (logical and) or "
-        "max (logical or)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("reduce op '", ReduceOpName(op),
+                     "' is not defined for bool; use min (logical and) or "
+                     "max (logical or)"));
   }
   return absl::OkStatus();
 }

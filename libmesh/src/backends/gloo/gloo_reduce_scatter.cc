@@ -27,8 +27,7 @@ void RingReduceScatter(const std::shared_ptr<::gloo::Context>& context,
 
   const size_t elem = args.element_size;
   const size_t chunk = args.count * elem;
-  const size_t seg =
-      std::min(chunk, std::max(elem, args.max_segment_bytes / elem * elem));
+  const size_t seg = std::min(chunk, std::max(elem, args.max_segment_bytes / elem * elem));
   const size_t nseg = (chunk + seg - 1) / seg;
   auto seg_len = [&](size_t k) { return std::min(seg, chunk - k * seg); };
   auto chunk_index = [&](int step, int delta) { return ((r - step - delta) % n + n) % n; };

@@ -49,9 +49,9 @@ absl::Status CheckCpu(const Tensor& t, absl::string_view what) {
 absl::Status CheckWritable(const Tensor& t, absl::string_view what) {
   for (int d = 0; d < t.dim(); ++d) {
     if (t.stride(d) == 0 && t.size(d) > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " has stride 0 on dimension ", d, " (a broadcast view) and cannot be written: ",
-          t.DebugString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has stride 0 on dimension ", d,
+                       " (a broadcast view) and cannot be written: ", t.DebugString()));
     }
   }
   return absl::OkStatus();
@@ -59,9 +59,8 @@ absl::Status CheckWritable(const Tensor& t, absl::string_view what) {
 
 absl::Status CheckSameDType(const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat("input and output dtypes differ: ",
-                                                   DTypeName(a.dtype()), " vs ",
-                                                   DTypeName(b.dtype())));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input and output dtypes differ: ", DTypeName(a.dtype()), " vs ", DTypeName(b.dtype())));
   }
   return absl::OkStatus();
 }
@@ -72,10 +71,10 @@ absl::Status Prefixed(const std::string& prefix, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(prefix, ": ", status.message()));
 }
 
-#define MESH_GLOO_RETURN_IF_ERROR(expr)  \
-  do {                                   \
-    absl::Status _status = (expr);       \
-    if (!_status.ok()) return _status;   \
+#define MESH_GLOO_RETURN_IF_ERROR(expr) \
+  do {                                  \
+    absl::Status _status = (expr);      \
+    if (!_status.ok()) return _status;  \
   } while (false)
 
 }  // namespace
@@ -123,12 +122,11 @@ std::chrono::milliseconds ProcessGroupGloo::State::op_timeout() const {
 
 std::shared_ptr<internal::HostWork> ProcessGroupGloo::State::NewWork() {
   std::weak_ptr<State> weak = weak_from_this();
-  return std::make_shared<internal::HostWork>(options_.group.timeout,
-                                              [weak](absl::Status reason) {
-                                                if (auto state = weak.lock()) {
-                                                  state->Abort(std::move(reason));
-                                                }
-                                              });
+  return std::make_shared<internal::HostWork>(options_.group.timeout, [weak](absl::Status reason) {
+    if (auto state = weak.lock()) {
+      state->Abort(std::move(reason));
+    }
+  });
 }
 
 absl::Status ProcessGroupGloo::State::health() const {
@@ -191,9 +189,8 @@ void ProcessGroupGloo::State::WorkerLoop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](State* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-            return !s->queue_.empty() || s->stopping_;
-          },
+          +[](State* s)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return !s->queue_.empty() || s->stopping_; },
           this));
       if (queue_.empty()) return;
       op = std::move(queue_.front());
@@ -264,9 +261,8 @@ void ProcessGroupGloo::State::PointToPointLoop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](State* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-            return !s->p2p_.empty() || s->stopping_;
-          },
+          +[](State* s)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return !s->p2p_.empty() || s->stopping_; },
           this));
       if (p2p_.empty()) return;
       op = std::move(p2p_.front());
@@ -331,7 +327,8 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllReduce(Tensor tensor,
                           : ::gloo::AllreduceOptions::Algorithm::BCUBE);
     opts.setTimeout(s->op_timeout());
     ::gloo::allreduce(opts);
-    if (op == ReduceOp::kAvg) gloo_backend::DivideInPlace(tensor.dtype(), buf->data(), n, s->size());
+    if (op == ReduceOp::kAvg)
+      gloo_backend::DivideInPlace(tensor.dtype(), buf->data(), n, s->size());
     return buf->CopyBack();
   });
 }
@@ -389,7 +386,8 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::Reduce(Tensor tensor, in
     opts.setTimeout(s->op_timeout());
     ::gloo::reduce(opts);
     if (s->rank() != root) return absl::OkStatus();  // Scratch on non-roots.
-    if (op == ReduceOp::kAvg) gloo_backend::DivideInPlace(tensor.dtype(), buf->data(), n, s->size());
+    if (op == ReduceOp::kAvg)
+      gloo_backend::DivideInPlace(tensor.dtype(), buf->data(), n, s->size());
     return buf->CopyBack();
   });
 }
@@ -401,9 +399,9 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllGather(Tensor input, 
   MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckWritable(output, "output")));
   MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckSameDType(input, output)));
   if (output.numel() != input.numel() * size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": output has ", output.numel(), " elements; expected group size ",
-                     size(), " x input's ", input.numel()));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": output has ", output.numel(),
+                                                   " elements; expected group size ", size(),
+                                                   " x input's ", input.numel()));
   }
   State* s = state_.get();
   return s->Enqueue("all_gather", [s, input, output]() -> absl::Status {
@@ -439,9 +437,9 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::ReduceScatter(Tensor inp
   MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckSameDType(input, output)));
   MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, gloo_backend::CheckReduceSupported(input.dtype(), op)));
   if (input.numel() != output.numel() * size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": input has ", input.numel(), " elements; expected group size ", size(),
-                     " x output's ", output.numel()));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": input has ", input.numel(),
+                                                   " elements; expected group size ", size(),
+                                                   " x output's ", output.numel()));
   }
   State* s = state_.get();
   return s->Enqueue("reduce_scatter", [s, input, output, op]() -> absl::Status {
@@ -469,9 +467,9 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::ReduceScatter(Tensor inp
   });
 }
 
-absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllToAll(Tensor input, Tensor output,
-                                                                 std::vector<int64_t> input_splits,
-                                                                 std::vector<int64_t> output_splits) {
+absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllToAll(
+    Tensor input, Tensor output, std::vector<int64_t> input_splits,
+    std::vector<int64_t> output_splits) {
   const std::string what = state_->Describe("all_to_all");
   MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckCpu(input, "input")));
   MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckCpu(output, "output")));
@@ -490,9 +488,9 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllToAll(Tensor input, T
     const int64_t row = rows == 0 ? 0 : t.numel() / rows;
     if (splits.empty()) {
       if (rows % n != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, ": ", which, " dimension 0 (", rows,
-                         ") is not divisible by the group size ", n, " and no splits were given"));
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", which, " dimension 0 (", rows,
+                                                       ") is not divisible by the group size ", n,
+                                                       " and no splits were given"));
       }
       splits.assign(n, rows / n);
     }
@@ -522,38 +520,39 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllToAll(Tensor input, T
   absl::StatusOr<std::vector<int64_t>> out_counts = counts(output, output_splits, "output");
   if (!out_counts.ok()) return out_counts.status();
   if ((*in_counts)[rank()] != (*out_counts)[rank()]) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": this rank sends ", (*in_counts)[rank()],
-                     " elements to itself but expects ", (*out_counts)[rank()]));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": this rank sends ", (*in_counts)[rank()],
+                                                   " elements to itself but expects ",
+                                                   (*out_counts)[rank()]));
   }
   State* s = state_.get();
-  return s->Enqueue("all_to_all", [s, input, output, in_counts = *std::move(in_counts),
-                                   out_counts = *std::move(out_counts)]() -> absl::Status {
-    if (s->size() == 1) return gloo_backend::CopyFlat(output, input);
-    // Never skipped for zero elements: the peers post (empty) messages to
-    // this rank whatever it holds.
-    absl::StatusOr<Staged> in = Staged::Of(input, /*copy_in=*/true);
-    if (!in.ok()) return in.status();
-    absl::StatusOr<Staged> out = Staged::Of(output, /*copy_in=*/false);
-    if (!out.ok()) return out.status();
-    ::gloo::AlltoallvOptions opts(s->context());
-    DispatchElementSize(input.element_size(), [&](auto elem) {
-      using T = decltype(elem);
-      opts.setInput(static_cast<T*>(in->data()), in_counts);
-      opts.setOutput(static_cast<T*>(out->data()), out_counts);
-    });
-    opts.setTimeout(s->op_timeout());
-    ::gloo::alltoallv(opts);
-    return out->CopyBack();
-  });
+  return s->Enqueue("all_to_all",
+                    [s, input, output, in_counts = *std::move(in_counts),
+                     out_counts = *std::move(out_counts)]() -> absl::Status {
+                      if (s->size() == 1) return gloo_backend::CopyFlat(output, input);
+                      // Never skipped for zero elements: the peers post (empty) messages to
+                      // this rank whatever it holds.
+                      absl::StatusOr<Staged> in = Staged::Of(input, /*copy_in=*/true);
+                      if (!in.ok()) return in.status();
+                      absl::StatusOr<Staged> out = Staged::Of(output, /*copy_in=*/false);
+                      if (!out.ok()) return out.status();
+                      ::gloo::AlltoallvOptions opts(s->context());
+                      DispatchElementSize(input.element_size(), [&](auto elem) {
+                        using T = decltype(elem);
+                        opts.setInput(static_cast<T*>(in->data()), in_counts);
+                        opts.setOutput(static_cast<T*>(out->data()), out_counts);
+                      });
+                      opts.setTimeout(s->op_timeout());
+                      ::gloo::alltoallv(opts);
+                      return out->CopyBack();
+                    });
 }
 
 absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::Send(Tensor tensor, int peer, int tag) {
   const std::string what = state_->Describe("send");
   MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckCpu(tensor, "tensor")));
   if (peer < 0 || peer >= size() || peer == rank()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": peer ", peer, " must be another rank of this group of ", size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": peer ", peer, " must be another rank of this group of ", size()));
   }
   if (tag < 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": tag ", tag, " is negative"));
@@ -566,8 +565,8 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::Recv(Tensor tensor, int 
   MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckCpu(tensor, "tensor")));
   MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckWritable(tensor, "tensor")));
   if (peer < 0 || peer >= size() || peer == rank()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": peer ", peer, " must be another rank of this group of ", size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": peer ", peer, " must be another rank of this group of ", size()));
   }
   if (tag < 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": tag ", tag, " is negative"));
