@@ -18,6 +18,7 @@
 #include "common/check.h"
 #include "libmesh/src/coordinator_client.h"
 #include "mesh/coordinator_store.h"
+#include "mesh/process_group_gloo.h"
 #include "mesh/store.h"
 
 namespace mesh {
@@ -142,12 +143,19 @@ absl::Status Annotate(const absl::Status& status, absl::string_view context) {
 
 }  // namespace
 
-RuntimeBackend GlooBackend() {
+RuntimeBackend GlooBackend(GlooOptions options) {
   RuntimeBackend backend;
   backend.name = "gloo";
   backend.make_factory =
-      [](const BackendContext&) -> absl::StatusOr<std::shared_ptr<ProcessGroupFactory>> {
-    return absl::UnimplementedError("the Gloo backend is not built into this libmesh yet");
+      [options](
+          const BackendContext& context) -> absl::StatusOr<std::shared_ptr<ProcessGroupFactory>> {
+    GlooOptions gloo = options;
+    gloo.group = context.group_options;
+    absl::StatusOr<std::unique_ptr<GlooProcessGroupFactory>> factory =
+        GlooProcessGroupFactory::Create(context.store, context.join.rank, context.join.world_size,
+                                        std::move(gloo));
+    if (!factory.ok()) return factory.status();
+    return std::shared_ptr<ProcessGroupFactory>(*std::move(factory));
   };
   return backend;
 }

@@ -67,6 +67,7 @@
 #include "absl/time/time.h"
 #include "mesh/device_mesh.h"
 #include "mesh/process_group.h"
+#include "mesh/process_group_gloo.h"
 
 namespace mesh {
 
@@ -145,8 +146,11 @@ struct RuntimeBackend {
       make_factory;
 };
 
-// CPU collectives over Gloo, rendezvousing through the coordinator's store.
-RuntimeBackend GlooBackend();
+// CPU collectives over Gloo (mesh/process_group_gloo.h), rendezvousing
+// through the coordinator's store. `options.group` is replaced by
+// RuntimeOptions::group_options; set `options.hostname` (e.g. "127.0.0.1")
+// or `options.iface` to choose the address peers connect to.
+RuntimeBackend GlooBackend(GlooOptions options = {});
 
 struct RuntimeOptions {
   // Each field overrides its environment variable (see the top of this file);
