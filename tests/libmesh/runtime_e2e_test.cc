@@ -7,6 +7,8 @@
 // Time bounds asserted here are not performance checks: each is far below
 // the 60 s collective timeout the test configures, so exceeding one means a
 // collective waited for its timeout instead of failing on the signal.
+#include <sys/wait.h>
+
 #include <atomic>
 #include <functional>
 #include <iostream>
@@ -25,6 +27,7 @@
 #include "coordinator/coordinator_server.h"
 #include "mesh/runtime.h"
 #include "mesh/tensor.h"
+#include "tests/util/subprocess.h"
 
 namespace mesh {
 namespace {
@@ -237,6 +240,45 @@ TEST_F(RuntimeE2eTest, ReportErrorEndsEveryPendingCollectiveNamingTheReporter) {
     EXPECT_THAT(std::string(results[r].message()), HasSubstr("rank 1 (host-0)"));
     EXPECT_THAT(std::string(results[r].message()), HasSubstr("loss is NaN at step 12"));
   }
+}
+
+// The environment contract with real processes: examples/allreduce_2d,
+// started as four workers with only MESH_* variables, joins, all-reduces on
+// a 2x2 mesh and exits 0.
+TEST_F(RuntimeE2eTest, ExampleWorkersRunFromTheEnvironment) {
+  std::vector<::mesh::testing::Subprocess> workers;
+  for (int r = 0; r < kWorld; ++r) {
+    auto worker = ::mesh::testing::Subprocess::Start(
+        {MESH_ALLREDUCE_2D_BIN, "--gloo-host", "127.0.0.1", "--elements", "4096"},
+        {absl::StrCat("MESH_COORDINATOR=", server_->address()), "MESH_JOB_ID=e2e",
+         "MESH_GENERATION=0", absl::StrCat("MESH_RANK=", r),
+         // One host (this one, by its name), as the agent would say.
+         absl::StrCat("MESH_WORLD_SIZE=", kWorld), absl::StrCat("MESH_LOCAL_RANK=", r),
+         absl::StrCat("MESH_LOCAL_WORLD_SIZE=", kWorld), "MESH_NODE_RANK=0",
+         "MESH_AUTH_TOKEN=example-token"});
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    workers.push_back(*std::move(worker));
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    std::vector<std::string> lines;
+    while (true) {
+      absl::StatusOr<std::string> line = workers[r].ReadLine(absl::Seconds(60));
+      if (!line.ok()) break;
+      lines.push_back(*line);
+    }
+    absl::StatusOr<int> status = workers[r].Wait(absl::Seconds(30));
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "wait status " << *status;
+    EXPECT_THAT(lines, ::testing::Contains(absl::StrCat("rank ", r, ": ok")));
+    const std::string tp = r < 2 ? "0, 1" : "2, 3";
+    const std::string dp = r % 2 == 0 ? "0, 2" : "1, 3";
+    EXPECT_THAT(lines, ::testing::Contains(
+                           absl::StrCat("rank ", r, ": tp group [", tp, "] all-reduce ok")));
+    EXPECT_THAT(lines, ::testing::Contains(
+                           absl::StrCat("rank ", r, ": dp group [", dp, "] all-reduce ok")));
+  }
+  EXPECT_FALSE(server_->coordination().GetJob("e2e")->failed);
 }
 
 }  // namespace
