@@ -515,7 +515,22 @@ absl::Status Runtime::Start() {
     }
     join.nccl_unique_id = *std::move(id);
   }
-  absl::StatusOr<internal::JoinResult> joined = client_->Join(join);
+  // Join is idempotent for one incarnation, so an unreachable coordinator
+  // (not up yet, restarting, a network blip) is retried until the join
+  // deadline; every other error is final.
+  const absl::Time join_deadline = absl::Now() + options_.join_timeout;
+  absl::Duration backoff = absl::Milliseconds(50);
+  absl::StatusOr<internal::JoinResult> joined;
+  while (true) {
+    join.timeout = std::max(join_deadline - absl::Now(), absl::Milliseconds(1));
+    joined = client_->Join(join);
+    if (joined.ok() || joined.status().code() != absl::StatusCode::kUnavailable ||
+        absl::Now() + backoff >= join_deadline) {
+      break;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Seconds(1));
+  }
   if (!joined.ok()) return Annotate(joined.status(), absl::StrCat(who, ": join failed"));
 
   info_.rank = joined->rank;

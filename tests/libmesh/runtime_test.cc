@@ -513,5 +513,49 @@ TEST_F(RuntimeTest, JoinTimesOutNamingTheMissingRank) {
   EXPECT_THAT(std::string(runtime.status().message()), HasSubstr("missing ranks 1"));
 }
 
+TEST_F(RuntimeTest, JoinWaitsForACoordinatorThatComesUpLate) {
+  // Learn a free port, then free it again.
+  StartCoordinator(1);
+  const int port = server_->port();
+  RuntimeOptions options = Options(0, 1);
+  options.join_timeout = absl::Seconds(30);
+  server_->Shutdown(absl::ZeroDuration());
+  server_.reset();
+
+  absl::StatusOr<std::unique_ptr<Runtime>> runtime = absl::UnknownError("not run");
+  std::thread worker([&] { runtime = Runtime::Init(options); });
+  absl::SleepFor(absl::Milliseconds(300));  // The worker is retrying by now.
+
+  coordinator::CoordinatorConfig config;
+  config.port = port;
+  config.coordination.heartbeat_interval = kInterval;
+  config.coordination.heartbeat_timeout = kTimeout;
+  auto server = coordinator::CoordinatorServer::Start(config);
+  if (!server.ok()) {
+    worker.join();
+    GTEST_SKIP() << "port " << port << " was taken meanwhile: " << server.status();
+  }
+  server_ = *std::move(server);
+  coordinator::JobLayout layout;
+  layout.job_id = "job";
+  layout.world_size = 1;
+  ASSERT_TRUE(server_->coordination().CreateJob(layout).ok());
+  worker.join();
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  EXPECT_TRUE((*runtime)->health().ok());
+}
+
+TEST_F(RuntimeTest, AnUnreachableCoordinatorIsUnavailableAtTheJoinDeadline) {
+  StartCoordinator(1);
+  const std::string address = server_->address();
+  server_->Shutdown(absl::ZeroDuration());
+  RuntimeOptions options = Options(0, 1);
+  options.coordinator = address;
+  options.join_timeout = absl::Milliseconds(500);
+  absl::StatusOr<std::unique_ptr<Runtime>> runtime = Runtime::Init(options);
+  EXPECT_EQ(runtime.status().code(), absl::StatusCode::kUnavailable) << runtime.status();
+  EXPECT_THAT(std::string(runtime.status().message()), HasSubstr(address));
+}
+
 }  // namespace
 }  // namespace mesh
