@@ -24,10 +24,10 @@
 //   2. on rank 0, asks the backend for the world's unique ID (NCCL), if it
 //      has one;
 //   3. joins through the coordinator (one RPC that waits for the whole world,
-//      bounded by join_timeout) and cross-checks the reply with the
-//      configuration;
-//   4. opens the job's WatchJob stream and waits until it is live;
-//   5. starts heartbeats at the interval the join reply gives;
+//      bounded by join_timeout, and is retried while the coordinator is
+//      unreachable) and cross-checks the reply with the configuration;
+//   4. starts heartbeats at the interval the join reply gives;
+//   5. opens the job's WatchJob stream and waits until it is live;
 //   6. makes the backend's ProcessGroupFactory over the coordinator's store.
 //
 // Lifecycle:
