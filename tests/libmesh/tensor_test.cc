@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "common/check.h"
 #include "mesh/build_info.h"
 #include "mesh/float16.h"
@@ -60,6 +61,15 @@ TEST(Device, EqualityAndDefaults) {
   EXPECT_FALSE(Device::Cuda(0) == Device::Cuda(1));
   EXPECT_FALSE(Device::Cuda(0) == Device::Cpu());
   static_assert(Device::Cuda(3).index() == 3);
+}
+
+TEST(Device, IsHashable) {
+  absl::flat_hash_set<Device> devices = {Device::Cpu(), Device::Cuda(0), Device::Cuda(1)};
+  devices.insert(*Device::Parse("cuda:1"));
+  devices.insert(*Device::Parse("cpu:0"));
+  EXPECT_EQ(devices.size(), 3u);
+  EXPECT_TRUE(devices.contains(Device::Cuda(0)));
+  EXPECT_FALSE(devices.contains(Device::Cuda(2)));
 }
 
 TEST(DeviceDeathTest, TrustedConstructorChecksInvariants) {

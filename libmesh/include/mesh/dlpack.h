@@ -15,7 +15,7 @@
 // DLPack 0.6 has no kDLBool; that is also what PyTorch < 1.10 emitted for
 // bool. Importing (kDLUInt, 8) therefore yields uint8, except for a tensor
 // that libmesh itself exported, which comes back as bool. Code 6 with 8 bits
-// (kDLBool of DLPack >= 0.8, e.g. from PyTorch >= 2.1) is imported as bool.
+// (kDLBool of DLPack >= 0.8, as PyTorch >= 2.2 emits) is imported as bool.
 //
 // Thread safety: both functions are safe from any thread. The deleters they
 // install may run on any thread.

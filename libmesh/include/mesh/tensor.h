@@ -199,14 +199,16 @@ absl::Status CopyTensor(const Tensor& dst, const Tensor& src);
 absl::Status CopyTensorAsync(const Tensor& dst, const Tensor& src, void* cuda_stream);
 
 // Sets every element of `t` to `value`, converted to t.dtype(): rounded to
-// nearest even for f16/bf16/f32, `value != 0` for bool, and required to be
-// an integer in range for integer dtypes. CPU tensors may have any strides;
-// CUDA tensors must be contiguous (filled through a host staging buffer) and
-// the call returns after the device memory is written. Meant for tests and
-// initialisation, not hot paths.
-// Possible errors: INVALID_ARGUMENT for a value the dtype cannot hold (NaN or
-// out of range for an integer type, a fraction for an integer type); as
-// CopyTensor for CUDA tensors.
+// nearest even for f32 (out-of-range values become +-infinity), via float
+// for f16/bf16 (so a value within a float ulp of a tie may round twice),
+// `value != 0` for bool, and required to be an integer in range for integer
+// dtypes. CPU tensors may have any strides; CUDA tensors must be contiguous
+// (filled through a host staging buffer) and the call returns after the
+// device memory is written. Meant for tests and initialisation, not hot
+// paths.
+// Possible errors: INVALID_ARGUMENT for a value the dtype cannot hold (NaN,
+// infinity, a fraction or an out-of-range value for an integer dtype);
+// otherwise as CopyTensor, for CUDA tensors.
 absl::Status Fill(const Tensor& t, double value);
 
 }  // namespace mesh
