@@ -8,6 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "coordinator/coordinator_server.h"
+#include "libmesh/src/coordinator_client.h"
 #include "mesh/coordinator_store.h"
 #include "mesh/in_memory_store.h"
 #include "mesh/prefix_store.h"
@@ -31,6 +33,7 @@
 namespace mesh {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -718,6 +721,93 @@ TEST(CoordinatorStoreTest, RanksOfOneGenerationShareKeys) {
   EXPECT_EQ(got.value_or("<error>"), BinaryValue());
   EXPECT_EQ((*rank0)->Add("arrived", 1).value_or(-1), 1);
   EXPECT_EQ((*rank1)->Add("arrived", 1).value_or(-1), 2);
+}
+
+// A client whose waiting calls fail the way gRPC does when the transport's
+// deadline fires before the coordinator answers, and which records the
+// CompareSet calls it gets.
+class DeadlineFakeClient final : public internal::CoordinatorClient {
+ public:
+  const RankIdentity& identity() const override { return identity_; }
+  const std::string& target() const override { return target_; }
+
+  absl::Status KvSet(absl::string_view, absl::string_view, absl::Duration) override {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> KvGet(absl::string_view, bool, absl::Duration) override {
+    return TransportDeadline();
+  }
+  absl::StatusOr<int64_t> KvAdd(absl::string_view, int64_t, absl::Duration) override { return 0; }
+  absl::StatusOr<internal::KvCompareSetReply> KvCompareSet(absl::string_view,
+                                                           std::optional<std::string> expected,
+                                                           absl::string_view desired,
+                                                           absl::Duration) override {
+    compare_set_expected.push_back(expected);
+    // The key holds "": "absent" does not match, "" does.
+    internal::KvCompareSetReply reply;
+    reply.present = true;
+    if (expected.has_value() && expected->empty()) {
+      reply.swapped = true;
+      reply.value = std::string(desired);
+    }
+    return reply;
+  }
+  absl::StatusOr<int64_t> KvDelete(absl::string_view, bool, absl::Duration) override { return 0; }
+  absl::StatusOr<internal::KvListReply> KvList(absl::string_view, absl::string_view, int,
+                                               absl::Duration) override {
+    return internal::KvListReply{};
+  }
+  absl::StatusOr<internal::KvStatsReply> KvNumKeys(absl::Duration) override {
+    return internal::KvStatsReply{};
+  }
+  absl::Status KvWait(absl::Span<const std::string>, absl::Duration) override {
+    return TransportDeadline();
+  }
+  absl::StatusOr<std::vector<std::string>> KvMultiGet(absl::Span<const std::string>, bool,
+                                                      absl::Duration) override {
+    return TransportDeadline();
+  }
+  absl::Status KvMultiSet(absl::Span<const std::string>, absl::Span<const std::string>,
+                          absl::Duration) override {
+    return absl::OkStatus();
+  }
+
+  std::vector<std::optional<std::string>> compare_set_expected;
+
+ private:
+  static absl::Status TransportDeadline() {
+    return absl::DeadlineExceededError("WorkerService.KvGet to fake:1: Deadline Exceeded");
+  }
+
+  const RankIdentity identity_{kJob, 0, 0, kIncarnation};
+  const std::string target_ = "fake:1";
+};
+
+TEST(CoordinatorStoreTest, TransportDeadlineStillNamesTheKeys) {
+  CoordinatorStore store(std::make_shared<DeadlineFakeClient>(), kShortTimeout);
+  EXPECT_THAT(store.Get("slow-key"),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(HasSubstr("'slow-key'"), HasSubstr("Deadline Exceeded"))));
+  EXPECT_THAT(store.Wait({"k1", "k2"}),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("'k1', 'k2'")));
+  EXPECT_THAT(store.MultiGet({"k3"}),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("'k3'")));
+}
+
+TEST(CoordinatorStoreTest, EmptyExpectedTriesAbsentThenEmpty) {
+  auto client = std::make_shared<DeadlineFakeClient>();
+  CoordinatorStore store(client, kShortTimeout);
+  auto r = store.CompareSet("k", "", "v");
+  ASSERT_THAT(r, IsOk());
+  EXPECT_TRUE(r->swapped);
+  ASSERT_EQ(client->compare_set_expected.size(), 2u);
+  EXPECT_EQ(client->compare_set_expected[0], std::nullopt);
+  EXPECT_EQ(client->compare_set_expected[1], std::optional<std::string>(""));
+  // A non-empty expected is sent as is, in one call.
+  client->compare_set_expected.clear();
+  ASSERT_THAT(store.CompareSet("k", "old", "v"), IsOk());
+  ASSERT_EQ(client->compare_set_expected.size(), 1u);
+  EXPECT_EQ(client->compare_set_expected[0], std::optional<std::string>("old"));
 }
 
 }  // namespace
