@@ -1,3 +1,6 @@
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,8 +30,28 @@ class GlooProcessGroupFactory::Device {
 
 namespace {
 
+// gloo 0.5's tcp::CreateDevice checks getaddrinfo's result against -1, but
+// getaddrinfo reports failure with EAI_* codes, so an unresolvable name
+// makes gloo walk an uninitialized list and crash. Resolve first.
+absl::Status CheckResolves(const std::string& hostname) {
+  struct addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* result = nullptr;
+  const int rv = getaddrinfo(hostname.c_str(), nullptr, &hints, &result);
+  if (rv != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo: cannot resolve hostname '", hostname, "': ", gai_strerror(rv)));
+  }
+  freeaddrinfo(result);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> CreateTcpDevice(
     const ::gloo::transport::tcp::attr& attr, const std::string& what) {
+  if (!attr.hostname.empty()) {
+    if (absl::Status s = CheckResolves(attr.hostname); !s.ok()) return s;
+  }
   try {
     return ::gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
