@@ -374,6 +374,34 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
 
 }  // namespace
 
+namespace {
+absl::Status NotImplemented(absl::string_view rpc) {
+  return absl::UnimplementedError(absl::StrCat("this CoordinatorClient does not implement ", rpc));
+}
+}  // namespace
+
+absl::StatusOr<JoinResult> CoordinatorClient::Join(const JoinParams&) {
+  return NotImplemented("Join");
+}
+absl::StatusOr<std::optional<JobErrorInfo>> CoordinatorClient::Heartbeat(absl::Duration) {
+  return NotImplemented("Heartbeat");
+}
+absl::Status CoordinatorClient::ReportError(absl::string_view, absl::Duration) {
+  return NotImplemented("ReportError");
+}
+absl::Status CoordinatorClient::Leave(absl::Duration) { return NotImplemented("Leave"); }
+absl::StatusOr<std::unique_ptr<JobWatch>> CoordinatorClient::WatchJob() {
+  return NotImplemented("WatchJob");
+}
+absl::Status CoordinatorClient::PublishUniqueIds(
+    absl::Span<const std::pair<std::string, std::string>>, absl::Duration) {
+  return NotImplemented("PublishUniqueIds");
+}
+absl::StatusOr<std::vector<std::string>> CoordinatorClient::GetUniqueIds(
+    absl::Span<const std::string>, absl::Duration) {
+  return NotImplemented("GetUniqueIds");
+}
+
 std::shared_ptr<grpc::Channel> NewCoordinatorChannel(const std::string& target) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);

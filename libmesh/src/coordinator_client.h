@@ -172,23 +172,25 @@ class CoordinatorClient {
                                   absl::Span<const std::string> values, absl::Duration timeout) = 0;
 
   // ---- Worker runtime (mesh/runtime.h) ----------------------------------
+  // Not pure: the defaults return UNIMPLEMENTED, so that fakes serving only
+  // the store need not implement them. The gRPC client implements them all.
 
   // Registers the caller and waits up to params.timeout for the world.
-  virtual absl::StatusOr<JoinResult> Join(const JoinParams& params) = 0;
+  virtual absl::StatusOr<JoinResult> Join(const JoinParams& params);
   // The job's error when the caller's generation has failed, else nullopt.
-  virtual absl::StatusOr<std::optional<JobErrorInfo>> Heartbeat(absl::Duration timeout) = 0;
-  virtual absl::Status ReportError(absl::string_view reason, absl::Duration timeout) = 0;
-  virtual absl::Status Leave(absl::Duration timeout) = 0;
+  virtual absl::StatusOr<std::optional<JobErrorInfo>> Heartbeat(absl::Duration timeout);
+  virtual absl::Status ReportError(absl::string_view reason, absl::Duration timeout);
+  virtual absl::Status Leave(absl::Duration timeout);
   // Opens the stream; its first event is WATCHING once it is live. The call
   // itself has no deadline (it lasts as long as the job); Cancel ends it.
-  virtual absl::StatusOr<std::unique_ptr<JobWatch>> WatchJob() = 0;
+  virtual absl::StatusOr<std::unique_ptr<JobWatch>> WatchJob();
 
   // The NCCL unique-ID broker: one round trip each, however many ids.
   virtual absl::Status PublishUniqueIds(absl::Span<const std::pair<std::string, std::string>> ids,
-                                        absl::Duration timeout) = 0;
+                                        absl::Duration timeout);
   // Waits up to `timeout` for every key; ids in the order of `keys`.
   virtual absl::StatusOr<std::vector<std::string>> GetUniqueIds(absl::Span<const std::string> keys,
-                                                                absl::Duration timeout) = 0;
+                                                                absl::Duration timeout);
 };
 
 // A plaintext channel to `target` that accepts replies of any size (the

@@ -371,9 +371,11 @@ class Runtime::Monitor {
         last_ok = absl::Now();
         continue;
       }
+      // Transient: the coordinator is unreachable, slow, overloaded, or
+      // cancelled the call while shutting down (this thread never cancels).
       const absl::StatusCode code = reply.status().code();
       if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded &&
-          code != absl::StatusCode::kResourceExhausted) {
+          code != absl::StatusCode::kResourceExhausted && code != absl::StatusCode::kCancelled) {
         // ABORTED (the generation failed, or a newer process owns this
         // rank), NOT_FOUND, ...: nothing this rank does can succeed now.
         return Fail(reply.status());
