@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "coordinator/coordinator_server.h"
+#include "libmesh/src/coordinator_client.h"
 #include "mesh/store.h"
 
 namespace mesh {
@@ -555,6 +556,49 @@ TEST_F(RuntimeTest, AnUnreachableCoordinatorIsUnavailableAtTheJoinDeadline) {
   absl::StatusOr<std::unique_ptr<Runtime>> runtime = Runtime::Init(options);
   EXPECT_EQ(runtime.status().code(), absl::StatusCode::kUnavailable) << runtime.status();
   EXPECT_THAT(std::string(runtime.status().message()), HasSubstr(address));
+}
+
+// The unique-ID broker calls the NCCL backend builds on, through the client
+// the runtime uses.
+TEST_F(RuntimeTest, ClientPublishesAndFetchesUniqueIdsInOneCallEach) {
+  // These bare clients do not heartbeat: a long timeout keeps them alive.
+  StartCoordinator(2, kInterval, absl::Seconds(60));
+  std::vector<std::shared_ptr<internal::CoordinatorClient>> clients;
+  for (int r = 0; r < 2; ++r) {
+    RankIdentity identity{"job", 0, r, 1000u + r};
+    internal::CoordinatorClientOptions options;
+    options.auth_token = "token";  // Sent as metadata; this coordinator ignores it.
+    clients.push_back(
+        internal::NewGrpcCoordinatorClient(internal::NewCoordinatorChannel(server_->address()),
+                                           server_->address(), identity, options));
+  }
+  std::vector<absl::StatusOr<internal::JoinResult>> joined(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      internal::JoinParams params;
+      params.host = "h";
+      params.timeout = absl::Seconds(10);
+      joined[r] = clients[r]->Join(params);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& j : joined) ASSERT_TRUE(j.ok()) << j.status();
+
+  const std::string a(128, 'a');
+  const std::string b(128, 'b');
+  ASSERT_TRUE(
+      clients[0]->PublishUniqueIds({{"mesh0/tp/0", a}, {"mesh0/tp/1", b}}, absl::Seconds(5)).ok());
+  const std::vector<std::string> keys = {"mesh0/tp/1", "mesh0/tp/0"};
+  absl::StatusOr<std::vector<std::string>> ids = clients[1]->GetUniqueIds(keys, absl::Seconds(5));
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(*ids, (std::vector<std::string>{b, a}));
+  // A key nobody publishes: DEADLINE_EXCEEDED from the coordinator, naming it.
+  const std::vector<std::string> missing = {"mesh0/dp/0"};
+  ids = clients[1]->GetUniqueIds(missing, absl::Milliseconds(100));
+  EXPECT_EQ(ids.status().code(), absl::StatusCode::kDeadlineExceeded) << ids.status();
+  EXPECT_THAT(std::string(ids.status().message()), HasSubstr("mesh0/dp/0"));
+  for (auto& client : clients) EXPECT_TRUE(client->Leave(absl::Seconds(5)).ok());
 }
 
 }  // namespace
