@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/collectives_bench.h"
 #include "bench/nccl_overhead_bench.h"
 #include "bench/ping_bench.h"
 
@@ -67,6 +68,54 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
 
+
+  mesh::bench::CollectivesBenchOptions coll;
+  std::string coll_dtype = "float32";
+  std::string coll_algorithm = "auto";
+  int coll_timeout_s = 120;
+  int worker_rank = -1;
+  std::string worker_coordinator, worker_job;
+  CLI::App* coll_cmd = app.add_subcommand(
+      "collectives",
+      "Gloo collectives' time, algbw and busbw per size, nccl-tests style, over --nproc local "
+      "processes");
+  coll_cmd->fallthrough();  // --json and --smoke may follow the subcommand.
+  coll_cmd->add_option("-b,--minbytes", coll.min_bytes, "Smallest size, e.g. 64K")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  coll_cmd->add_option("-e,--maxbytes", coll.max_bytes, "Largest size, e.g. 64M")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  coll_cmd->add_option("-f,--stepfactor", coll.factor, "Size multiplier between rows")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  coll_cmd->add_option("-n,--iters", coll.iterations, "Timed iterations per size")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  coll_cmd->add_option("-w,--warmup_iters", coll.warmup, "Untimed iterations per size")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  coll_cmd->add_flag("-c,--check", coll.check, "Verify every result against deterministic data");
+  coll_cmd->add_option("--nproc", coll.nproc, "Local processes (ranks)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  coll_cmd->add_option("--ops", coll.ops, "Comma-separated collectives")
+      ->delimiter(',')
+      ->capture_default_str();
+  coll_cmd->add_option("--dtype", coll_dtype, "Element type")->capture_default_str();
+  coll_cmd->add_option("--algorithm", coll_algorithm, "all_reduce algorithm: auto, ring, bcube")
+      ->check(CLI::IsMember({"auto", "ring", "bcube"}))
+      ->capture_default_str();
+  coll_cmd->add_option("--hostname", coll.hostname, "Address the Gloo sockets bind to")
+      ->capture_default_str();
+  coll_cmd->add_option("--timeout", coll_timeout_s, "Gloo op and rendezvous timeout, seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  // Worker mode: the parent re-executes this binary with these.
+  coll_cmd->add_option("--worker-rank", worker_rank)->group("");
+  coll_cmd->add_option("--coordinator", worker_coordinator)->group("");
+  coll_cmd->add_option("--job", worker_job)->group("");
+
   CLI11_PARSE(app, argc, argv);
 
   if (nccl_cmd->parsed()) {
@@ -102,6 +151,58 @@ int main(int argc, char** argv) {
                   row.mesh_sync.p50_us, row.sync_ratio);
     }
     return Finish(mesh::bench::ToJson(*result), json_path);
+  }
+
+  if (coll_cmd->parsed()) {
+    auto dtype = mesh::ParseDType(coll_dtype);
+    if (!dtype.ok()) {
+      std::fprintf(stderr, "mesh-bench collectives: %s\n", dtype.status().ToString().c_str());
+      return 2;
+    }
+    coll.dtype = *dtype;
+    coll.allreduce_algorithm = coll_algorithm == "ring"    ? mesh::GlooAllreduceAlgorithm::kRing
+                               : coll_algorithm == "bcube" ? mesh::GlooAllreduceAlgorithm::kBcube
+                                                           : mesh::GlooAllreduceAlgorithm::kAuto;
+    coll.timeout = absl::Seconds(coll_timeout_s);
+    if (worker_rank >= 0) {
+      const absl::Status s = mesh::bench::RunCollectivesWorker(
+          coll, worker_rank, worker_coordinator, worker_job,
+          [](const mesh::bench::CollectivesRow& row) {
+            std::printf("%s%s\n", mesh::bench::kRowPrefix, mesh::bench::ToJson(row).dump().c_str());
+            std::fflush(stdout);
+          });
+      if (!s.ok()) {
+        std::fprintf(stderr, "mesh-bench collectives worker rank %d: %s\n", worker_rank,
+                     s.ToString().c_str());
+        return 1;
+      }
+      return 0;
+    }
+    if (smoke) {
+      coll.min_bytes = 1024;
+      coll.max_bytes = 4096;
+      coll.iterations = 2;
+      coll.warmup = 1;
+    }
+    std::printf("%s", mesh::bench::CollectivesHeader(coll).c_str());
+    std::fflush(stdout);
+    const std::string dtype_name(mesh::DTypeName(coll.dtype));
+    auto result =
+        mesh::bench::RunCollectivesBench(coll, [&](const mesh::bench::CollectivesRow& row) {
+          std::printf("%s\n", mesh::bench::FormatRow(row, dtype_name).c_str());
+          std::fflush(stdout);
+        });
+    if (!result.ok()) {
+      std::fprintf(stderr, "mesh-bench collectives: %s\n", result.status().ToString().c_str());
+      return 1;
+    }
+    int64_t wrong = 0;
+    for (const auto& row : result->rows) wrong += row.wrong > 0 ? row.wrong : 0;
+    if (coll.check)
+      std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
+                  wrong == 0 ? "OK" : "FAILED");
+    const int rc = Finish(mesh::bench::ToJson(coll, *result), json_path);
+    return rc != 0 ? rc : (wrong == 0 ? 0 : 1);
   }
 
   if (ping_cmd->parsed()) {

@@ -8,6 +8,7 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 #include <grpcpp/support/status.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
@@ -45,6 +46,64 @@ absl::Status ToAbslStatus(const grpc::Status& status, absl::string_view rpc,
 template <typename Request, typename Response>
 using SyncMethod = grpc::Status (v1::WorkerService::Stub::*)(grpc::ClientContext*, const Request&,
                                                              Response*);
+
+JobErrorInfo FromProto(const v1::JobError& error) {
+  JobErrorInfo info;
+  info.rank = error.rank();
+  info.host = error.host();
+  info.reason = error.reason();
+  info.generation = error.generation();
+  info.message = error.message();
+  return info;
+}
+
+// A server-streaming WatchJob call on gRPC's synchronous API: the caller's
+// reader thread blocks in Read; Cancel is ClientContext::TryCancel, which
+// gRPC allows from any thread.
+class GrpcJobWatch final : public JobWatch {
+ public:
+  explicit GrpcJobWatch(std::string target) : target_(std::move(target)) {}
+
+  ~GrpcJobWatch() override {
+    if (reader == nullptr || finished_) return;
+    // A stream must be finished before it is destroyed.
+    context.TryCancel();
+    v1::JobEvent ignored;
+    while (reader->Read(&ignored)) {
+    }
+    (void)reader->Finish();
+  }
+
+  absl::StatusOr<std::optional<JobEventInfo>> Next() override {
+    if (finished_) return final_status_;
+    v1::JobEvent event;
+    while (reader->Read(&event)) {
+      if (event.kind() == v1::JobEvent::WATCHING) {
+        return std::optional<JobEventInfo>(JobEventInfo{JobEventInfo::kWatching, {}});
+      }
+      if (event.kind() == v1::JobEvent::ERROR) {
+        return std::optional<JobEventInfo>(
+            JobEventInfo{JobEventInfo::kError, FromProto(event.error())});
+      }
+      // An unknown kind from a newer server: skip it.
+    }
+    finished_ = true;
+    final_status_ = ToAbslStatus(reader->Finish(), "WatchJob", target_);
+    if (final_status_.ok()) return std::optional<JobEventInfo>();
+    return final_status_;
+  }
+
+  void Cancel() override { context.TryCancel(); }
+
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader;
+
+ private:
+  const std::string target_;
+  // Touched only by the thread calling Next (and the destructor).
+  bool finished_ = false;
+  absl::Status final_status_;
+};
 
 class GrpcCoordinatorClient final : public CoordinatorClient {
  public:
@@ -186,6 +245,97 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return Call("KvMultiSet", &v1::WorkerService::Stub::KvMultiSet, request, &response, timeout);
   }
 
+  // ---- Worker runtime ------------------------------------------------------
+
+  absl::StatusOr<JoinResult> Join(const JoinParams& params) override {
+    v1::JoinRequest request;
+    request.set_host(params.host);
+    if (!params.device_kind.empty()) {
+      request.mutable_device()->set_kind(params.device_kind);
+      request.mutable_device()->set_index(params.device_index);
+    }
+    request.set_nccl_unique_id(params.nccl_unique_id);
+    request.set_timeout_seconds(absl::ToDoubleSeconds(params.timeout));
+    v1::JoinResponse response;
+    absl::Status s =
+        Call("Join", &v1::WorkerService::Stub::Join, request, &response, params.timeout);
+    if (!s.ok()) return s;
+    JoinResult result;
+    result.rank = response.rank();
+    result.world_size = response.world_size();
+    result.local_rank = response.local_rank();
+    result.local_world_size = response.local_world_size();
+    result.node_rank = response.node_rank();
+    result.num_nodes = response.num_nodes();
+    result.mesh_shape.assign(response.mesh_shape().begin(), response.mesh_shape().end());
+    result.mesh_dim_names.assign(response.mesh_dim_names().begin(),
+                                 response.mesh_dim_names().end());
+    result.generation = response.generation();
+    result.nccl_unique_id = std::move(*response.mutable_nccl_unique_id());
+    result.heartbeat_interval = absl::Seconds(response.heartbeat_interval_seconds());
+    result.heartbeat_timeout = absl::Seconds(response.heartbeat_timeout_seconds());
+    return result;
+  }
+
+  absl::StatusOr<std::optional<JobErrorInfo>> Heartbeat(absl::Duration timeout) override {
+    v1::HeartbeatRequest request;
+    v1::HeartbeatResponse response;
+    absl::Status s =
+        Call("Heartbeat", &v1::WorkerService::Stub::Heartbeat, request, &response, timeout);
+    if (!s.ok()) return s;
+    if (!response.has_error()) return std::optional<JobErrorInfo>();
+    return std::optional<JobErrorInfo>(FromProto(response.error()));
+  }
+
+  absl::Status ReportError(absl::string_view reason, absl::Duration timeout) override {
+    v1::ReportErrorRequest request;
+    request.set_reason(std::string(reason));
+    v1::ReportErrorResponse response;
+    return Call("ReportError", &v1::WorkerService::Stub::ReportError, request, &response, timeout);
+  }
+
+  absl::Status Leave(absl::Duration timeout) override {
+    v1::LeaveRequest request;
+    v1::LeaveResponse response;
+    return Call("Leave", &v1::WorkerService::Stub::Leave, request, &response, timeout);
+  }
+
+  absl::StatusOr<std::unique_ptr<JobWatch>> WatchJob() override {
+    auto watch = std::make_unique<GrpcJobWatch>(target_);
+    AddAuthorization(watch->context);
+    v1::WatchJobRequest request;
+    FillContext(request.mutable_context());
+    watch->reader = stub_->WatchJob(&watch->context, request);
+    return watch;
+  }
+
+  absl::Status PublishUniqueIds(absl::Span<const std::pair<std::string, std::string>> ids,
+                                absl::Duration timeout) override {
+    v1::PublishUniqueIdsRequest request;
+    for (const auto& [key, id] : ids) (*request.mutable_ids())[key] = id;
+    v1::PublishUniqueIdsResponse response;
+    return Call("PublishUniqueIds", &v1::WorkerService::Stub::PublishUniqueIds, request, &response,
+                timeout);
+  }
+
+  absl::StatusOr<std::vector<std::string>> GetUniqueIds(absl::Span<const std::string> keys,
+                                                        absl::Duration timeout) override {
+    v1::GetUniqueIdsRequest request;
+    request.mutable_keys()->Add(keys.begin(), keys.end());
+    request.set_timeout_seconds(absl::ToDoubleSeconds(timeout));
+    v1::GetUniqueIdsResponse response;
+    absl::Status s =
+        Call("GetUniqueIds", &v1::WorkerService::Stub::GetUniqueIds, request, &response, timeout);
+    if (!s.ok()) return s;
+    if (response.ids_size() != static_cast<int>(keys.size())) {
+      return absl::InternalError(absl::StrCat("WorkerService.GetUniqueIds to ", target_,
+                                              ": asked for ", keys.size(), " ids, got ",
+                                              response.ids_size()));
+    }
+    return std::vector<std::string>(std::make_move_iterator(response.mutable_ids()->begin()),
+                                    std::make_move_iterator(response.mutable_ids()->end()));
+  }
+
  private:
   // The one path every unary RPC takes: identity, deadline, status mapping.
   template <typename Request, typename Response>
@@ -198,7 +348,21 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     context->set_incarnation(identity_.incarnation);
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout + options_.deadline_margin));
+    AddAuthorization(ctx);
     return ToAbslStatus((stub_.get()->*method)(&ctx, request, response), rpc, target_);
+  }
+
+  void AddAuthorization(grpc::ClientContext& ctx) const {
+    if (!options_.auth_token.empty()) {
+      ctx.AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
+    }
+  }
+
+  void FillContext(v1::RankContext* context) const {
+    context->set_job_id(identity_.job_id);
+    context->set_generation(identity_.generation);
+    context->set_rank(identity_.rank);
+    context->set_incarnation(identity_.incarnation);
   }
 
   const std::string target_;
@@ -209,6 +373,34 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
 };
 
 }  // namespace
+
+namespace {
+absl::Status NotImplemented(absl::string_view rpc) {
+  return absl::UnimplementedError(absl::StrCat("this CoordinatorClient does not implement ", rpc));
+}
+}  // namespace
+
+absl::StatusOr<JoinResult> CoordinatorClient::Join(const JoinParams&) {
+  return NotImplemented("Join");
+}
+absl::StatusOr<std::optional<JobErrorInfo>> CoordinatorClient::Heartbeat(absl::Duration) {
+  return NotImplemented("Heartbeat");
+}
+absl::Status CoordinatorClient::ReportError(absl::string_view, absl::Duration) {
+  return NotImplemented("ReportError");
+}
+absl::Status CoordinatorClient::Leave(absl::Duration) { return NotImplemented("Leave"); }
+absl::StatusOr<std::unique_ptr<JobWatch>> CoordinatorClient::WatchJob() {
+  return NotImplemented("WatchJob");
+}
+absl::Status CoordinatorClient::PublishUniqueIds(
+    absl::Span<const std::pair<std::string, std::string>>, absl::Duration) {
+  return NotImplemented("PublishUniqueIds");
+}
+absl::StatusOr<std::vector<std::string>> CoordinatorClient::GetUniqueIds(
+    absl::Span<const std::string>, absl::Duration) {
+  return NotImplemented("GetUniqueIds");
+}
 
 std::shared_ptr<grpc::Channel> NewCoordinatorChannel(const std::string& target) {
   grpc::ChannelArguments args;

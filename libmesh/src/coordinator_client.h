@@ -30,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -64,6 +65,71 @@ struct KvStatsReply {
 struct CoordinatorClientOptions {
   // Added to each call's timeout to form its gRPC deadline.
   absl::Duration deadline_margin = absl::Seconds(2);
+  // When non-empty, every call (the WatchJob stream included) carries the
+  // metadata "authorization: Bearer <auth_token>" (MESH_AUTH_TOKEN). Must be
+  // a valid header value (printable ASCII).
+  std::string auth_token;
+};
+
+// ---- Worker runtime: rendezvous, liveness, failure (mesh/runtime.h) ---------
+
+struct JoinParams {
+  // The caller's host; ranks are grouped into nodes by it.
+  std::string host;
+  // "cpu" or "cuda" (empty: not sent) and the ordinal (-1 for cpu).
+  std::string device_kind;
+  int device_index = -1;
+  // Rank 0 only, optional: the world's 128-byte ncclUniqueId.
+  std::string nccl_unique_id;
+  // How long the coordinator waits for the whole world.
+  absl::Duration timeout = absl::Minutes(5);
+};
+
+// JoinResponse, as plain C++.
+struct JoinResult {
+  int rank = 0;
+  int world_size = 0;
+  int local_rank = 0;
+  int local_world_size = 0;
+  int node_rank = 0;
+  int num_nodes = 0;
+  std::vector<int64_t> mesh_shape;
+  std::vector<std::string> mesh_dim_names;
+  int64_t generation = 0;
+  std::string nccl_unique_id;
+  absl::Duration heartbeat_interval;
+  absl::Duration heartbeat_timeout;
+};
+
+// Why the caller's generation failed (mesh.v1.JobError).
+struct JobErrorInfo {
+  int rank = -1;  // -1 when the cause is not a rank.
+  std::string host;
+  std::string reason;
+  int64_t generation = 0;
+  // One line for people, naming the job, generation, rank and host.
+  std::string message;
+};
+
+struct JobEventInfo {
+  enum Kind { kWatching, kError };
+  Kind kind = kWatching;
+  JobErrorInfo error;  // For kError.
+};
+
+// An open WatchJob stream.
+// Thread safety: Next is called by one thread at a time; Cancel may be
+// called from any thread, also while Next blocks.
+class JobWatch {
+ public:
+  virtual ~JobWatch() = default;
+  // Blocks for the next event. nullopt when the stream ended with OK (after
+  // its ERROR event); the stream's status when it ended otherwise
+  // (CANCELLED after Cancel, UNAVAILABLE when the coordinator went away,
+  // ABORTED for a generation that had already failed, ...).
+  virtual absl::StatusOr<std::optional<JobEventInfo>> Next() = 0;
+  // Ends the stream: a blocked or later Next returns CANCELLED.
+  virtual void Cancel() = 0;
 };
 
 class CoordinatorClient {
@@ -104,6 +170,27 @@ class CoordinatorClient {
   // keys.size() must equal values.size() (checked).
   virtual absl::Status KvMultiSet(absl::Span<const std::string> keys,
                                   absl::Span<const std::string> values, absl::Duration timeout) = 0;
+
+  // ---- Worker runtime (mesh/runtime.h) ----------------------------------
+  // Not pure: the defaults return UNIMPLEMENTED, so that fakes serving only
+  // the store need not implement them. The gRPC client implements them all.
+
+  // Registers the caller and waits up to params.timeout for the world.
+  virtual absl::StatusOr<JoinResult> Join(const JoinParams& params);
+  // The job's error when the caller's generation has failed, else nullopt.
+  virtual absl::StatusOr<std::optional<JobErrorInfo>> Heartbeat(absl::Duration timeout);
+  virtual absl::Status ReportError(absl::string_view reason, absl::Duration timeout);
+  virtual absl::Status Leave(absl::Duration timeout);
+  // Opens the stream; its first event is WATCHING once it is live. The call
+  // itself has no deadline (it lasts as long as the job); Cancel ends it.
+  virtual absl::StatusOr<std::unique_ptr<JobWatch>> WatchJob();
+
+  // The NCCL unique-ID broker: one round trip each, however many ids.
+  virtual absl::Status PublishUniqueIds(absl::Span<const std::pair<std::string, std::string>> ids,
+                                        absl::Duration timeout);
+  // Waits up to `timeout` for every key; ids in the order of `keys`.
+  virtual absl::StatusOr<std::vector<std::string>> GetUniqueIds(absl::Span<const std::string> keys,
+                                                                absl::Duration timeout);
 };
 
 // A plaintext channel to `target` that accepts replies of any size (the

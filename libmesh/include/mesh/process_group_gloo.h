@@ -1,0 +1,211 @@
+// The Gloo backend: ProcessGroups for CPU tensors over Gloo's TCP transport.
+//
+//   auto factory = GlooProcessGroupFactory::Create(store, rank, world_size, options);
+//   auto world = (*factory)->World();                   // collective
+//   auto work = (*world)->AllReduce(tensor, ReduceOp::kSum);
+//   MESH_RETURN_IF_ERROR((*work)->Wait());
+//
+// Rendezvous. Every group rendezvouses through the factory's mesh::Store
+// under its own key prefix, "gloo/<name>/<n>/", where <name> is "world" or
+// "<family>/<color>" and <n> counts how often this factory has built a group
+// of that name (so rebuilding a family after an abort never reads stale
+// addresses). Inside the prefix, gloo's full-mesh rendezvous publishes one
+// listening address per peer and connects every pair of members over TCP.
+//
+// Execution. Each group owns one worker thread. Collectives queue on it and
+// run strictly in issue order (FIFO), one at a time; their Work completes
+// when the worker is done with the op's tensors. Send and Recv are posted to
+// the transport at once (so that a Send and the matching Recv can be issued
+// in either order on the two ranks, as with c10d) and complete on a second
+// thread that waits for them in posting order. Work::Wait(timeout) never
+// blocks past `timeout`, whatever the transport does.
+//
+// Algorithms. AllReduce picks gloo's bcube (recursive halving/doubling on
+// base 2; latency-optimal, log2(n) steps) below a size threshold and gloo's
+// ring (bandwidth-optimal) at or above it; see GlooOptions. ReduceScatter is
+// a ring of our own (gloo 0.5 has no abortable one). Broadcast is gloo's
+// binomial tree, Reduce gloo's ring reduce-scatter plus gather, AllGather
+// gloo's ring, AllToAll gloo's pairwise exchange, Barrier gloo's.
+//
+// Failure. gloo blocks inside its ops and reports errors by throwing; the
+// backend catches every exception at the op boundary and turns it into a
+// Status:
+//   UNAVAILABLE        a peer's connection broke (the message names the
+//                      group rank(s) and world rank(s) the op was waiting on,
+//                      and gloo's own message with the peer address);
+//   DEADLINE_EXCEEDED  gloo's per-op timeout (ProcessGroupOptions::timeout)
+//                      passed inside an op;
+//   the abort reason   the group was aborted while the op was queued or ran.
+// Any op that fails aborts its group with that status: the connections are
+// closed, so peers blocked in the same collective fail at once with
+// UNAVAILABLE instead of waiting for their timeout, and every later op fails
+// synchronously. A Gloo group cannot be used again after an error; build a
+// new one (NewGroups again) if the job survives.
+//
+// Abort(reason) ends the running op within milliseconds even though gloo
+// blocks: the group's gloo context wakes every pending wait of its buffers
+// and hard-closes its TCP connections (see
+// libmesh/src/backends/gloo/gloo_context.h).
+//
+// Thread safety: everything here is thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "mesh/process_group.h"
+#include "mesh/store.h"
+
+namespace mesh {
+
+enum class GlooAllreduceAlgorithm : uint8_t {
+  kAuto,   // bcube below GlooOptions::allreduce_ring_min_bytes, ring from it up.
+  kRing,   // gloo ring: 2(n-1)/n of the data per rank, 2(n-1) steps.
+  kBcube,  // gloo bcube (base 2): log2(n)-ish steps, for latency-bound sizes.
+};
+
+// "auto", "ring", "bcube".
+const char* GlooAllreduceAlgorithmName(GlooAllreduceAlgorithm algorithm);
+
+struct GlooOptions {
+  // Address (name or IP literal) to bind the listening sockets to and to
+  // advertise to peers. Empty: `iface` if set, otherwise this host's name
+  // (gethostname), falling back to 127.0.0.1 when the name does not resolve
+  // to an address this host can bind. Tests pass "127.0.0.1".
+  std::string hostname;
+  // Network interface to bind instead (e.g. "eth0"); used when `hostname`
+  // is empty.
+  std::string iface;
+
+  // Timeout of the rendezvous and of every op inside gloo; default for
+  // Work::Wait().
+  ProcessGroupOptions group;
+
+  GlooAllreduceAlgorithm allreduce_algorithm = GlooAllreduceAlgorithm::kAuto;
+  // kAuto's crossover, in bytes of the tensor. Measured on the development
+  // machine (2 cores, loopback; docs/collectives.md): bcube wins below
+  // 256 KiB for 3..8 ranks, the two tie for 2 ranks, ring wins above.
+  size_t allreduce_ring_min_bytes = 256 * 1024;
+
+  // Upper bound on one message of the ring reduce-scatter; a smaller segment
+  // overlaps wire and reduction sooner, a larger one costs fewer messages.
+  size_t reduce_scatter_segment_bytes = 512 * 1024;
+};
+
+class GlooProcessGroupFactory;
+
+// A ProcessGroup over Gloo. Made by GlooProcessGroupFactory.
+//
+// Which tensors are accepted (mesh/process_group.h): CPU tensors with any
+// strides (non-contiguous ones are staged through a contiguous copy), every
+// dtype, with bool limited as the header says. An op's input and output
+// must not overlap, except for the in-place forms: AllGather's input may be
+// this rank's chunk of the output, ReduceScatter's output may be this rank's
+// chunk of the input.
+class ProcessGroupGloo final : public ProcessGroup {
+ public:
+  ~ProcessGroupGloo() override;
+
+  absl::string_view backend() const override { return "gloo"; }
+
+  absl::StatusOr<WorkPtr> AllReduce(Tensor tensor, ReduceOp op) override;
+  absl::StatusOr<WorkPtr> Broadcast(Tensor tensor, int root) override;
+  absl::StatusOr<WorkPtr> Reduce(Tensor tensor, int root, ReduceOp op) override;
+  absl::StatusOr<WorkPtr> AllGather(Tensor input, Tensor output) override;
+  absl::StatusOr<WorkPtr> ReduceScatter(Tensor input, Tensor output, ReduceOp op) override;
+  absl::StatusOr<WorkPtr> AllToAll(Tensor input, Tensor output,
+                                   std::vector<int64_t> input_splits = {},
+                                   std::vector<int64_t> output_splits = {}) override;
+  // `tag` must be >= 0 (INVALID_ARGUMENT otherwise).
+  absl::StatusOr<WorkPtr> Send(Tensor tensor, int peer, int tag = 0) override;
+  absl::StatusOr<WorkPtr> Recv(Tensor tensor, int peer, int tag = 0) override;
+  absl::StatusOr<WorkPtr> Barrier() override;
+
+  void Abort(absl::Status reason) override;
+  absl::Status health() const override;
+
+  // The algorithm AllReduce uses for a tensor of `nbytes` bytes.
+  GlooAllreduceAlgorithm AllreduceAlgorithmFor(size_t nbytes) const;
+
+  // Internal: the group's state, shared with its threads and Works.
+  class State;
+
+ private:
+  friend class GlooProcessGroupFactory;
+  ProcessGroupGloo(int rank, std::vector<int> global_ranks, std::string name,
+                   const GlooOptions& options, std::shared_ptr<State> state);
+
+  const std::shared_ptr<State> state_;
+};
+
+// Makes Gloo groups for one process (one world rank) over a Store that every
+// rank of the world shares: the coordinator's store for one job generation
+// (mesh/coordinator_store.h), or an InMemoryStore when ranks are threads.
+//
+// World() and NewGroups() are collective as ProcessGroupFactory says: the
+// first World() call on every rank rendezvouses the world group (later calls
+// return the same group); each NewGroups() call rendezvouses its groups in
+// spec order.
+//
+// Errors: those of ProcessGroupFactory; DEADLINE_EXCEEDED (from the store)
+// when a member does not show up within the timeout; UNAVAILABLE when a
+// member's address cannot be reached; the abort reason after AbortAll().
+class GlooProcessGroupFactory final : public ProcessGroupFactory {
+ public:
+  // Resolves the address to bind (see GlooOptions::hostname) and starts
+  // gloo's TCP device (one event-loop thread shared by all groups).
+  // Possible errors: INVALID_ARGUMENT for a null store, a rank outside
+  // [0, world_size), a non-positive world size or timeout;
+  // INVALID_ARGUMENT when an explicit hostname or iface cannot be used.
+  static absl::StatusOr<std::unique_ptr<GlooProcessGroupFactory>> Create(
+      std::shared_ptr<Store> store, int world_rank, int world_size, GlooOptions options = {});
+
+  ~GlooProcessGroupFactory() override;
+
+  int world_rank() const override { return world_rank_; }
+  int world_size() const override { return world_size_; }
+  // The address this process's Gloo sockets bind to, e.g. "127.0.0.1".
+  const std::string& address() const;
+
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> World() override;
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroups(
+      const std::vector<GroupSpec>& specs) override;
+  // A rendezvous in progress is not interrupted (it ends with its timeout);
+  // the groups it makes are aborted before they are returned.
+  void AbortAll(absl::Status reason) override;
+
+  class Device;
+
+ private:
+  GlooProcessGroupFactory(std::shared_ptr<Store> store, int world_rank, int world_size,
+                          GlooOptions options, std::unique_ptr<Device> device);
+
+  // Rendezvous of one group, `global_ranks` in group-rank order.
+  absl::StatusOr<std::shared_ptr<ProcessGroupGloo>> MakeGroup(const std::string& name,
+                                                              const std::vector<int>& global_ranks);
+
+  const std::shared_ptr<Store> store_;
+  const int world_rank_;
+  const int world_size_;
+  const GlooOptions options_;
+  const std::unique_ptr<Device> device_;
+
+  // Serializes World() and NewGroups(): rendezvous are collective and must
+  // run in the same order on every rank.
+  absl::Mutex create_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  mutable absl::Mutex mu_;
+  std::shared_ptr<ProcessGroupGloo> world_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> generations_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::weak_ptr<ProcessGroupGloo>> groups_ ABSL_GUARDED_BY(mu_);
+  absl::Status abort_status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace mesh

@@ -1,0 +1,301 @@
+// Runtime: a worker process's connection to its job, as torch.distributed's
+// init_process_group plus torchrun's environment, with failure propagation.
+//
+//   absl::StatusOr<std::unique_ptr<mesh::Runtime>> rt = mesh::Runtime::Init();
+//   auto mesh = (*rt)->InitDeviceMesh({2, 4}, {"dp", "tp"});
+//   ... collectives on mesh->GetGroup("tp") ...
+//   (*rt)->Shutdown();
+//
+// Init reads the worker environment the agent sets (docs/runtime.md has the
+// full contract):
+//
+//   MESH_COORDINATOR       host:port of the coordinator        required
+//   MESH_JOB_ID            the job                             required
+//   MESH_GENERATION        the job's generation (>= 0)         required
+//   MESH_RANK              this worker's rank                  required
+//   MESH_WORLD_SIZE        number of ranks                     required
+//   MESH_LOCAL_RANK        rank among the host's workers       optional, cross-checked
+//   MESH_LOCAL_WORLD_SIZE  number of workers on the host       optional, cross-checked
+//   MESH_NODE_RANK         index of the host                   optional, cross-checked
+//   MESH_AUTH_TOKEN        sent as "authorization: Bearer <t>" optional
+//
+// A field set in RuntimeOptions wins over its variable. Then Init:
+//   1. picks a random incarnation (fences out a stale process with this rank);
+//   2. on rank 0, asks the backend for the world's unique ID (NCCL), if it
+//      has one;
+//   3. joins through the coordinator (one RPC that waits for the whole world,
+//      bounded by join_timeout, and is retried while the coordinator is
+//      unreachable) and cross-checks the reply with the configuration;
+//   4. starts heartbeats at the interval the join reply gives;
+//   5. opens the job's WatchJob stream and waits until it is live;
+//   6. makes the backend's ProcessGroupFactory over the coordinator's store.
+//
+// Lifecycle:
+//
+//   Init ──▶ RUNNING ──job error (watch, heartbeat reply, lost coordinator)──▶ FAILED
+//              │                                                              │
+//              └──────────── Shutdown() / destructor ──▶ SHUT_DOWN ◀──────────┘
+//
+// Failure is loud, not a hang. When the coordinator reports the job's error
+// (a peer missed its heartbeats, exited, or called ReportError), the
+// Runtime aborts every process group made through it, with an ABORTED
+// status whose message is the coordinator's and names the failed rank and
+// its host ("job j1 generation 0: rank 3 (host-b) failed: ..."). Pending
+// and future collectives fail with it within about a heartbeat interval.
+// If the coordinator itself cannot be reached for longer than the heartbeat
+// timeout, the Runtime fails the same way with UNAVAILABLE: without it no
+// failure could be propagated. health() then reports the error, and
+// options.on_failure (if set) is called once.
+//
+// Thread safety: all methods are thread-safe. InitDeviceMesh, World() (the
+// first call) and DeviceMesh::Flatten are collective: every rank makes them
+// in the same order.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "mesh/device_mesh.h"
+#include "mesh/process_group.h"
+#include "mesh/process_group_gloo.h"
+
+namespace mesh {
+
+class Store;
+
+namespace internal {
+class CoordinatorClient;
+}  // namespace internal
+
+// Who this worker is, after the environment and the options are merged.
+struct WorkerConfig {
+  std::string coordinator;
+  std::string job_id;
+  int64_t generation = 0;
+  int rank = 0;
+  int world_size = 0;
+  // -1 when not given; then the coordinator's answer is taken as is.
+  int local_rank = -1;
+  int local_world_size = -1;
+  int node_rank = -1;
+  // Empty when not given.
+  std::string auth_token;
+};
+
+// Looks up an environment variable; nullopt when unset.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+// std::getenv.
+std::optional<std::string> ProcessEnv(const std::string& name);
+
+// What the coordinator said at Join, as checked against the configuration.
+struct JoinInfo {
+  std::string job_id;
+  int64_t generation = 0;
+  int rank = 0;
+  int world_size = 0;
+  int local_rank = 0;
+  int local_world_size = 0;
+  int node_rank = 0;
+  int num_nodes = 0;
+  // The job's mesh, outermost first; InitDeviceMesh() without arguments
+  // builds it.
+  std::vector<int64_t> mesh_shape;
+  std::vector<std::string> mesh_dim_names;
+  // This process's host name and incarnation as sent in the Join.
+  std::string host;
+  uint64_t incarnation = 0;
+  absl::Duration heartbeat_interval;
+  absl::Duration heartbeat_timeout;
+  // The world's unique ID (128 bytes) when rank 0's backend supplied one.
+  std::string world_unique_id;
+};
+
+// What a backend's factory is made from.
+struct BackendContext {
+  JoinInfo join;
+  // The coordinator's key-value store for this rank's (job, generation).
+  std::shared_ptr<Store> store;
+  // The RPC client, for backends inside libmesh that use the coordinator's
+  // unique-ID broker (PublishUniqueIds / GetUniqueIds).
+  std::shared_ptr<internal::CoordinatorClient> coordinator;
+  ProcessGroupOptions group_options;
+};
+
+// A collective backend, as a pair of hooks; see GlooBackend() and the NCCL
+// backend's own header.
+struct RuntimeBackend {
+  // "gloo", "nccl"; for messages.
+  std::string name;
+  // Rank 0 only, before Join, when set: the world communicator's unique ID
+  // (e.g. 128 bytes from ncclGetUniqueId), which the coordinator hands to
+  // every rank in its join reply (JoinInfo::world_unique_id).
+  std::function<absl::StatusOr<std::string>()> make_world_unique_id;
+  // After Join: the factory every group of this Runtime is made with.
+  // Required.
+  std::function<absl::StatusOr<std::shared_ptr<ProcessGroupFactory>>(const BackendContext&)>
+      make_factory;
+};
+
+// CPU collectives over Gloo (mesh/process_group_gloo.h), rendezvousing
+// through the coordinator's store. `options.group` is replaced by
+// RuntimeOptions::group_options; set `options.hostname` (e.g. "127.0.0.1")
+// or `options.iface` to choose the address peers connect to.
+RuntimeBackend GlooBackend(GlooOptions options = {});
+
+struct RuntimeOptions {
+  // Each field overrides its environment variable (see the top of this file);
+  // unset fields are read from the environment.
+  std::optional<std::string> coordinator;  // MESH_COORDINATOR
+  std::optional<std::string> job_id;       // MESH_JOB_ID
+  std::optional<int64_t> generation;       // MESH_GENERATION
+  std::optional<int> rank;                 // MESH_RANK
+  std::optional<int> world_size;           // MESH_WORLD_SIZE
+  std::optional<int> local_rank;           // MESH_LOCAL_RANK
+  std::optional<int> local_world_size;     // MESH_LOCAL_WORLD_SIZE
+  std::optional<int> node_rank;            // MESH_NODE_RANK
+  std::optional<std::string> auth_token;   // MESH_AUTH_TOKEN
+  // Where unset fields come from; null reads nothing (every required field
+  // must then be set), which is what tests running ranks as threads want.
+  EnvLookup env = ProcessEnv;
+
+  // Sent in the Join; empty means gethostname().
+  std::string host;
+  // The device this rank drives, for the coordinator's records: "cpu" or
+  // "cuda" and the ordinal (-1 for cpu).
+  std::string device_kind = "cpu";
+  int device_index = -1;
+
+  // How long Join waits for the whole world.
+  absl::Duration join_timeout = absl::Minutes(5);
+  // The deadline of the runtime's other RPCs (WatchJob's first event,
+  // Heartbeat, ReportError, Leave).
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  // Default timeout of the store's blocking calls.
+  absl::Duration store_timeout = absl::Minutes(5);
+  // Options of every process group.
+  ProcessGroupOptions group_options;
+
+  RuntimeBackend backend = GlooBackend();
+
+  // Called once, from a runtime thread, when the job fails (with the status
+  // the groups were aborted with). Must not call Shutdown or destroy the
+  // Runtime.
+  std::function<void(const absl::Status&)> on_failure;
+};
+
+// Merges `options` and the environment (options.env) into a WorkerConfig.
+// Possible errors: INVALID_ARGUMENT naming the variable (and saying whether
+// the value came from RuntimeOptions or the environment) when a required
+// value is missing or a value is malformed or out of range: a coordinator
+// that is not host:port, a job id outside [A-Za-z0-9._-]{1,128}, a negative
+// generation, a rank outside [0, world size), a world size < 1, a local rank
+// outside [0, local world size), a local world size outside
+// [1, world size], a negative node rank, a token with characters that
+// cannot go in a header.
+absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const RuntimeOptions& options);
+
+class Runtime {
+ public:
+  // Possible errors: those of ResolveWorkerConfig; the Join's (NOT_FOUND for
+  // an unknown job, ABORTED for a stale generation or a failed one,
+  // DEADLINE_EXCEEDED naming the ranks that did not join, UNAVAILABLE when
+  // the coordinator cannot be reached); INVALID_ARGUMENT when the join reply
+  // contradicts the configuration (e.g. MESH_WORLD_SIZE); the backend's
+  // errors. A rank that fails after joining reports its error to the
+  // coordinator, so that its peers fail promptly too.
+  static absl::StatusOr<std::unique_ptr<Runtime>> Init(RuntimeOptions options = {});
+
+  // Shutdown().
+  ~Runtime();
+
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  const JoinInfo& info() const { return info_; }
+  int rank() const { return info_.rank; }
+  int world_size() const { return info_.world_size; }
+
+  // The coordinator's key-value store for this rank's (job, generation).
+  const std::shared_ptr<Store>& store() const { return store_; }
+  // The factory every group of this Runtime comes from; the Runtime aborts
+  // all of its groups when the job fails.
+  const std::shared_ptr<ProcessGroupFactory>& process_group_factory() const { return factory_; }
+
+  // The group of all ranks. The first call is collective.
+  // Possible errors: the job's error once it failed; the backend's.
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> World();
+
+  // Collective: init_device_mesh over the world. The meshes of one Runtime
+  // are numbered ("mesh0", "mesh1", ...) so their groups never collide.
+  // Possible errors: the job's error once it failed; those of
+  // DeviceMesh::Init.
+  absl::StatusOr<DeviceMesh> InitDeviceMesh(std::vector<int64_t> shape,
+                                            std::vector<std::string> dim_names = {});
+  // The job's own mesh (JoinInfo::mesh_shape / mesh_dim_names).
+  absl::StatusOr<DeviceMesh> InitDeviceMesh();
+
+  // OK while the job runs; the job's error once it failed (ABORTED naming
+  // the failed rank, or UNAVAILABLE for a lost coordinator); after Shutdown,
+  // FAILED_PRECONDITION unless the job had failed before.
+  absl::Status health() const;
+
+  // Fails the job's generation on purpose, naming this rank and `reason`:
+  // every rank (this one included) sees the job's error and aborts its
+  // groups. Possible errors: the RPC's (then this rank still fails
+  // locally with `reason`).
+  absl::Status ReportError(absl::string_view reason);
+
+  // Leaves the job cleanly (so the coordinator does not declare this rank
+  // dead) and stops the heartbeat and watch threads. Idempotent. Groups made
+  // earlier stay usable while someone holds them, but a peer's failure no
+  // longer aborts them; finish all collectives first, as with
+  // torch.distributed.destroy_process_group. Possible errors: the Leave
+  // RPC's (the threads stop anyway); none once the job has failed, since
+  // then there is nothing to leave.
+  absl::Status Shutdown();
+
+  // Tests only: behaves as if this process hung — heartbeats and the watch
+  // stop, nothing is sent to the coordinator, and the groups are left as
+  // they are. The destructor then skips Leave.
+  void SimulateHangForTesting();
+
+ private:
+  class Monitor;
+
+  Runtime(RuntimeOptions options, WorkerConfig config);
+
+  // Init after the configuration is known: Join, watch, heartbeats, factory.
+  absl::Status Start();
+  // After a failure past Join: tells the coordinator (best effort) so that
+  // peers fail at once instead of waiting for this rank, and fails locally.
+  absl::Status AbandonAfterJoin(absl::Status error);
+
+  const RuntimeOptions options_;
+  const WorkerConfig config_;
+  // Set by Start, then read-only.
+  JoinInfo info_;
+  std::shared_ptr<internal::CoordinatorClient> client_;
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<ProcessGroupFactory> factory_;
+
+  mutable absl::Mutex mu_;
+  int next_mesh_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool hung_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Heartbeats, the watch and the job's error; declared last so that its
+  // threads stop before the members above go away.
+  std::unique_ptr<Monitor> monitor_;
+};
+
+}  // namespace mesh

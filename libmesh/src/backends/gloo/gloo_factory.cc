@@ -1,0 +1,230 @@
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include <gloo/transport/tcp/device.h>
+
+#include "absl/strings/str_cat.h"
+#include "backends/gloo/gloo_context.h"
+#include "backends/gloo/gloo_errors.h"
+#include "backends/gloo/gloo_group_state.h"
+#include "backends/gloo/gloo_store.h"
+#include "mesh/prefix_store.h"
+#include "mesh/process_group_gloo.h"
+
+namespace mesh {
+
+// gloo's TCP device: one epoll thread serving every group of the factory.
+class GlooProcessGroupFactory::Device {
+ public:
+  Device(std::shared_ptr<::gloo::transport::Device> device, std::string address)
+      : device(std::move(device)), address(std::move(address)) {}
+  const std::shared_ptr<::gloo::transport::Device> device;
+  const std::string address;
+};
+
+namespace {
+
+// gloo 0.5's tcp::CreateDevice checks getaddrinfo's result against -1, but
+// getaddrinfo reports failure with EAI_* codes, so an unresolvable name
+// makes gloo walk an uninitialized list and crash. Resolve first.
+absl::Status CheckResolves(const std::string& hostname) {
+  struct addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* result = nullptr;
+  const int rv = getaddrinfo(hostname.c_str(), nullptr, &hints, &result);
+  if (rv != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo: cannot resolve hostname '", hostname, "': ", gai_strerror(rv)));
+  }
+  freeaddrinfo(result);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> CreateTcpDevice(
+    const ::gloo::transport::tcp::attr& attr, const std::string& what) {
+  if (!attr.hostname.empty()) {
+    if (absl::Status s = CheckResolves(attr.hostname); !s.ok()) return s;
+  }
+  try {
+    return ::gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("gloo: cannot bind to ", what, ": ", e.what()));
+  }
+}
+
+// See GlooOptions::hostname for the order of preference.
+absl::StatusOr<std::unique_ptr<GlooProcessGroupFactory::Device>> MakeDevice(
+    const GlooOptions& options) {
+  ::gloo::transport::tcp::attr attr;
+  if (!options.hostname.empty()) {
+    attr.hostname = options.hostname;
+    auto device = CreateTcpDevice(attr, absl::StrCat("hostname '", options.hostname, "'"));
+    if (!device.ok()) return device.status();
+    return std::make_unique<GlooProcessGroupFactory::Device>(*std::move(device), options.hostname);
+  }
+  if (!options.iface.empty()) {
+    attr.iface = options.iface;
+    auto device = CreateTcpDevice(attr, absl::StrCat("interface '", options.iface, "'"));
+    if (!device.ok()) return device.status();
+    return std::make_unique<GlooProcessGroupFactory::Device>(*std::move(device),
+                                                             absl::StrCat("iface:", options.iface));
+  }
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') {
+    attr.hostname = name;
+    auto device = CreateTcpDevice(attr, absl::StrCat("hostname '", name, "'"));
+    if (device.ok()) {
+      return std::make_unique<GlooProcessGroupFactory::Device>(*std::move(device), name);
+    }
+  }
+  // As c10d does: a host whose name does not resolve can still run jobs
+  // that stay on it.
+  ::gloo::transport::tcp::attr loopback;
+  loopback.hostname = "127.0.0.1";
+  auto device = CreateTcpDevice(loopback, "127.0.0.1");
+  if (!device.ok()) return device.status();
+  return std::make_unique<GlooProcessGroupFactory::Device>(*std::move(device), "127.0.0.1");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GlooProcessGroupFactory>> GlooProcessGroupFactory::Create(
+    std::shared_ptr<Store> store, int world_rank, int world_size, GlooOptions options) {
+  if (store == nullptr) return absl::InvalidArgumentError("gloo: store is null");
+  if (world_size <= 0 || world_rank < 0 || world_rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo: rank ", world_rank, " is not in a world of size ", world_size));
+  }
+  if (options.group.timeout <= absl::ZeroDuration() ||
+      options.group.timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo: timeout must be positive and finite, got ",
+                     absl::FormatDuration(options.group.timeout)));
+  }
+  auto device = MakeDevice(options);
+  if (!device.ok()) return device.status();
+  return std::unique_ptr<GlooProcessGroupFactory>(new GlooProcessGroupFactory(
+      std::move(store), world_rank, world_size, std::move(options), *std::move(device)));
+}
+
+GlooProcessGroupFactory::GlooProcessGroupFactory(std::shared_ptr<Store> store, int world_rank,
+                                                 int world_size, GlooOptions options,
+                                                 std::unique_ptr<Device> device)
+    : store_(std::move(store)),
+      world_rank_(world_rank),
+      world_size_(world_size),
+      options_(std::move(options)),
+      device_(std::move(device)) {}
+
+GlooProcessGroupFactory::~GlooProcessGroupFactory() = default;
+
+const std::string& GlooProcessGroupFactory::address() const { return device_->address; }
+
+absl::StatusOr<std::shared_ptr<ProcessGroupGloo>> GlooProcessGroupFactory::MakeGroup(
+    const std::string& name, const std::vector<int>& global_ranks) {
+  const int size = static_cast<int>(global_ranks.size());
+  const int rank = static_cast<int>(
+      std::find(global_ranks.begin(), global_ranks.end(), world_rank_) - global_ranks.begin());
+  int generation = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!abort_status_.ok()) return abort_status_;
+    generation = generations_[name]++;
+  }
+  std::shared_ptr<gloo_backend::GlooContext> context;
+  std::shared_ptr<::gloo::rendezvous::Store> rendezvous_store;
+  if (size > 1) {
+    rendezvous_store = std::make_shared<gloo_backend::GlooStore>(
+        std::make_shared<PrefixStore>(absl::StrCat("gloo/", name, "/", generation), store_));
+    context = std::make_shared<gloo_backend::GlooContext>(rank, size);
+    context->setTimeout(absl::ToChronoMilliseconds(options_.group.timeout));
+    const absl::Status connected = gloo_backend::CatchGloo(
+        absl::StrCat("gloo group '", name, "' rank ", rank, "/", size, ": rendezvous"),
+        global_ranks, [&] { context->Connect(*rendezvous_store, device_->device); });
+    if (!connected.ok()) return connected;
+  }
+  auto state = std::make_shared<ProcessGroupGloo::State>(
+      rank, global_ranks, name, options_, std::move(context), std::move(rendezvous_store));
+  state->Start();
+  std::shared_ptr<ProcessGroupGloo> group(
+      new ProcessGroupGloo(rank, global_ranks, name, options_, std::move(state)));
+  absl::Status aborted;
+  {
+    absl::MutexLock lock(&mu_);
+    aborted = abort_status_;
+    groups_.push_back(group);
+  }
+  if (!aborted.ok()) group->Abort(aborted);
+  return group;
+}
+
+absl::StatusOr<std::shared_ptr<ProcessGroup>> GlooProcessGroupFactory::World() {
+  absl::MutexLock create_lock(&create_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (world_ != nullptr) return std::shared_ptr<ProcessGroup>(world_);
+  }
+  std::vector<int> ranks(world_size_);
+  for (int i = 0; i < world_size_; ++i) ranks[i] = i;
+  auto world = MakeGroup("world", ranks);
+  if (!world.ok()) return world.status();
+  absl::MutexLock lock(&mu_);
+  world_ = *world;
+  return std::shared_ptr<ProcessGroup>(world_);
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> GlooProcessGroupFactory::NewGroups(
+    const std::vector<GroupSpec>& specs) {
+  for (const GroupSpec& spec : specs) {
+    const std::string what =
+        absl::StrCat("gloo: group spec '", spec.family, "' color ", spec.color);
+    if (spec.family.empty())
+      return absl::InvalidArgumentError(absl::StrCat(what, ": empty family"));
+    if (spec.color < 0) return absl::InvalidArgumentError(absl::StrCat(what, ": negative color"));
+    std::set<int> seen;
+    for (int r : spec.global_ranks) {
+      if (r < 0 || r >= world_size_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": rank ", r, " is outside the world of ", world_size_));
+      }
+      if (!seen.insert(r).second) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", r, " appears twice"));
+      }
+    }
+    if (seen.count(world_rank_) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": does not contain this process's rank ", world_rank_));
+    }
+  }
+  absl::MutexLock create_lock(&create_mu_);
+  std::vector<std::shared_ptr<ProcessGroup>> groups;
+  groups.reserve(specs.size());
+  for (const GroupSpec& spec : specs) {
+    auto group = MakeGroup(absl::StrCat(spec.family, "/", spec.color), spec.global_ranks);
+    if (!group.ok()) return group.status();
+    groups.push_back(*std::move(group));
+  }
+  return groups;
+}
+
+void GlooProcessGroupFactory::AbortAll(absl::Status reason) {
+  if (reason.ok()) reason = absl::AbortedError("gloo: AbortAll");
+  std::vector<std::shared_ptr<ProcessGroupGloo>> live;
+  {
+    absl::MutexLock lock(&mu_);
+    if (abort_status_.ok()) abort_status_ = reason;
+    for (const auto& weak : groups_) {
+      if (auto group = weak.lock()) live.push_back(std::move(group));
+    }
+  }
+  for (const auto& group : live) group->Abort(reason);
+}
+
+}  // namespace mesh
