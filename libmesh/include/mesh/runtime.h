@@ -68,6 +68,7 @@
 #include "mesh/device_mesh.h"
 #include "mesh/process_group.h"
 #include "mesh/process_group_gloo.h"
+#include "mesh/process_group_nccl.h"
 
 namespace mesh {
 
@@ -151,6 +152,23 @@ struct RuntimeBackend {
 // RuntimeOptions::group_options; set `options.hostname` (e.g. "127.0.0.1")
 // or `options.iface` to choose the address peers connect to.
 RuntimeBackend GlooBackend(GlooOptions options = {});
+
+// GPU collectives over NCCL (mesh/process_group_nccl.h). Rank 0 generates the
+// world ncclUniqueId before Join; the coordinator hands it to every rank, so
+// the world communicator costs no extra round trip. Per-dim groups are split
+// from it (ncclCommSplit) or, where split is unavailable, get unique IDs
+// through the coordinator's broker (PublishUniqueIds/GetUniqueIds): one
+// publish and one wait per NewGroups call, whatever the number of groups.
+// In builds without NCCL the factory fails with UNIMPLEMENTED.
+struct NcclBackendOptions {
+  // The GPU of this rank; unset means cuda:<local rank>, the usual one GPU
+  // per local rank (the agent sets CUDA_VISIBLE_DEVICES accordingly).
+  std::optional<int> device_index;
+  NcclGroupCreation group_creation = NcclGroupCreation::kAuto;
+  // Bound on creating one batch of communicators.
+  absl::Duration init_timeout = absl::Minutes(5);
+};
+RuntimeBackend NcclBackend(NcclBackendOptions options = {});
 
 struct RuntimeOptions {
   // Each field overrides its environment variable (see the top of this file);
