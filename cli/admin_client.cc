@@ -42,6 +42,16 @@ absl::StatusOr<mesh::v1::GetServerInfoResponse> AdminClient::GetServerInfo(absl:
   return response;
 }
 
+absl::StatusOr<mesh::v1::CreateJobResponse> AdminClient::CreateJob(
+    const mesh::v1::CreateJobRequest& request, absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  mesh::v1::CreateJobResponse response;
+  grpc::Status status = admin_->CreateJob(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> AdminClient::CheckHealth(
     const std::string& service, absl::Duration timeout) {
   grpc::ClientContext context;

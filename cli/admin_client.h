@@ -29,6 +29,12 @@ class AdminClient {
   // FAILED_PRECONDITION when the server speaks another protocol version.
   absl::StatusOr<mesh::v1::GetServerInfoResponse> GetServerInfo(absl::Duration timeout);
 
+  // A bare job record ready for rendezvous (AdminService.CreateJob).
+  // Possible errors: UNAVAILABLE, DEADLINE_EXCEEDED, INVALID_ARGUMENT (bad
+  // id, world size, shape or names, named by the server), ALREADY_EXISTS.
+  absl::StatusOr<mesh::v1::CreateJobResponse> CreateJob(const mesh::v1::CreateJobRequest& request,
+                                                        absl::Duration timeout);
+
   // Serving status of `service` ("" for the whole server).
   // Possible errors: UNAVAILABLE, DEADLINE_EXCEEDED, NOT_FOUND for a service
   // the server does not know.

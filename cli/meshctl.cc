@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -74,6 +75,21 @@ int RunHealth(const GlobalOptions& options, const std::string& service, OutputFo
   return *status == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk : kExitFailed;
 }
 
+// meshctl create-job: a bare job record for workers started by hand (or by
+// a script), until `meshctl submit` and the agents launch them.
+int RunCreateJob(const GlobalOptions& options, const mesh::v1::CreateJobRequest& request,
+                 OutputFormat format, std::ostream& out, std::ostream& err) {
+  AdminClient client(MakeChannel(options.coordinator));
+  auto created = client.CreateJob(request, absl::Seconds(options.timeout_s));
+  if (!created.ok()) return ReportError(options, created.status(), err);
+  nlohmann::json result;
+  result["job_id"] = created->job_id();
+  result["generation"] = created->generation();
+  result["world_size"] = request.world_size();
+  Render(result, format, out);
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
@@ -107,6 +123,23 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
   health->add_option("--service", service,
                      "Service to ask about, e.g. mesh.v1.AdminService; default: the server");
 
+  mesh::v1::CreateJobRequest create;
+  int world_size = 0;
+  std::vector<int64_t> mesh_shape;
+  std::vector<std::string> dim_names;
+  std::string job_id;
+  CLI::App* create_job = app.add_subcommand(
+      "create-job",
+      "Create a bare job record for workers you start yourself (they join with MESH_JOB_ID)");
+  create_job->add_option("--world-size", world_size, "Number of ranks")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  create_job->add_option("--job-id", job_id, "Job id; default: the coordinator picks one");
+  create_job->add_option("--mesh-shape", mesh_shape, "Mesh shape, outermost first, e.g. 2,2")
+      ->delimiter(',');
+  create_job->add_option("--dim-names", dim_names, "One name per mesh dim, e.g. dp,tp")
+      ->delimiter(',');
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -126,6 +159,13 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
   const OutputFormat format = *ParseOutputFormat(options.output);  // Checked above.
   if (version->parsed()) return RunVersion(options, client_only, format, out, err);
   if (health->parsed()) return RunHealth(options, service, format, out, err);
+  if (create_job->parsed()) {
+    create.set_job_id(job_id);
+    create.set_world_size(world_size);
+    for (int64_t size : mesh_shape) create.add_mesh_shape(size);
+    for (const std::string& name : dim_names) create.add_mesh_dim_names(name);
+    return RunCreateJob(options, create, format, out, err);
+  }
   err << "meshctl: no command given\n";
   return kExitUsage;
 }

@@ -3,24 +3,31 @@
 #
 #   1. start mesh-coordinator on 127.0.0.1 with a port it picks itself;
 #   2. ask it who it is and whether it is healthy, with meshctl;
-#   3. measure its unary-call latency against gRPC's floor (mesh-bench ping);
-#   4. stop it with SIGTERM and check that it exits cleanly.
+#   3. create a 4-rank job with a 2x2 mesh ("dp", "tp") and start 4 worker
+#      processes of examples/allreduce_2d with the MESH_* environment an
+#      agent would give them: they join, build the 2-D DeviceMesh over Gloo
+#      and all-reduce along each dim and the world, checking every sum;
+#   4. measure its unary-call latency against gRPC's floor (mesh-bench ping);
+#   5. stop it with SIGTERM and check that it exits cleanly.
 #
-# This grows with the project: once agents and jobs exist, it starts a local
-# cluster and runs the DTensor example as a 2-node x 2-process job.
+# This grows with the project: once agents and the job service exist, the
+# agents launch the workers from `meshctl submit`.
 set -euo pipefail
 
 build_dir=${1:-build}
 bin_coordinator="$build_dir/coordinator/mesh-coordinator"
 bin_meshctl="$build_dir/cli/meshctl"
 bin_bench="$build_dir/bench/mesh-bench"
-for bin in "$bin_coordinator" "$bin_meshctl" "$bin_bench"; do
+bin_worker="$build_dir/examples/allreduce_2d"
+for bin in "$bin_coordinator" "$bin_meshctl" "$bin_bench" "$bin_worker"; do
   [[ -x "$bin" ]] || { echo "demo: $bin is missing; run 'make build' first" >&2; exit 1; }
 done
 
 work=$(mktemp -d)
 coordinator_pid=""
+worker_pids=()
 cleanup() {
+  for pid in "${worker_pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
   # Never leave a coordinator behind, whatever happened above.
   if [[ -n "$coordinator_pid" ]] && kill -0 "$coordinator_pid" 2>/dev/null; then
     kill -KILL "$coordinator_pid" 2>/dev/null || true
@@ -50,6 +57,24 @@ step "meshctl version"
 step "meshctl health"
 "$bin_meshctl" health
 "$bin_meshctl" health --service mesh.v1.AdminService -o json
+
+step "A 4-rank job on a 2x2 mesh: meshctl create-job, then 4 allreduce_2d workers"
+"$bin_meshctl" create-job --job-id demo --world-size 4 --mesh-shape 2,2 --dim-names dp,tp
+for rank in 0 1 2 3; do
+  MESH_JOB_ID=demo MESH_GENERATION=0 MESH_RANK=$rank MESH_WORLD_SIZE=4 \
+    MESH_LOCAL_RANK=$rank MESH_LOCAL_WORLD_SIZE=4 MESH_NODE_RANK=0 \
+    timeout 60 "$bin_worker" --gloo-host 127.0.0.1 >"$work/worker$rank.log" 2>&1 &
+  worker_pids+=($!)
+done
+failed=0
+for rank in 0 1 2 3; do
+  rc=0
+  wait "${worker_pids[$rank]}" || rc=$?
+  sed "s/^/  worker $rank: /" "$work/worker$rank.log"
+  [[ $rc -eq 0 ]] || { echo "demo: worker $rank exited with status $rc" >&2; failed=1; }
+done
+worker_pids=()
+[[ $failed -eq 0 ]] || exit 1
 
 step "mesh-bench ping: coordinator call latency vs the gRPC floor"
 "$bin_bench" ping --coordinator "$MESH_COORDINATOR" -n 2000 -w 200

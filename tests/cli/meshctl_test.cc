@@ -57,6 +57,37 @@ TEST_F(MeshctlTest, VersionShowsClientAndServerAsJson) {
   EXPECT_EQ(json["server_protocol_version"], kProtocolVersion);
 }
 
+TEST_F(MeshctlTest, CreateJobMakesARecordWorkersCanJoin) {
+  const Result r =
+      Meshctl({"--coordinator", server_->address(), "-o", "json", "create-job", "--world-size", "4",
+               "--mesh-shape", "2,2", "--dim-names", "dp,tp", "--job-id", "demo"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const auto json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json["job_id"], "demo");
+  EXPECT_EQ(json["generation"], 0);
+  auto job = server_->coordination().GetJob("demo");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->layout.world_size, 4);
+  EXPECT_EQ(job->layout.mesh_shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(job->layout.mesh_dim_names, (std::vector<std::string>{"dp", "tp"}));
+
+  // The same id again is refused, and the record is unchanged.
+  const Result again = Meshctl(
+      {"--coordinator", server_->address(), "create-job", "--world-size", "2", "--job-id", "demo"});
+  EXPECT_EQ(again.code, kExitRefused);
+  EXPECT_THAT(again.err, HasSubstr("ALREADY_EXISTS"));
+  EXPECT_EQ(server_->coordination().GetJob("demo")->layout.world_size, 4);
+}
+
+TEST_F(MeshctlTest, CreateJobWithABadShapeIsRefusedNamingIt) {
+  const Result r = Meshctl({"--coordinator", server_->address(), "create-job", "--world-size", "4",
+                            "--mesh-shape", "3,2"});
+  EXPECT_EQ(r.code, kExitRefused);
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(r.err, HasSubstr("mesh_shape"));
+  EXPECT_EQ(Meshctl({"create-job"}).code, kExitUsage);  // --world-size is required.
+}
+
 TEST_F(MeshctlTest, CoordinatorAddressComesFromTheEnvironment) {
   setenv("MESH_COORDINATOR", server_->address().c_str(), 1);
   const Result r = Meshctl({"health"});
