@@ -41,44 +41,48 @@ double Mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
 void PrintRendezvous(const mesh::bench::RendezvousBenchResult& r, int warmup) {
   std::printf(
       "# mesh-bench rendezvous: %d ranks over %d connections, median of %zu rounds "
-      "(+%d warm-up) against %s%s\n",
+      "(+%d warm-up) against %s%s; load average %.2f\n",
       r.ranks, r.channels, r.mesh.size(), warmup, r.coordinator.c_str(),
-      r.in_process ? " (in process)" : "");
-  auto steps = [](const std::vector<double>& values, const std::vector<std::string>& names) {
+      r.in_process ? " (in process)" : "", r.load_average);
+  // "join 0.101-0.120, ...": when the first and the last rank finished each step.
+  auto steps = [](const std::vector<double>& first, const std::vector<double>& last,
+                  const std::vector<std::string>& names) {
     std::string text;
-    for (size_t i = 0; i < values.size() && i < names.size(); ++i) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%s%s %.3f", i == 0 ? "" : ", ", names[i].c_str(), values[i]);
+    for (size_t i = 0; i < last.size() && i < first.size() && i < names.size(); ++i) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%s%s %.3f-%.3f", i == 0 ? "" : ", ", names[i].c_str(),
+                    first[i], last[i]);
       text += buf;
     }
     return text;
   };
-  std::printf("| %-32s | %9s | %9s | %9s | %9s | %-44s |\n", "run", "total (s)", "CPU (s)",
-              "p50 (ms)", "p99 (ms)", "last rank done with step at (s)");
-  std::printf("%s\n", Rule({32, 9, 9, 9, 9, 44}).c_str());
-  std::printf("| %-32s | %9.3f | %9.3f | %9.1f | %9.1f | %-44s |\n",
+  std::printf("| %-32s | %9s | %9s | %9s | %9s | %-62s |\n", "run", "total (s)", "CPU (s)",
+              "p50 (ms)", "p99 (ms)", "step done by first-last rank at (s)");
+  std::printf("%s\n", Rule({32, 9, 9, 9, 9, 62}).c_str());
+  std::printf("| %-32s | %9.3f | %9.3f | %9.1f | %9.1f | %-62s |\n",
               "Mesh: Join+Barrier+GetUniqueIds", r.mesh_total_s, r.mesh_cpu_s, r.mesh_p50_us / 1e3,
-              r.mesh_p99_us / 1e3, steps(r.mesh_step_s, mesh::bench::MeshStepNames()).c_str());
-  std::printf("| %-32s | %9.3f | %9.3f | %9.1f | %9.1f | %-44s |\n",
-              "baseline: 3 x grpc.health Check", r.baseline_total_s, r.baseline_cpu_s,
-              r.baseline_p50_us / 1e3, r.baseline_p99_us / 1e3,
-              steps(r.baseline_step_s, mesh::bench::BaselineStepNames()).c_str());
-  std::printf("| %-32s | %9.2f | %9.2f | %9.2f | %9.2f | %-44s |\n", "ratio (Mesh / baseline)",
+              r.mesh_p99_us / 1e3,
+              steps(r.mesh_step_first_s, r.mesh_step_s, mesh::bench::MeshStepNames()).c_str());
+  std::printf(
+      "| %-32s | %9.3f | %9.3f | %9.1f | %9.1f | %-62s |\n", "baseline: 3 x grpc.health Check",
+      r.baseline_total_s, r.baseline_cpu_s, r.baseline_p50_us / 1e3, r.baseline_p99_us / 1e3,
+      steps(r.baseline_step_first_s, r.baseline_step_s, mesh::bench::BaselineStepNames()).c_str());
+  std::printf("| %-32s | %9.2f | %9.2f | %9.2f | %9.2f | %-62s |\n", "ratio (Mesh / baseline)",
               r.ratio, r.cpu_ratio, r.mesh_p50_us / r.baseline_p50_us,
               r.mesh_p99_us / r.baseline_p99_us, "");
   std::printf("# rounds (Mesh s / baseline s):");
   for (size_t i = 0; i < r.mesh.size(); ++i) {
     std::printf(" %.3f/%.3f", r.mesh[i].total_s, r.baseline[i].total_s);
   }
-  std::printf("\n# process: %d threads, %.0f MiB RSS, %d fds\n", r.process.threads,
-              Mib(r.process.rss_bytes), r.process.open_fds);
+  std::printf("\n# process: %d threads, %.0f MiB RSS (peak %.0f MiB), %d fds\n", r.process.threads,
+              Mib(r.process.rss_bytes), Mib(r.process.peak_rss_bytes), r.process.open_fds);
 }
 
 void PrintWaiters(const mesh::bench::WaitersBenchResult& r) {
   std::printf(
-      "# mesh-bench waiters: in-process coordinator %s, %d connections; threads and RSS "
-      "are the whole process (client + server)\n",
-      r.coordinator.c_str(), r.channels);
+      "# mesh-bench waiters: in-process coordinator %s, %d connections, load average %.2f; "
+      "threads and RSS are the whole process (client + server)\n",
+      r.coordinator.c_str(), r.channels, r.load_average);
   std::printf("| %-7s | %6s | %7s | %15s | %16s | %9s | %10s | %8s | %8s | %11s |\n", "kind",
               "ranks", "pending", "threads before", "threads holding", "RSS (MiB)", "+RSS (MiB)",
               "KiB/wait", "hold (s)", "release (s)");

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -80,6 +81,18 @@ absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> StartBenchCoordi
   return coordinator::CoordinatorServer::Start(config);
 }
 
+namespace {
+
+// "   1234 kB" -> bytes; 0 when malformed.
+int64_t ParseKiB(absl::string_view text) {
+  text = absl::StripAsciiWhitespace(text);
+  absl::ConsumeSuffix(&text, "kB");
+  int64_t kib = 0;
+  return absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &kib) ? kib * 1024 : 0;
+}
+
+}  // namespace
+
 ProcessStats ReadProcessStats() {
   ProcessStats stats;
   std::ifstream status("/proc/self/status");
@@ -89,10 +102,9 @@ ProcessStats ReadProcessStats() {
     if (absl::ConsumePrefix(&view, "Threads:")) {
       (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(view), &stats.threads);
     } else if (absl::ConsumePrefix(&view, "VmRSS:")) {
-      view = absl::StripAsciiWhitespace(view);
-      absl::ConsumeSuffix(&view, "kB");
-      int64_t kb = 0;
-      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(view), &kb)) stats.rss_bytes = kb * 1024;
+      stats.rss_bytes = ParseKiB(view);
+    } else if (absl::ConsumePrefix(&view, "VmHWM:")) {
+      stats.peak_rss_bytes = ParseKiB(view);
     }
   }
   std::error_code error;
@@ -108,6 +120,13 @@ double ProcessCpuSeconds() {
   getrusage(RUSAGE_SELF, &usage);
   auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
   return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+double LoadAverage() {
+  std::ifstream file("/proc/loadavg");
+  double load = -1;
+  if (!(file >> load)) return -1;
+  return load;
 }
 
 nlohmann::json ToJson(const ProcessStats& stats) {
@@ -209,6 +228,7 @@ class RoundState {
   RoundResult Result() const {
     RoundResult result;
     result.step_s.assign(steps_, 0);
+    result.step_first_s.assign(steps_, std::numeric_limits<double>::infinity());
     std::vector<absl::Duration> latencies;
     latencies.reserve(ranks_);
     SteadyClock::time_point last = start_;
@@ -216,6 +236,7 @@ class RoundState {
       for (int s = 0; s < steps_; ++s) {
         const SteadyClock::time_point t = step_done_[static_cast<size_t>(r) * steps_ + s];
         result.step_s[s] = std::max(result.step_s[s], Seconds(t - start_));
+        result.step_first_s[s] = std::min(result.step_first_s[s], Seconds(t - start_));
       }
       const SteadyClock::time_point end = step_done_[static_cast<size_t>(r) * steps_ + steps_ - 1];
       last = std::max(last, end);
@@ -543,6 +564,7 @@ absl::StatusOr<RendezvousBenchResult> RunRendezvousBench(const RendezvousBenchOp
   result.ranks = options.ranks;
   result.channels = options.channels;
   result.grpc_deadlines = options.grpc_deadlines;
+  result.load_average = LoadAverage();
   if (result.coordinator.empty()) {
     auto started = StartBenchCoordinator();
     if (!started.ok()) return started.status();
@@ -620,10 +642,11 @@ absl::StatusOr<RendezvousBenchResult> RunRendezvousBench(const RendezvousBenchOp
     for (const RoundResult& r : rounds) values.push_back(field(r));
     return Median(std::move(values));
   };
-  auto steps_of = [&](const std::vector<RoundResult>& rounds) {
+  auto steps_of = [&](const std::vector<RoundResult>& rounds, auto member) {
     std::vector<double> steps;
-    for (size_t s = 0; s < rounds.front().step_s.size(); ++s) {
-      steps.push_back(median_of(rounds, [s](const RoundResult& r) { return r.step_s[s]; }));
+    for (size_t s = 0; s < (rounds.front().*member).size(); ++s) {
+      steps.push_back(
+          median_of(rounds, [s, member](const RoundResult& r) { return (r.*member)[s]; }));
     }
     return steps;
   };
@@ -642,8 +665,10 @@ absl::StatusOr<RendezvousBenchResult> RunRendezvousBench(const RendezvousBenchOp
       median_of(result.baseline, [](const RoundResult& r) { return r.rank_latency.p50_us; });
   result.baseline_p99_us =
       median_of(result.baseline, [](const RoundResult& r) { return r.rank_latency.p99_us; });
-  result.mesh_step_s = steps_of(result.mesh);
-  result.baseline_step_s = steps_of(result.baseline);
+  result.mesh_step_s = steps_of(result.mesh, &RoundResult::step_s);
+  result.mesh_step_first_s = steps_of(result.mesh, &RoundResult::step_first_s);
+  result.baseline_step_s = steps_of(result.baseline, &RoundResult::step_s);
+  result.baseline_step_first_s = steps_of(result.baseline, &RoundResult::step_first_s);
   result.process = ReadProcessStats();
   return result;
 }
@@ -674,6 +699,7 @@ nlohmann::json ToJson(const RendezvousBenchResult& result) {
           {"ranks", result.ranks},
           {"channels", result.channels},
           {"grpc_deadlines", result.grpc_deadlines},
+          {"load_average", result.load_average},
           {"rounds", result.mesh.size()},
           {"mesh",
            {{"total_s", result.mesh_total_s},
@@ -681,6 +707,7 @@ nlohmann::json ToJson(const RendezvousBenchResult& result) {
             {"p50_us", result.mesh_p50_us},
             {"p99_us", result.mesh_p99_us},
             {"step_s", steps(result.mesh_step_s, MeshStepNames())},
+            {"step_first_s", steps(result.mesh_step_first_s, MeshStepNames())},
             {"rounds", rounds(result.mesh, MeshStepNames())}}},
           {"baseline_health_check",
            {{"total_s", result.baseline_total_s},
@@ -688,6 +715,7 @@ nlohmann::json ToJson(const RendezvousBenchResult& result) {
             {"p50_us", result.baseline_p50_us},
             {"p99_us", result.baseline_p99_us},
             {"step_s", steps(result.baseline_step_s, BaselineStepNames())},
+            {"step_first_s", steps(result.baseline_step_first_s, BaselineStepNames())},
             {"rounds", rounds(result.baseline, BaselineStepNames())}}},
           {"ratio", result.ratio},
           {"cpu_ratio", result.cpu_ratio},

@@ -60,11 +60,15 @@ absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> StartBenchCoordi
 struct ProcessStats {
   int threads = 0;
   int64_t rss_bytes = 0;
+  int64_t peak_rss_bytes = 0;  // Since the process started (VmHWM).
   int open_fds = 0;
 };
 ProcessStats ReadProcessStats();
 // User + system CPU time this process has used so far.
 double ProcessCpuSeconds();
+// The machine's 1-minute load average (/proc/loadavg); -1 when unknown.
+// Recorded with results: on a shared machine it says how loaded the run was.
+double LoadAverage();
 nlohmann::json ToJson(const ProcessStats& stats);
 
 // ---- rendezvous --------------------------------------------------------------
@@ -100,8 +104,10 @@ struct RoundResult {
   // than total_s to other load on a shared machine.
   double cpu_s = 0;
   // Until the last rank finished each step: join, barrier, unique_id for the
-  // coordinator; check1..3 for the baseline.
+  // coordinator; check1..3 for the baseline. step_first_s: until the first
+  // rank did; the difference is how long the step's replies took to fan out.
   std::vector<double> step_s;
+  std::vector<double> step_first_s;
   // Per rank: its first request sent -> its last reply.
   LatencyStats rank_latency;
 };
@@ -112,6 +118,7 @@ struct RendezvousBenchResult {
   int ranks = 0;
   int channels = 0;
   bool grpc_deadlines = false;
+  double load_average = 0;            // When the run started.
   std::vector<RoundResult> mesh;      // One per measured round.
   std::vector<RoundResult> baseline;  // Likewise, interleaved with mesh.
   // Summary: medians over rounds of total_s and of each percentile.
@@ -125,9 +132,11 @@ struct RendezvousBenchResult {
   double mesh_p99_us = 0;
   double baseline_p50_us = 0;
   double baseline_p99_us = 0;
-  // Medians over rounds of each step's time.
+  // Medians over rounds of each step's times.
   std::vector<double> mesh_step_s;
+  std::vector<double> mesh_step_first_s;
   std::vector<double> baseline_step_s;
+  std::vector<double> baseline_step_first_s;
   // Whole process (client, and server when in process) after the last round.
   ProcessStats process;
 };

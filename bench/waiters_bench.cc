@@ -1,5 +1,7 @@
 #include "bench/waiters_bench.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -232,6 +234,9 @@ absl::StatusOr<WaitersResult> RunKind(
   result.kind = kind;
   result.ranks = n;
   const int64_t base = static_cast<int64_t>(coordination.PendingWaits());
+  // Hand memory freed by earlier kinds back to the kernel, so that this
+  // kind's RSS growth is its own and not hidden by reuse of a grown heap.
+  malloc_trim(0);
   result.before = ReadProcessStats();
 
   Batch waits(n);
@@ -334,6 +339,7 @@ absl::StatusOr<WaitersBenchResult> RunWaitersBench(const WaitersBenchOptions& op
   WaitersBenchResult result;
   result.coordinator = (*server)->address();
   result.channels = options.channels;
+  result.load_average = LoadAverage();
   const auto channels = MakeConnections(result.coordinator, options.channels);
   if (absl::Status s = Connect(channels, absl::Seconds(10)); !s.ok()) {
     return absl::UnavailableError(absl::StrCat(result.coordinator, ": ", s.message()));
@@ -366,6 +372,7 @@ nlohmann::json ToJson(const WaitersBenchResult& result) {
   return {{"benchmark", "waiters"},
           {"coordinator", result.coordinator},
           {"channels", result.channels},
+          {"load_average", result.load_average},
           {"kinds", kinds}};
 }
 

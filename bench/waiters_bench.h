@@ -67,6 +67,7 @@ struct WaitersResult {
 struct WaitersBenchResult {
   std::string coordinator;
   int channels = 0;
+  double load_average = 0;  // When the run started.
   std::vector<WaitersResult> kinds;
 };
 
