@@ -130,7 +130,10 @@ double LoadAverage() {
 }
 
 nlohmann::json ToJson(const ProcessStats& stats) {
-  return {{"threads", stats.threads}, {"rss_bytes", stats.rss_bytes}, {"open_fds", stats.open_fds}};
+  return {{"threads", stats.threads},
+          {"rss_bytes", stats.rss_bytes},
+          {"peak_rss_bytes", stats.peak_rss_bytes},
+          {"open_fds", stats.open_fds}};
 }
 
 // ---- rendezvous ------------------------------------------------------------------------

@@ -50,6 +50,8 @@ TEST(RendezvousBenchSmoke, RendezvousesEveryRankAgainstAnInProcessCoordinator) {
   EXPECT_TRUE(json["mesh"]["step_s"].contains("unique_id"));
   EXPECT_TRUE(json["baseline_health_check"]["step_s"].contains("check3"));
   EXPECT_EQ(json["mesh"]["rounds"][0]["rank_latency"]["count"], 64);
+  EXPECT_GE(json["process"]["peak_rss_bytes"].get<int64_t>(),
+            json["process"]["rss_bytes"].get<int64_t>());
 }
 
 TEST(RendezvousBenchSmoke, CreatesJobsThroughAdminServiceOnARemoteCoordinator) {
@@ -106,6 +108,7 @@ TEST(RendezvousBenchSmoke, ReadsProcessStats) {
   const ProcessStats stats = ReadProcessStats();
   EXPECT_GE(stats.threads, 1);
   EXPECT_GT(stats.rss_bytes, 0);
+  EXPECT_GE(stats.peak_rss_bytes, stats.rss_bytes);
   EXPECT_GE(stats.open_fds, 3);  // stdin, stdout, stderr at least.
   EXPECT_GT(ProcessCpuSeconds(), 0);
 }
