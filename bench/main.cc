@@ -2,6 +2,9 @@
 // Mesh's figure, the baseline's figure and their ratio; --json writes the
 // same as JSON. --smoke shrinks every size so tests can keep the harness from
 // rotting without timing anything.
+#include <pthread.h>
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -169,6 +172,11 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
 
+  CLI::App* serve_cmd = app.add_subcommand(
+      "serve",
+      "Serve a coordinator set up like the in-process one (heartbeat timeout 1 h) for "
+      "--coordinator runs from another process; prints its address, stops on SIGINT/SIGTERM");
+
   CLI11_PARSE(app, argc, argv);
 
   // Debian builds Abseil without NDEBUG, which turns on Mutex deadlock
@@ -176,6 +184,27 @@ int main(int argc, char** argv) {
   // creation, lock and destruction, gRPC's included. It is a debugging aid
   // that costs ~10% of a rendezvous here; measure without it unless asked.
   if (!deadlock_detection) absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+
+  if (serve_cmd->parsed()) {
+    // Before any thread exists, so that gRPC's threads inherit the mask and
+    // the signals reach only the sigwait below.
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    auto server = mesh::bench::StartBenchCoordinator();
+    if (!server.ok()) {
+      std::fprintf(stderr, "mesh-bench serve: %s\n", server.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("mesh-bench serve listening on %s\n", (*server)->address().c_str());
+    std::fflush(stdout);
+    int signal_number = 0;
+    sigwait(&stop_signals, &signal_number);
+    (*server)->Shutdown(absl::ZeroDuration());
+    return 0;
+  }
 
   if (ping_cmd->parsed()) {
     if (smoke) {
