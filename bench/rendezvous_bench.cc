@@ -656,10 +656,19 @@ absl::StatusOr<RendezvousBenchResult> RunRendezvousBench(const RendezvousBenchOp
   result.mesh_total_s = median_of(result.mesh, [](const RoundResult& r) { return r.total_s; });
   result.baseline_total_s =
       median_of(result.baseline, [](const RoundResult& r) { return r.total_s; });
-  result.ratio = result.mesh_total_s / result.baseline_total_s;
+  auto ratio_of = [&](auto field) {
+    std::vector<double> ratios;
+    for (size_t i = 0; i < result.mesh.size(); ++i) {
+      ratios.push_back(field(result.mesh[i]) / field(result.baseline[i]));
+    }
+    return Median(std::move(ratios));
+  };
+  result.ratio = ratio_of([](const RoundResult& r) { return r.total_s; });
   result.mesh_cpu_s = median_of(result.mesh, [](const RoundResult& r) { return r.cpu_s; });
   result.baseline_cpu_s = median_of(result.baseline, [](const RoundResult& r) { return r.cpu_s; });
-  result.cpu_ratio = result.mesh_cpu_s / result.baseline_cpu_s;
+  result.cpu_ratio = ratio_of([](const RoundResult& r) { return r.cpu_s; });
+  result.p50_ratio = ratio_of([](const RoundResult& r) { return r.rank_latency.p50_us; });
+  result.p99_ratio = ratio_of([](const RoundResult& r) { return r.rank_latency.p99_us; });
   result.mesh_p50_us =
       median_of(result.mesh, [](const RoundResult& r) { return r.rank_latency.p50_us; });
   result.mesh_p99_us =
@@ -722,6 +731,8 @@ nlohmann::json ToJson(const RendezvousBenchResult& result) {
             {"rounds", rounds(result.baseline, BaselineStepNames())}}},
           {"ratio", result.ratio},
           {"cpu_ratio", result.cpu_ratio},
+          {"p50_ratio", result.p50_ratio},
+          {"p99_ratio", result.p99_ratio},
           {"process", ToJson(result.process)}};
 }
 

@@ -121,13 +121,18 @@ struct RendezvousBenchResult {
   double load_average = 0;            // When the run started.
   std::vector<RoundResult> mesh;      // One per measured round.
   std::vector<RoundResult> baseline;  // Likewise, interleaved with mesh.
-  // Summary: medians over rounds of total_s and of each percentile.
+  // Summary: medians over rounds of total_s, cpu_s and each percentile.
   double mesh_total_s = 0;
   double baseline_total_s = 0;
-  double ratio = 0;  // mesh_total_s / baseline_total_s.
+  // Median over rounds of each round's mesh / baseline. A round's two halves
+  // run back to back, so their ratio is steadier under other load on the
+  // machine than a ratio of medians taken over minutes.
+  double ratio = 0;
   double mesh_cpu_s = 0;
   double baseline_cpu_s = 0;
-  double cpu_ratio = 0;
+  double cpu_ratio = 0;  // Likewise, of cpu_s,
+  double p50_ratio = 0;  // of rank_latency.p50_us,
+  double p99_ratio = 0;  // and of rank_latency.p99_us.
   double mesh_p50_us = 0;
   double mesh_p99_us = 0;
   double baseline_p50_us = 0;

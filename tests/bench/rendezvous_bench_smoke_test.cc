@@ -36,7 +36,10 @@ TEST(RendezvousBenchSmoke, RendezvousesEveryRankAgainstAnInProcessCoordinator) {
     ExpectRound(round, 64, BaselineStepNames().size());
   }
   EXPECT_GT(result->ratio, 0);
-  EXPECT_DOUBLE_EQ(result->ratio, result->mesh_total_s / result->baseline_total_s);
+  // The median of the two rounds' own ratios.
+  EXPECT_DOUBLE_EQ(result->ratio, (result->mesh[0].total_s / result->baseline[0].total_s +
+                                   result->mesh[1].total_s / result->baseline[1].total_s) /
+                                      2);
   EXPECT_GT(result->mesh_p99_us, 0);
   EXPECT_GE(result->mesh_p99_us, result->mesh_p50_us);
   EXPECT_GT(result->process.threads, 0);
