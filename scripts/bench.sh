@@ -16,6 +16,8 @@ echo "# Machine: $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo 
 
 # Rendezvous of N simulated ranks (docs/performance.md). 65536 ranks take
 # minutes here; add it with MESH_BENCH_RENDEZVOUS_RANKS="1024 4096 16384 65536".
+# Sizes from an earlier run must not be merged into this one's latest.json.
+rm -f "$out_dir"/rendezvous_*.json
 for ranks in ${MESH_BENCH_RENDEZVOUS_RANKS:-1024 4096 16384}; do
   rounds=(--repeat 3 --warmup 1)
   if (( ranks > 16384 )); then rounds=(--repeat 1 --warmup 0); fi
