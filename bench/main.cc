@@ -2,16 +2,24 @@
 // Mesh's figure, the baseline's figure and their ratio; --json writes the
 // same as JSON. --smoke shrinks every size so tests can keep the harness from
 // rotting without timing anything.
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "absl/synchronization/mutex.h"
 #include "bench/collectives_bench.h"
 #include "bench/nccl_overhead_bench.h"
 #include "bench/ping_bench.h"
+#include "bench/rendezvous_bench.h"
+#include "bench/waiters_bench.h"
 
 namespace {
 
@@ -27,15 +35,87 @@ int Finish(const nlohmann::json& json, const std::string& json_path) {
   return 0;
 }
 
+std::string Rule(std::initializer_list<int> widths) {
+  std::string line = "|";
+  for (int w : widths) line += std::string(w + 2, '-') + "|";
+  return line;
+}
+
+double Mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+void PrintRendezvous(const mesh::bench::RendezvousBenchResult& r, int warmup) {
+  std::printf(
+      "# mesh-bench rendezvous: %d ranks over %d connections, median of %zu rounds "
+      "(+%d warm-up) against %s%s; load average %.2f\n",
+      r.ranks, r.channels, r.mesh.size(), warmup, r.coordinator.c_str(),
+      r.in_process ? " (in process)" : "", r.load_average);
+  // "join 0.101-0.120, ...": when the first and the last rank finished each step.
+  auto steps = [](const std::vector<double>& first, const std::vector<double>& last,
+                  const std::vector<std::string>& names) {
+    std::string text;
+    for (size_t i = 0; i < last.size() && i < first.size() && i < names.size(); ++i) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%s%s %.3f-%.3f", i == 0 ? "" : ", ", names[i].c_str(),
+                    first[i], last[i]);
+      text += buf;
+    }
+    return text;
+  };
+  std::printf("| %-32s | %9s | %9s | %9s | %9s | %-62s |\n", "run", "total (s)", "CPU (s)",
+              "p50 (ms)", "p99 (ms)", "step done by first-last rank at (s)");
+  std::printf("%s\n", Rule({32, 9, 9, 9, 9, 62}).c_str());
+  std::printf("| %-32s | %9.3f | %9.3f | %9.1f | %9.1f | %-62s |\n",
+              "Mesh: Join+Barrier+GetUniqueIds", r.mesh_total_s, r.mesh_cpu_s, r.mesh_p50_us / 1e3,
+              r.mesh_p99_us / 1e3,
+              steps(r.mesh_step_first_s, r.mesh_step_s, mesh::bench::MeshStepNames()).c_str());
+  std::printf(
+      "| %-32s | %9.3f | %9.3f | %9.1f | %9.1f | %-62s |\n", "baseline: 3 x grpc.health Check",
+      r.baseline_total_s, r.baseline_cpu_s, r.baseline_p50_us / 1e3, r.baseline_p99_us / 1e3,
+      steps(r.baseline_step_first_s, r.baseline_step_s, mesh::bench::BaselineStepNames()).c_str());
+  std::printf("| %-32s | %9.2f | %9.2f | %9.2f | %9.2f | %-62s |\n", "ratio (Mesh / baseline)",
+              r.ratio, r.cpu_ratio, r.p50_ratio, r.p99_ratio, "");
+  std::printf(
+      "# ratios are medians of each round's Mesh / baseline; rounds (Mesh s / baseline s):");
+  for (size_t i = 0; i < r.mesh.size(); ++i) {
+    std::printf(" %.3f/%.3f", r.mesh[i].total_s, r.baseline[i].total_s);
+  }
+  std::printf("\n# process: %d threads, %.0f MiB RSS (peak %.0f MiB), %d fds\n", r.process.threads,
+              Mib(r.process.rss_bytes), Mib(r.process.peak_rss_bytes), r.process.open_fds);
+}
+
+void PrintWaiters(const mesh::bench::WaitersBenchResult& r) {
+  std::printf(
+      "# mesh-bench waiters: in-process coordinator %s, %d connections, load average %.2f; "
+      "threads and RSS are the whole process (client + server)\n",
+      r.coordinator.c_str(), r.channels, r.load_average);
+  std::printf("| %-7s | %6s | %7s | %15s | %16s | %9s | %10s | %8s | %8s | %11s |\n", "kind",
+              "ranks", "pending", "threads before", "threads holding", "RSS (MiB)", "+RSS (MiB)",
+              "KiB/wait", "hold (s)", "release (s)");
+  std::printf("%s\n", Rule({7, 6, 7, 15, 16, 9, 10, 8, 8, 11}).c_str());
+  for (const auto& k : r.kinds) {
+    std::printf("| %-7s | %6d | %7lld | %15d | %16d | %9.0f | %10.1f | %8.2f | %8.3f | %11.3f |\n",
+                mesh::bench::WaitKindName(k.kind), k.ranks, static_cast<long long>(k.pending),
+                k.before.threads, k.holding.threads, Mib(k.holding.rss_bytes),
+                Mib(k.holding.rss_bytes - k.before.rss_bytes), k.rss_per_wait_bytes / 1024.0,
+                k.hold_s, k.release_s);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"mesh-bench: Mesh performance harness", "mesh-bench"};
   app.require_subcommand(1);
+  // --smoke and --json may also follow the subcommand; subcommands inherit
+  // this when they are added, so it comes first.
+  app.fallthrough();
   bool smoke = false;
   std::string json_path;
   app.add_flag("--smoke", smoke, "Tiny sizes: checks the harness, measures nothing");
   app.add_option("--json", json_path, "Also write results as JSON to this file");
+  bool deadlock_detection = false;
+  app.add_flag("--absl-deadlock-detection", deadlock_detection,
+               "Keep Abseil's debug mutex deadlock detection on (see docs/performance.md)");
 
   mesh::bench::PingBenchOptions ping;
   CLI::App* ping_cmd = app.add_subcommand(
@@ -67,7 +147,6 @@ int main(int argc, char** argv) {
   nccl_cmd->add_option("--device", nccl.device, "CUDA device ordinal")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-
 
   mesh::bench::CollectivesBenchOptions coll;
   std::string coll_dtype = "float32";
@@ -115,6 +194,56 @@ int main(int argc, char** argv) {
   coll_cmd->add_option("--worker-rank", worker_rank)->group("");
   coll_cmd->add_option("--coordinator", worker_coordinator)->group("");
   coll_cmd->add_option("--job", worker_job)->group("");
+
+  mesh::bench::RendezvousBenchOptions rendezvous;
+  double round_timeout_s = absl::ToDoubleSeconds(rendezvous.round_timeout);
+  CLI::App* rendezvous_cmd = app.add_subcommand(
+      "rendezvous",
+      "N async ranks: Join + Barrier + unique-ID wait vs 3 x grpc.health Check per rank");
+  rendezvous_cmd->add_option("-n,--ranks", rendezvous.ranks, "Simulated ranks (world size)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  rendezvous_cmd->add_option("-c,--channels", rendezvous.channels, "TCP connections to share")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  rendezvous_cmd->add_option("--coordinator", rendezvous.coordinator,
+                             "host:port to measure; default: an in-process coordinator");
+  rendezvous_cmd->add_option("-r,--repeat", rendezvous.repeat, "Measured rounds of each")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  rendezvous_cmd->add_option("-w,--warmup", rendezvous.warmup, "Unmeasured rounds first")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  rendezvous_cmd->add_option("--timeout", round_timeout_s, "Timeout of a round, seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  rendezvous_cmd->add_flag("--grpc-deadlines", rendezvous.grpc_deadlines,
+                           "Also give every call a gRPC deadline (a timer per call)");
+
+  mesh::bench::WaitersBenchOptions waiters;
+  std::string kind = "all";
+  double waiters_timeout_s = absl::ToDoubleSeconds(waiters.timeout);
+  CLI::App* waiters_cmd = app.add_subcommand(
+      "waiters", "N ranks blocked at once in Join / Barrier / KvGet: threads, RSS, release time");
+  waiters_cmd->add_option("-n,--ranks", waiters.ranks, "Ranks held waiting at once")
+      ->check(CLI::Range(1, (1 << 20) - 1))
+      ->capture_default_str();
+  waiters_cmd->add_option("-k,--kind", kind, "join, barrier, get or all")
+      ->check(CLI::IsMember({"join", "barrier", "get", "all"}))
+      ->capture_default_str();
+  waiters_cmd->add_option("-c,--channels", waiters.channels, "TCP connections to share")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  waiters_cmd
+      ->add_option("--timeout", waiters_timeout_s,
+                   "Bound on holding and on releasing, seconds each")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
+  CLI::App* serve_cmd = app.add_subcommand(
+      "serve",
+      "Serve a coordinator set up like the in-process one (heartbeat timeout 1 h) for "
+      "--coordinator runs from another process; prints its address, stops on SIGINT/SIGTERM");
 
   CLI11_PARSE(app, argc, argv);
 
@@ -205,6 +334,33 @@ int main(int argc, char** argv) {
     return rc != 0 ? rc : (wrong == 0 ? 0 : 1);
   }
 
+  // Debian builds Abseil without NDEBUG, which turns on Mutex deadlock
+  // detection: a process-wide lock-order graph updated on every Mutex
+  // creation, lock and destruction, gRPC's included. It is a debugging aid
+  // that costs ~10% of a rendezvous here; measure without it unless asked.
+  if (!deadlock_detection) absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+
+  if (serve_cmd->parsed()) {
+    // Before any thread exists, so that gRPC's threads inherit the mask and
+    // the signals reach only the sigwait below.
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    auto server = mesh::bench::StartBenchCoordinator();
+    if (!server.ok()) {
+      std::fprintf(stderr, "mesh-bench serve: %s\n", server.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("mesh-bench serve listening on %s\n", (*server)->address().c_str());
+    std::fflush(stdout);
+    int signal_number = 0;
+    sigwait(&stop_signals, &signal_number);
+    (*server)->Shutdown(absl::ZeroDuration());
+    return 0;
+  }
+
   if (ping_cmd->parsed()) {
     if (smoke) {
       ping.iterations = 20;
@@ -227,6 +383,35 @@ int main(int argc, char** argv) {
                 result->health_check.p50_us, result->health_check.p99_us);
     std::printf("| %-28s | %10.2f | %10.2f |\n", "ratio (Mesh / baseline)", result->p50_ratio,
                 result->p99_ratio);
+    return Finish(mesh::bench::ToJson(*result), json_path);
+  }
+
+  if (rendezvous_cmd->parsed()) {
+    rendezvous.round_timeout = absl::Seconds(round_timeout_s);
+    if (smoke) {
+      rendezvous.ranks = std::min(rendezvous.ranks, 64);
+      rendezvous.repeat = 1;
+      rendezvous.warmup = 0;
+    }
+    auto result = mesh::bench::RunRendezvousBench(rendezvous);
+    if (!result.ok()) {
+      std::fprintf(stderr, "mesh-bench rendezvous: %s\n", result.status().ToString().c_str());
+      return 1;
+    }
+    PrintRendezvous(*result, rendezvous.warmup);
+    return Finish(mesh::bench::ToJson(*result), json_path);
+  }
+
+  if (waiters_cmd->parsed()) {
+    waiters.timeout = absl::Seconds(waiters_timeout_s);
+    if (kind != "all") waiters.kinds = {*mesh::bench::ParseWaitKind(kind)};
+    if (smoke) waiters.ranks = std::min(waiters.ranks, 200);
+    auto result = mesh::bench::RunWaitersBench(waiters);
+    if (!result.ok()) {
+      std::fprintf(stderr, "mesh-bench waiters: %s\n", result.status().ToString().c_str());
+      return 1;
+    }
+    PrintWaiters(*result);
     return Finish(mesh::bench::ToJson(*result), json_path);
   }
   return 2;

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: runs every mesh-bench suite and writes bench/results/latest.json.
+# Knobs: MESH_BENCH_RENDEZVOUS_RANKS (default "1024 4096 16384"),
+#        MESH_BENCH_WAITERS_RANKS (default 10000).
 # Each suite prints Mesh's figure, its baseline's and the ratio; absolute times
 # on a shared machine drift, ratios measured in the same run do not.
 set -euo pipefail
@@ -11,6 +13,17 @@ mkdir -p "$out_dir"
 
 echo "# Machine: $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)"
 "$bench" --json "$out_dir/ping.json" ping
+
+# Rendezvous of N simulated ranks (docs/performance.md). 65536 ranks take
+# minutes here; add it with MESH_BENCH_RENDEZVOUS_RANKS="1024 4096 16384 65536".
+# Sizes from an earlier run must not be merged into this one's latest.json.
+rm -f "$out_dir"/rendezvous_*.json
+for ranks in ${MESH_BENCH_RENDEZVOUS_RANKS:-1024 4096 16384}; do
+  rounds=(--repeat 3 --warmup 1)
+  if (( ranks > 16384 )); then rounds=(--repeat 1 --warmup 0); fi
+  "$bench" --json "$out_dir/rendezvous_$ranks.json" rendezvous --ranks "$ranks" "${rounds[@]}"
+done
+"$bench" --json "$out_dir/waiters.json" waiters --ranks "${MESH_BENCH_WAITERS_RANKS:-10000}"
 
 # Merge the per-suite files into one document.
 python3 - "$out_dir" <<'PY'

@@ -1,0 +1,739 @@
+#include "bench/rendezvous_bench.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <utility>
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/check.h"
+#include "common/grpc_status.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "mesh/v1/admin.grpc.pb.h"
+#include "mesh/v1/worker.grpc.pb.h"
+
+namespace mesh::bench {
+
+// ---- Shared helpers --------------------------------------------------------------
+
+std::vector<std::shared_ptr<grpc::Channel>> MakeConnections(const std::string& address, int count) {
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  channels.reserve(count);
+  for (int i = 0; i < count; ++i) {
+    grpc::ChannelArguments args;
+    // Channels with equal arguments share one subchannel, hence one TCP
+    // connection; an argument that differs per channel gives each its own.
+    args.SetInt("mesh.bench.connection", i);
+    // The server's limit applies; the client adds none of its own.
+    args.SetMaxReceiveMessageSize(-1);
+    channels.push_back(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  }
+  return channels;
+}
+
+absl::Status Connect(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+                     absl::Duration timeout) {
+  const auto deadline = std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout);
+  for (size_t i = 0; i < channels.size(); ++i) {
+    grpc_connectivity_state state = channels[i]->GetState(/*try_to_connect=*/true);
+    while (state != GRPC_CHANNEL_READY) {
+      // A refused connection shows as TRANSIENT_FAILURE at once; waiting out
+      // the reconnect backoff would only delay the same answer.
+      if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) {
+        return absl::UnavailableError(
+            absl::StrCat("connection ", i, " of ", channels.size(), " failed"));
+      }
+      if (!channels[i]->WaitForStateChange(state, deadline)) {
+        return absl::UnavailableError(absl::StrCat("connection ", i, " of ", channels.size(),
+                                                   " did not connect within ",
+                                                   absl::FormatDuration(timeout)));
+      }
+      state = channels[i]->GetState(/*try_to_connect=*/true);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> StartBenchCoordinator() {
+  coordinator::CoordinatorConfig config;
+  config.port = 0;
+  // Simulated ranks do not heartbeat; with the default 10 s timeout a long
+  // round (or a held wait) would fail its generation for missed heartbeats.
+  config.coordination.heartbeat_timeout = absl::Hours(1);
+  config.coordination.max_wait = absl::Hours(2);
+  return coordinator::CoordinatorServer::Start(config);
+}
+
+namespace {
+
+// "   1234 kB" -> bytes; 0 when malformed.
+int64_t ParseKiB(absl::string_view text) {
+  text = absl::StripAsciiWhitespace(text);
+  absl::ConsumeSuffix(&text, "kB");
+  int64_t kib = 0;
+  return absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &kib) ? kib * 1024 : 0;
+}
+
+}  // namespace
+
+ProcessStats ReadProcessStats() {
+  ProcessStats stats;
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    absl::string_view view(line);
+    if (absl::ConsumePrefix(&view, "Threads:")) {
+      (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(view), &stats.threads);
+    } else if (absl::ConsumePrefix(&view, "VmRSS:")) {
+      stats.rss_bytes = ParseKiB(view);
+    } else if (absl::ConsumePrefix(&view, "VmHWM:")) {
+      stats.peak_rss_bytes = ParseKiB(view);
+    }
+  }
+  std::error_code error;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    ++stats.open_fds;
+  }
+  return stats;
+}
+
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+double LoadAverage() {
+  std::ifstream file("/proc/loadavg");
+  double load = -1;
+  if (!(file >> load)) return -1;
+  return load;
+}
+
+nlohmann::json ToJson(const ProcessStats& stats) {
+  return {{"threads", stats.threads},
+          {"rss_bytes", stats.rss_bytes},
+          {"peak_rss_bytes", stats.peak_rss_bytes},
+          {"open_fds", stats.open_fds}};
+}
+
+// ---- rendezvous ------------------------------------------------------------------------
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using v1::WorkerService;
+using HealthStub = grpc::health::v1::Health::Stub;
+
+constexpr size_t kUniqueIdBytes = 128;
+// Simulated hosts hold this many consecutive ranks, so Join's node and local
+// ranks can be checked.
+constexpr int kRanksPerHost = 8;
+constexpr char kBarrierName[] = "bench";
+constexpr char kGroupKey[] = "bench/group";
+constexpr int kMaxRanks = 1 << 20;  // The coordinator's world-size limit.
+
+// Deterministic, distinct per seed.
+std::string MakeUniqueId(uint32_t seed) {
+  std::string id(kUniqueIdBytes, '\0');
+  uint32_t x = seed * 2654435761u + 1;
+  for (char& c : id) {
+    x = x * 1664525u + 1013904223u;
+    c = static_cast<char>(x >> 24);
+  }
+  return id;
+}
+
+std::string CallFailed(const char* method, const grpc::Status& status) {
+  return absl::StrCat(method, " failed: ", FromGrpcStatus(status).ToString());
+}
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// Book-keeping of one round. A rank's slots are written only by its own
+// chain of calls, one call at a time (each call starts from the previous
+// one's callback, which orders them), and read only after Wait().
+class RoundState {
+ public:
+  RoundState(int ranks, int steps)
+      : ranks_(ranks),
+        steps_(steps),
+        rank_start_(ranks),
+        step_done_(static_cast<size_t>(ranks) * steps),
+        remaining_(ranks) {}
+
+  void Start() {
+    cpu_start_ = ProcessCpuSeconds();
+    start_ = SteadyClock::now();
+  }
+  void RankStarted(int rank) { rank_start_[rank] = SteadyClock::now(); }
+  void StepDone(int rank, int step) {
+    step_done_[static_cast<size_t>(rank) * steps_ + step] = SteadyClock::now();
+  }
+
+  // Records the rank's failure and ends its chain.
+  void Fail(int rank, const std::string& what) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (failures_++ == 0) first_failure_ = absl::StrCat("rank ", rank, ": ", what);
+    }
+    RankDone();
+  }
+
+  // The last thing a rank's chain does; nothing of the round may be touched
+  // after it.
+  void RankDone() {
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) done_.Notify();
+  }
+
+  // Waits carry the round's timeout (and with --grpc-deadlines every call a
+  // gRPC deadline), so a live coordinator ends every chain by then. Past
+  // `limit` the coordinator has stopped answering; the calls still pending
+  // reference this round, so it cannot return: abort, loudly.
+  void Wait(absl::Duration limit) {
+    MESH_CHECK(done_.WaitForNotificationWithTimeout(limit),
+               "ranks still pending a minute past the round's timeout: the coordinator is not "
+               "answering");
+    cpu_s_ = ProcessCpuSeconds() - cpu_start_;
+  }
+
+  absl::Status status() const {
+    absl::MutexLock lock(&mu_);
+    if (failures_ == 0) return absl::OkStatus();
+    return absl::InternalError(
+        absl::StrCat(failures_, " of ", ranks_, " ranks failed; first: ", first_failure_));
+  }
+
+  RoundResult Result() const {
+    RoundResult result;
+    result.step_s.assign(steps_, 0);
+    result.step_first_s.assign(steps_, std::numeric_limits<double>::infinity());
+    std::vector<absl::Duration> latencies;
+    latencies.reserve(ranks_);
+    SteadyClock::time_point last = start_;
+    for (int r = 0; r < ranks_; ++r) {
+      for (int s = 0; s < steps_; ++s) {
+        const SteadyClock::time_point t = step_done_[static_cast<size_t>(r) * steps_ + s];
+        result.step_s[s] = std::max(result.step_s[s], Seconds(t - start_));
+        result.step_first_s[s] = std::min(result.step_first_s[s], Seconds(t - start_));
+      }
+      const SteadyClock::time_point end = step_done_[static_cast<size_t>(r) * steps_ + steps_ - 1];
+      last = std::max(last, end);
+      latencies.push_back(absl::FromChrono(end - rank_start_[r]));
+    }
+    result.total_s = Seconds(last - start_);
+    result.cpu_s = cpu_s_;
+    result.rank_latency = Summarize(std::move(latencies));
+    return result;
+  }
+
+ private:
+  static double Seconds(SteadyClock::duration d) {
+    return std::chrono::duration<double>(d).count();
+  }
+
+  const int ranks_;
+  const int steps_;
+  SteadyClock::time_point start_;
+  double cpu_start_ = 0;
+  double cpu_s_ = 0;
+  std::vector<SteadyClock::time_point> rank_start_;
+  std::vector<SteadyClock::time_point> step_done_;
+  std::atomic<int> remaining_;
+  absl::Notification done_;
+  mutable absl::Mutex mu_;
+  int failures_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string first_failure_ ABSL_GUARDED_BY(mu_);
+};
+
+// One pending call: everything gRPC needs to outlive it. Owned by the
+// callback that completes it.
+template <typename Request, typename Response>
+struct Call {
+  Call(int rank, const std::optional<std::chrono::system_clock::time_point>& deadline)
+      : rank(rank) {
+    if (deadline.has_value()) context.set_deadline(*deadline);
+  }
+  int rank;
+  int step = 0;  // For chains that repeat one method.
+  grpc::ClientContext context;
+  Request request;
+  Response response;
+};
+
+std::optional<std::chrono::system_clock::time_point> RoundDeadline(absl::Duration timeout,
+                                                                   bool grpc_deadlines) {
+  if (!grpc_deadlines) return std::nullopt;
+  return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout);
+}
+
+struct JobSpec {
+  std::string job_id;
+  int64_t generation = 0;
+  std::string world_id;  // Rank 0's Join carries it.
+  std::string group_id;  // Rank 0 publishes it under kGroupKey.
+};
+
+enum MeshStep { kJoin = 0, kBarrier, kUniqueId, kMeshSteps };
+
+// The coordinator's round: see the diagram in the header.
+class MeshRound {
+ public:
+  MeshRound(const std::vector<std::unique_ptr<WorkerService::Stub>>& stubs, int ranks, JobSpec job,
+            absl::Duration timeout, bool grpc_deadlines)
+      : stubs_(stubs),
+        ranks_(ranks),
+        job_(std::move(job)),
+        timeout_(timeout),
+        deadline_(RoundDeadline(timeout, grpc_deadlines)),
+        state_(ranks, kMeshSteps) {}
+
+  absl::StatusOr<RoundResult> Run() {
+    state_.Start();
+    for (int r = 0; r < ranks_; ++r) {
+      state_.RankStarted(r);
+      StartJoin(r);
+    }
+    state_.Wait(timeout_ + absl::Seconds(60));
+    if (absl::Status s = state_.status(); !s.ok()) return s;
+    return state_.Result();
+  }
+
+ private:
+  using JoinCall = Call<v1::JoinRequest, v1::JoinResponse>;
+  using BarrierCall = Call<v1::BarrierRequest, v1::BarrierResponse>;
+  using PublishCall = Call<v1::PublishUniqueIdsRequest, v1::PublishUniqueIdsResponse>;
+  using GetIdsCall = Call<v1::GetUniqueIdsRequest, v1::GetUniqueIdsResponse>;
+
+  WorkerService::StubInterface::async_interface* Stub(int rank) const {
+    return stubs_[static_cast<size_t>(rank) % stubs_.size()]->async();
+  }
+
+  void FillContext(int rank, v1::RankContext* context) const {
+    context->set_job_id(job_.job_id);
+    context->set_generation(job_.generation);
+    context->set_rank(rank);
+    context->set_incarnation(Incarnation(rank));
+  }
+  static uint64_t Incarnation(int rank) {
+    return (static_cast<uint64_t>(rank) + 1) * 0x9E3779B97F4A7C15ull;
+  }
+  double TimeoutSeconds() const { return absl::ToDoubleSeconds(timeout_); }
+
+  void StartJoin(int rank) {
+    auto* call = new JoinCall(rank, deadline_);
+    FillContext(rank, call->request.mutable_context());
+    call->request.set_host(absl::StrCat("host-", rank / kRanksPerHost));
+    call->request.set_timeout_seconds(TimeoutSeconds());
+    if (rank == 0) call->request.set_nccl_unique_id(job_.world_id);
+    Stub(rank)->Join(&call->context, &call->request, &call->response,
+                     [this, call](grpc::Status s) { OnJoin(std::unique_ptr<JoinCall>(call), s); });
+  }
+
+  // Returns what is wrong with the reply, or "" when it is right.
+  std::string CheckJoin(const JoinCall& call, const grpc::Status& status) const {
+    if (!status.ok()) return CallFailed("Join", status);
+    const int rank = call.rank;
+    const v1::JoinResponse& r = call.response;
+    const int host = rank / kRanksPerHost;
+    const int hosts = (ranks_ + kRanksPerHost - 1) / kRanksPerHost;
+    const int on_host = std::min(kRanksPerHost, ranks_ - host * kRanksPerHost);
+    if (r.rank() != rank || r.world_size() != ranks_ || r.generation() != job_.generation ||
+        r.node_rank() != host || r.num_nodes() != hosts || r.local_rank() != rank % kRanksPerHost ||
+        r.local_world_size() != on_host) {
+      return absl::StrCat("Join replied rank ", r.rank(), " of ", r.world_size(), ", generation ",
+                          r.generation(), ", node ", r.node_rank(), " of ", r.num_nodes(),
+                          ", local ", r.local_rank(), " of ", r.local_world_size(),
+                          "; expected rank ", rank, " of ", ranks_, ", generation ",
+                          job_.generation, ", node ", host, " of ", hosts, ", local ",
+                          rank % kRanksPerHost, " of ", on_host);
+    }
+    if (r.nccl_unique_id() != job_.world_id) {
+      return absl::StrCat("Join replied a ", r.nccl_unique_id().size(),
+                          "-byte world unique ID that differs from rank 0's");
+    }
+    return "";
+  }
+
+  // Each On* callback frees its call before it ends the rank's chain or
+  // starts the next call, so that no call outlives its round.
+  void OnJoin(std::unique_ptr<JoinCall> call, const grpc::Status& status) {
+    const int rank = call->rank;
+    const std::string wrong = CheckJoin(*call, status);
+    call.reset();
+    if (!wrong.empty()) return state_.Fail(rank, wrong);
+    state_.StepDone(rank, kJoin);
+    StartBarrier(rank);
+  }
+
+  void StartBarrier(int rank) {
+    auto* call = new BarrierCall(rank, deadline_);
+    FillContext(rank, call->request.mutable_context());
+    call->request.set_name(kBarrierName);
+    call->request.set_timeout_seconds(TimeoutSeconds());
+    Stub(rank)->Barrier(
+        &call->context, &call->request, &call->response,
+        [this, call](grpc::Status s) { OnBarrier(std::unique_ptr<BarrierCall>(call), s); });
+  }
+
+  void OnBarrier(std::unique_ptr<BarrierCall> call, const grpc::Status& status) {
+    const int rank = call->rank;
+    std::string wrong;
+    if (!status.ok()) {
+      wrong = CallFailed("Barrier", status);
+    } else if (call->response.participants() != ranks_) {
+      wrong = absl::StrCat("Barrier replied ", call->response.participants(), " participants, not ",
+                           ranks_);
+    }
+    call.reset();
+    if (!wrong.empty()) return state_.Fail(rank, wrong);
+    state_.StepDone(rank, kBarrier);
+    // Rank 0 publishes only after the barrier, so the other ranks' gets
+    // really wait for it, as they would for a communicator's ID.
+    rank == 0 ? StartPublish(rank) : StartGetIds(rank);
+  }
+
+  void StartPublish(int rank) {
+    auto* call = new PublishCall(rank, deadline_);
+    FillContext(rank, call->request.mutable_context());
+    (*call->request.mutable_ids())[kGroupKey] = job_.group_id;
+    Stub(rank)->PublishUniqueIds(
+        &call->context, &call->request, &call->response,
+        [this, call](grpc::Status s) { OnPublish(std::unique_ptr<PublishCall>(call), s); });
+  }
+
+  void OnPublish(std::unique_ptr<PublishCall> call, const grpc::Status& status) {
+    const int rank = call->rank;
+    call.reset();
+    if (!status.ok()) return state_.Fail(rank, CallFailed("PublishUniqueIds", status));
+    StartGetIds(rank);
+  }
+
+  void StartGetIds(int rank) {
+    auto* call = new GetIdsCall(rank, deadline_);
+    FillContext(rank, call->request.mutable_context());
+    call->request.add_keys(kGroupKey);
+    call->request.set_timeout_seconds(TimeoutSeconds());
+    Stub(rank)->GetUniqueIds(
+        &call->context, &call->request, &call->response,
+        [this, call](grpc::Status s) { OnGetIds(std::unique_ptr<GetIdsCall>(call), s); });
+  }
+
+  void OnGetIds(std::unique_ptr<GetIdsCall> call, const grpc::Status& status) {
+    const int rank = call->rank;
+    std::string wrong;
+    if (!status.ok()) {
+      wrong = CallFailed("GetUniqueIds", status);
+    } else if (call->response.ids_size() != 1 || call->response.ids(0) != job_.group_id) {
+      wrong = absl::StrCat("GetUniqueIds replied ", call->response.ids_size(),
+                           " ID(s) that differ from the published one");
+    }
+    call.reset();
+    if (!wrong.empty()) return state_.Fail(rank, wrong);
+    state_.StepDone(rank, kUniqueId);
+    state_.RankDone();
+  }
+
+  const std::vector<std::unique_ptr<WorkerService::Stub>>& stubs_;
+  const int ranks_;
+  const JobSpec job_;
+  const absl::Duration timeout_;
+  const std::optional<std::chrono::system_clock::time_point> deadline_;
+  RoundState state_;
+};
+
+constexpr int kBaselineCalls = 3;
+
+// The baseline: as many callers, each making kBaselineCalls sequential
+// health checks, the floor for moving that many calls through gRPC.
+class BaselineRound {
+ public:
+  BaselineRound(const std::vector<std::unique_ptr<HealthStub>>& stubs, int ranks,
+                absl::Duration timeout, bool grpc_deadlines)
+      : stubs_(stubs),
+        ranks_(ranks),
+        timeout_(timeout),
+        deadline_(RoundDeadline(timeout, grpc_deadlines)),
+        state_(ranks, kBaselineCalls) {}
+
+  absl::StatusOr<RoundResult> Run() {
+    state_.Start();
+    for (int r = 0; r < ranks_; ++r) {
+      state_.RankStarted(r);
+      StartCheck(r, 0);
+    }
+    state_.Wait(timeout_ + absl::Seconds(60));
+    if (absl::Status s = state_.status(); !s.ok()) return s;
+    return state_.Result();
+  }
+
+ private:
+  using CheckCall =
+      Call<grpc::health::v1::HealthCheckRequest, grpc::health::v1::HealthCheckResponse>;
+
+  void StartCheck(int rank, int step) {
+    auto* call = new CheckCall(rank, deadline_);
+    call->step = step;
+    stubs_[static_cast<size_t>(rank) % stubs_.size()]->async()->Check(
+        &call->context, &call->request, &call->response,
+        [this, call](grpc::Status s) { OnCheck(std::unique_ptr<CheckCall>(call), s); });
+  }
+
+  void OnCheck(std::unique_ptr<CheckCall> call, const grpc::Status& status) {
+    const int rank = call->rank;
+    const int step = call->step;
+    std::string wrong;
+    if (!status.ok()) {
+      wrong = CallFailed("Health.Check", status);
+    } else if (call->response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+      wrong = "Health.Check replied other than SERVING";
+    }
+    call.reset();
+    if (!wrong.empty()) return state_.Fail(rank, wrong);
+    state_.StepDone(rank, step);
+    if (step + 1 < kBaselineCalls) return StartCheck(rank, step + 1);
+    state_.RankDone();
+  }
+
+  const std::vector<std::unique_ptr<HealthStub>>& stubs_;
+  const int ranks_;
+  const absl::Duration timeout_;
+  const std::optional<std::chrono::system_clock::time_point> deadline_;
+  RoundState state_;
+};
+
+absl::Status ValidateOptions(const RendezvousBenchOptions& o) {
+  if (o.ranks < 1 || o.ranks > kMaxRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ranks must be in 1..", kMaxRanks, "; got ", o.ranks));
+  }
+  if (o.channels < 1 || o.channels > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("channels must be in 1..1024; got ", o.channels));
+  }
+  if (o.repeat < 1 || o.warmup < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("need repeat >= 1 and warmup >= 0; got ", o.repeat, " and ", o.warmup));
+  }
+  if (o.round_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the round timeout must be positive");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const std::vector<std::string>& MeshStepNames() {
+  static const auto* names = new std::vector<std::string>{"join", "barrier", "unique_id"};
+  return *names;
+}
+
+const std::vector<std::string>& BaselineStepNames() {
+  static const auto* names = new std::vector<std::string>{"check1", "check2", "check3"};
+  return *names;
+}
+
+absl::StatusOr<RendezvousBenchResult> RunRendezvousBench(const RendezvousBenchOptions& options) {
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+
+  // Declared first so that it outlives the channels and every call.
+  std::unique_ptr<coordinator::CoordinatorServer> server;
+  RendezvousBenchResult result;
+  result.coordinator = options.coordinator;
+  result.ranks = options.ranks;
+  result.channels = options.channels;
+  result.grpc_deadlines = options.grpc_deadlines;
+  result.load_average = LoadAverage();
+  if (result.coordinator.empty()) {
+    auto started = StartBenchCoordinator();
+    if (!started.ok()) return started.status();
+    server = *std::move(started);
+    result.coordinator = server->address();
+    result.in_process = true;
+  }
+
+  const auto channels = MakeConnections(result.coordinator, options.channels);
+  if (absl::Status s = Connect(channels, absl::Seconds(10)); !s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("coordinator ", result.coordinator, ": ", s.message()));
+  }
+  std::vector<std::unique_ptr<WorkerService::Stub>> workers;
+  std::vector<std::unique_ptr<HealthStub>> health;
+  for (const auto& channel : channels) {
+    workers.push_back(WorkerService::NewStub(channel));
+    health.push_back(grpc::health::v1::Health::NewStub(channel));
+  }
+  auto admin = v1::AdminService::NewStub(channels.front());
+
+  auto create_job = [&](uint32_t round) -> absl::StatusOr<JobSpec> {
+    JobSpec job;
+    job.world_id = MakeUniqueId(2 * round + 1);
+    job.group_id = MakeUniqueId(2 * round + 2);
+    if (server != nullptr) {
+      coordinator::JobLayout layout;
+      layout.world_size = options.ranks;
+      auto info = server->coordination().CreateJob(std::move(layout));
+      if (!info.ok()) return info.status();
+      job.job_id = info->layout.job_id;
+      job.generation = info->generation;
+      return job;
+    }
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::CreateJobRequest request;
+    request.set_world_size(options.ranks);
+    v1::CreateJobResponse response;
+    if (grpc::Status s = admin->CreateJob(&context, request, &response); !s.ok()) {
+      return FromGrpcStatus(s);
+    }
+    job.job_id = response.job_id();
+    job.generation = response.generation();
+    return job;
+  };
+
+  const int rounds = options.warmup + options.repeat;
+  for (int round = 0; round < rounds; ++round) {
+    const bool measured = round >= options.warmup;
+    auto baseline =
+        BaselineRound(health, options.ranks, options.round_timeout, options.grpc_deadlines).Run();
+    if (!baseline.ok()) {
+      return absl::Status(baseline.status().code(), absl::StrCat("baseline round ", round, ": ",
+                                                                 baseline.status().message()));
+    }
+    auto job = create_job(static_cast<uint32_t>(round));
+    if (!job.ok()) return job.status();
+    const std::string job_id = job->job_id;
+    auto mesh = MeshRound(workers, options.ranks, *std::move(job), options.round_timeout,
+                          options.grpc_deadlines)
+                    .Run();
+    if (!mesh.ok()) {
+      return absl::Status(mesh.status().code(),
+                          absl::StrCat("job ", job_id, ": ", mesh.status().message()));
+    }
+    if (measured) {
+      result.baseline.push_back(*std::move(baseline));
+      result.mesh.push_back(*std::move(mesh));
+    }
+  }
+
+  auto median_of = [](const std::vector<RoundResult>& rounds, auto field) {
+    std::vector<double> values;
+    for (const RoundResult& r : rounds) values.push_back(field(r));
+    return Median(std::move(values));
+  };
+  auto steps_of = [&](const std::vector<RoundResult>& rounds, auto member) {
+    std::vector<double> steps;
+    for (size_t s = 0; s < (rounds.front().*member).size(); ++s) {
+      steps.push_back(
+          median_of(rounds, [s, member](const RoundResult& r) { return (r.*member)[s]; }));
+    }
+    return steps;
+  };
+  result.mesh_total_s = median_of(result.mesh, [](const RoundResult& r) { return r.total_s; });
+  result.baseline_total_s =
+      median_of(result.baseline, [](const RoundResult& r) { return r.total_s; });
+  auto ratio_of = [&](auto field) {
+    std::vector<double> ratios;
+    for (size_t i = 0; i < result.mesh.size(); ++i) {
+      ratios.push_back(field(result.mesh[i]) / field(result.baseline[i]));
+    }
+    return Median(std::move(ratios));
+  };
+  result.ratio = ratio_of([](const RoundResult& r) { return r.total_s; });
+  result.mesh_cpu_s = median_of(result.mesh, [](const RoundResult& r) { return r.cpu_s; });
+  result.baseline_cpu_s = median_of(result.baseline, [](const RoundResult& r) { return r.cpu_s; });
+  result.cpu_ratio = ratio_of([](const RoundResult& r) { return r.cpu_s; });
+  result.p50_ratio = ratio_of([](const RoundResult& r) { return r.rank_latency.p50_us; });
+  result.p99_ratio = ratio_of([](const RoundResult& r) { return r.rank_latency.p99_us; });
+  result.mesh_p50_us =
+      median_of(result.mesh, [](const RoundResult& r) { return r.rank_latency.p50_us; });
+  result.mesh_p99_us =
+      median_of(result.mesh, [](const RoundResult& r) { return r.rank_latency.p99_us; });
+  result.baseline_p50_us =
+      median_of(result.baseline, [](const RoundResult& r) { return r.rank_latency.p50_us; });
+  result.baseline_p99_us =
+      median_of(result.baseline, [](const RoundResult& r) { return r.rank_latency.p99_us; });
+  result.mesh_step_s = steps_of(result.mesh, &RoundResult::step_s);
+  result.mesh_step_first_s = steps_of(result.mesh, &RoundResult::step_first_s);
+  result.baseline_step_s = steps_of(result.baseline, &RoundResult::step_s);
+  result.baseline_step_first_s = steps_of(result.baseline, &RoundResult::step_first_s);
+  result.process = ReadProcessStats();
+  return result;
+}
+
+nlohmann::json ToJson(const RendezvousBenchResult& result) {
+  auto rounds = [](const std::vector<RoundResult>& list, const std::vector<std::string>& names) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const RoundResult& r : list) {
+      nlohmann::json steps;
+      for (size_t s = 0; s < names.size() && s < r.step_s.size(); ++s) {
+        steps[names[s]] = r.step_s[s];
+      }
+      out.push_back({{"total_s", r.total_s},
+                     {"cpu_s", r.cpu_s},
+                     {"step_s", steps},
+                     {"rank_latency", ToJson(r.rank_latency)}});
+    }
+    return out;
+  };
+  auto steps = [](const std::vector<double>& values, const std::vector<std::string>& names) {
+    nlohmann::json out;
+    for (size_t s = 0; s < names.size() && s < values.size(); ++s) out[names[s]] = values[s];
+    return out;
+  };
+  return {{"benchmark", "rendezvous"},
+          {"coordinator", result.coordinator},
+          {"in_process", result.in_process},
+          {"ranks", result.ranks},
+          {"channels", result.channels},
+          {"grpc_deadlines", result.grpc_deadlines},
+          {"load_average", result.load_average},
+          {"rounds", result.mesh.size()},
+          {"mesh",
+           {{"total_s", result.mesh_total_s},
+            {"cpu_s", result.mesh_cpu_s},
+            {"p50_us", result.mesh_p50_us},
+            {"p99_us", result.mesh_p99_us},
+            {"step_s", steps(result.mesh_step_s, MeshStepNames())},
+            {"step_first_s", steps(result.mesh_step_first_s, MeshStepNames())},
+            {"rounds", rounds(result.mesh, MeshStepNames())}}},
+          {"baseline_health_check",
+           {{"total_s", result.baseline_total_s},
+            {"cpu_s", result.baseline_cpu_s},
+            {"p50_us", result.baseline_p50_us},
+            {"p99_us", result.baseline_p99_us},
+            {"step_s", steps(result.baseline_step_s, BaselineStepNames())},
+            {"step_first_s", steps(result.baseline_step_first_s, BaselineStepNames())},
+            {"rounds", rounds(result.baseline, BaselineStepNames())}}},
+          {"ratio", result.ratio},
+          {"cpu_ratio", result.cpu_ratio},
+          {"p50_ratio", result.p50_ratio},
+          {"p99_ratio", result.p99_ratio},
+          {"process", ToJson(result.process)}};
+}
+
+}  // namespace mesh::bench

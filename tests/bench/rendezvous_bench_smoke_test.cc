@@ -1,0 +1,120 @@
+// Smoke only: small sizes, asserts the harness works and reports what it
+// should; never asserts a time.
+#include "bench/rendezvous_bench.h"
+
+#include <gtest/gtest.h>
+
+namespace mesh::bench {
+namespace {
+
+void ExpectRound(const RoundResult& round, int ranks, size_t steps) {
+  EXPECT_EQ(round.rank_latency.count, ranks);
+  ASSERT_EQ(round.step_s.size(), steps);
+  // Steps finish in order, and the round ends with the last one.
+  for (size_t s = 1; s < steps; ++s) EXPECT_LE(round.step_s[s - 1], round.step_s[s]);
+  EXPECT_DOUBLE_EQ(round.step_s.back(), round.total_s);
+  EXPECT_GT(round.total_s, 0);
+  EXPECT_LE(round.rank_latency.max_us, round.total_s * 1e6 + 1);
+}
+
+TEST(RendezvousBenchSmoke, RendezvousesEveryRankAgainstAnInProcessCoordinator) {
+  RendezvousBenchOptions options;
+  options.ranks = 64;
+  options.channels = 3;
+  options.repeat = 2;
+  options.warmup = 1;
+  options.round_timeout = absl::Seconds(30);
+  auto result = RunRendezvousBench(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->in_process);
+  EXPECT_EQ(result->ranks, 64);
+  EXPECT_EQ(result->channels, 3);
+  ASSERT_EQ(result->mesh.size(), 2u);
+  ASSERT_EQ(result->baseline.size(), 2u);
+  for (const RoundResult& round : result->mesh) ExpectRound(round, 64, MeshStepNames().size());
+  for (const RoundResult& round : result->baseline) {
+    ExpectRound(round, 64, BaselineStepNames().size());
+  }
+  EXPECT_GT(result->ratio, 0);
+  // The median of the two rounds' own ratios.
+  EXPECT_DOUBLE_EQ(result->ratio, (result->mesh[0].total_s / result->baseline[0].total_s +
+                                   result->mesh[1].total_s / result->baseline[1].total_s) /
+                                      2);
+  EXPECT_GT(result->mesh_p99_us, 0);
+  EXPECT_GE(result->mesh_p99_us, result->mesh_p50_us);
+  EXPECT_GT(result->process.threads, 0);
+  EXPECT_GT(result->process.rss_bytes, 0);
+
+  const nlohmann::json json = ToJson(*result);
+  EXPECT_EQ(json["benchmark"], "rendezvous");
+  EXPECT_EQ(json["ranks"], 64);
+  EXPECT_EQ(json["rounds"], 2);
+  EXPECT_EQ(json["mesh"]["rounds"].size(), 2u);
+  EXPECT_TRUE(json["mesh"]["step_s"].contains("unique_id"));
+  EXPECT_TRUE(json["baseline_health_check"]["step_s"].contains("check3"));
+  EXPECT_EQ(json["mesh"]["rounds"][0]["rank_latency"]["count"], 64);
+  EXPECT_GE(json["process"]["peak_rss_bytes"].get<int64_t>(),
+            json["process"]["rss_bytes"].get<int64_t>());
+}
+
+TEST(RendezvousBenchSmoke, CreatesJobsThroughAdminServiceOnARemoteCoordinator) {
+  auto server = StartBenchCoordinator();
+  ASSERT_TRUE(server.ok()) << server.status();
+  RendezvousBenchOptions options;
+  options.coordinator = (*server)->address();
+  // Not a multiple of the 8 ranks per simulated host, so the last host is
+  // short and Join's local_world_size check sees it.
+  options.ranks = 37;
+  options.channels = 2;
+  options.repeat = 1;
+  options.warmup = 0;
+  options.grpc_deadlines = true;
+  auto result = RunRendezvousBench(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FALSE(result->in_process);
+  EXPECT_EQ(result->coordinator, (*server)->address());
+  ASSERT_EQ(result->mesh.size(), 1u);
+  ExpectRound(result->mesh[0], 37, MeshStepNames().size());
+  // Every rank's waits completed; none is left behind on the server.
+  EXPECT_EQ((*server)->coordination().PendingWaits(), 0u);
+}
+
+TEST(RendezvousBenchSmoke, ASingleRankRendezvousesWithItself) {
+  RendezvousBenchOptions options;
+  options.ranks = 1;
+  options.channels = 1;
+  options.repeat = 1;
+  options.warmup = 0;
+  auto result = RunRendezvousBench(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ExpectRound(result->mesh[0], 1, MeshStepNames().size());
+}
+
+TEST(RendezvousBenchSmoke, RejectsBadOptionsAndUnreachableCoordinators) {
+  RendezvousBenchOptions bad;
+  bad.ranks = 0;
+  EXPECT_EQ(RunRendezvousBench(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.ranks = 4;
+  bad.channels = 0;
+  EXPECT_EQ(RunRendezvousBench(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.channels = 1;
+  bad.repeat = 0;
+  EXPECT_EQ(RunRendezvousBench(bad).status().code(), absl::StatusCode::kInvalidArgument);
+
+  RendezvousBenchOptions nowhere;
+  nowhere.coordinator = "127.0.0.1:1";
+  nowhere.ranks = 2;
+  EXPECT_EQ(RunRendezvousBench(nowhere).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(RendezvousBenchSmoke, ReadsProcessStats) {
+  const ProcessStats stats = ReadProcessStats();
+  EXPECT_GE(stats.threads, 1);
+  EXPECT_GT(stats.rss_bytes, 0);
+  EXPECT_GE(stats.peak_rss_bytes, stats.rss_bytes);
+  EXPECT_GE(stats.open_fds, 3);  // stdin, stdout, stderr at least.
+  EXPECT_GT(ProcessCpuSeconds(), 0);
+}
+
+}  // namespace
+}  // namespace mesh::bench
