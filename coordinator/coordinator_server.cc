@@ -68,6 +68,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // gRPC sets SO_REUSEPORT by default, which would let a second coordinator
   // silently share the port with the first. One port, one coordinator.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Waits last minutes with no data on the connection. Ping the client every
+  // 30 s so a vanished peer's pending calls end (and free their reactors)
+  // instead of lingering until their deadline, and accept client keepalive
+  // pings as often as every 10 s: gRPC's default (5 min) answers a client
+  // that keeps its long waits alive with GOAWAY "too_many_pings", failing
+  // every wait on that connection.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10'000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.RegisterService(&server->admin_service_);
   builder.RegisterService(&server->worker_service_);
 
