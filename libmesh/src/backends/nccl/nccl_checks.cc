@@ -20,25 +20,6 @@ bool MultiplyNonNegative(int64_t a, int64_t b, int64_t* out) {
   return true;
 }
 
-// Local rather than ReduceOpName (mesh/process_group.h): that one is defined
-// by whichever branch owns process_group.cc, and these checks must link in
-// every build.
-absl::string_view ReduceName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAvg:
-      return "avg";
-    case ReduceOp::kMin:
-      return "min";
-    case ReduceOp::kMax:
-      return "max";
-    case ReduceOp::kProd:
-      return "prod";
-  }
-  return "unknown";
-}
-
 int64_t RowSize(const Tensor& t) {
   int64_t row = 1;
   for (int d = 1; d < t.dim(); ++d) row *= t.size(d);  // numel() fits, so this does.
@@ -138,7 +119,7 @@ absl::Status CheckReduceOp(const GroupView& group, absl::string_view op, DType d
                            ReduceOp reduce_op, const NcclCaps& caps) {
   if (dtype == DType::kBool && reduce_op != ReduceOp::kMin && reduce_op != ReduceOp::kMax) {
     return Invalid(group, op,
-                   absl::StrCat("reduction '", ReduceName(reduce_op),
+                   absl::StrCat("reduction '", ReduceOpName(reduce_op),
                                 "' is not defined for bool; use min (logical and) or max "
                                 "(logical or)"));
   }

@@ -19,22 +19,6 @@ std::string Describe(const Tensor& t) {
   return absl::StrCat(DTypeName(t.dtype()), t.ShapeString());
 }
 
-absl::string_view ReduceName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAvg:
-      return "avg";
-    case ReduceOp::kMin:
-      return "min";
-    case ReduceOp::kMax:
-      return "max";
-    case ReduceOp::kProd:
-      return "prod";
-  }
-  return "unknown";
-}
-
 char* Bytes(const Tensor& t) { return static_cast<char*>(t.data()); }
 
 }  // namespace
@@ -515,7 +499,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllReduce(Tensor tensor, Reduce
   const size_t count = static_cast<size_t>(tensor.numel());
   void* data = tensor.data();
   return core_->Launch(
-      kOp, [&] { return absl::StrCat(Describe(tensor), ", ", ReduceName(op)); },
+      kOp, [&] { return absl::StrCat(Describe(tensor), ", ", ReduceOpName(op)); },
       [&](ncclComm_t comm, cudaStream_t stream) {
         // Zero elements on every member (they agree on numel): nothing to
         // do, and NCCL need not see a possibly-null pointer.
@@ -554,7 +538,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Reduce(Tensor tensor, int root,
   const size_t count = static_cast<size_t>(tensor.numel());
   void* data = tensor.data();
   return core_->Launch(
-      kOp, [&] { return absl::StrCat(Describe(tensor), ", ", ReduceName(op), ", root ", root); },
+      kOp, [&] { return absl::StrCat(Describe(tensor), ", ", ReduceOpName(op), ", root ", root); },
       [&](ncclComm_t comm, cudaStream_t stream) {
         if (count == 0) return ncclSuccess;
         // In place: recvbuff only matters on the root.
@@ -599,7 +583,9 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::ReduceScatter(Tensor input, Ten
   void* recv = output.data();
   return core_->Launch(
       kOp,
-      [&] { return absl::StrCat(Describe(input), " -> ", Describe(output), ", ", ReduceName(op)); },
+      [&] {
+        return absl::StrCat(Describe(input), " -> ", Describe(output), ", ", ReduceOpName(op));
+      },
       [&](ncclComm_t comm, cudaStream_t stream) {
         if (count == 0) return ncclSuccess;
         return ncclReduceScatter(send, recv, count, type, red, comm, stream);
