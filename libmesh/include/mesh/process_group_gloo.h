@@ -67,7 +67,8 @@
 namespace mesh {
 
 enum class GlooAllreduceAlgorithm : uint8_t {
-  kAuto,   // bcube below GlooOptions::allreduce_ring_min_bytes, ring from it up.
+  kAuto,   // Ring for 2 members; for more, bcube below
+           // GlooOptions::allreduce_ring_min_bytes and ring from it up.
   kRing,   // gloo ring: 2(n-1)/n of the data per rank, 2(n-1) steps.
   kBcube,  // gloo bcube (base 2): log2(n)-ish steps, for latency-bound sizes.
 };
@@ -90,14 +91,27 @@ struct GlooOptions {
   ProcessGroupOptions group;
 
   GlooAllreduceAlgorithm allreduce_algorithm = GlooAllreduceAlgorithm::kAuto;
-  // kAuto's crossover, in bytes of the tensor. Measured on the development
-  // machine (2 cores, loopback; docs/collectives.md): bcube wins below
-  // 256 KiB for 3..8 ranks, the two tie for 2 ranks, ring wins above.
-  size_t allreduce_ring_min_bytes = 256 * 1024;
+  // kAuto's crossover for groups of 3 or more, in bytes of the tensor.
+  // Measured on the development machine (loopback TCP, 3, 4 and 8 processes;
+  // docs/collectives.md): bcube is up to 4x faster below 4 MiB, the two tie
+  // around 8 MiB, the ring is 1.2x-2x faster from 16 MiB up.
+  size_t allreduce_ring_min_bytes = 8 * 1024 * 1024;
 
   // Upper bound on one message of the ring reduce-scatter; a smaller segment
   // overlaps wire and reduction sooner, a larger one costs fewer messages.
   size_t reduce_scatter_segment_bytes = 512 * 1024;
+
+  // Prototype: when every member of a group runs on this host (same boot,
+  // mount and PID namespace), run all_reduce, reduce, broadcast, all_gather,
+  // reduce_scatter, equal-split all_to_all and barrier through one
+  // shared-memory segment instead of TCP (send/recv and uneven all_to_all
+  // stay on TCP). Groups that span hosts, or whose segment cannot be
+  // created (e.g. a full /dev/shm), silently use TCP. Off by default until
+  // it has run in more places than the development machine.
+  bool shared_memory = false;
+  // Bytes per member slot of the segment, which holds size() + 1 slots: the
+  // largest piece one barrier round moves.
+  size_t shared_memory_slot_bytes = 4 * 1024 * 1024;
 };
 
 class GlooProcessGroupFactory;
@@ -132,8 +146,12 @@ class ProcessGroupGloo final : public ProcessGroup {
   void Abort(absl::Status reason) override;
   absl::Status health() const override;
 
-  // The algorithm AllReduce uses for a tensor of `nbytes` bytes.
+  // The algorithm AllReduce uses for a tensor of `nbytes` bytes over TCP.
   GlooAllreduceAlgorithm AllreduceAlgorithmFor(size_t nbytes) const;
+
+  // Whether collectives go through shared memory (GlooOptions::shared_memory
+  // was set and every member is on this host).
+  bool uses_shared_memory() const;
 
   // Internal: the group's state, shared with its threads and Works.
   class State;

@@ -140,18 +140,31 @@ absl::StatusOr<std::shared_ptr<ProcessGroupGloo>> GlooProcessGroupFactory::MakeG
   }
   std::shared_ptr<gloo_backend::GlooContext> context;
   std::shared_ptr<::gloo::rendezvous::Store> rendezvous_store;
+  std::unique_ptr<gloo_backend::ShmGroup> shm;
   if (size > 1) {
-    rendezvous_store = std::make_shared<gloo_backend::GlooStore>(
-        std::make_shared<PrefixStore>(absl::StrCat("gloo/", name, "/", generation), store_));
+    auto group_store =
+        std::make_shared<PrefixStore>(absl::StrCat("gloo/", name, "/", generation), store_);
+    rendezvous_store = std::make_shared<gloo_backend::GlooStore>(group_store);
     context = std::make_shared<gloo_backend::GlooContext>(rank, size);
     context->setTimeout(absl::ToChronoMilliseconds(options_.group.timeout));
     const absl::Status connected = gloo_backend::CatchGloo(
         absl::StrCat("gloo group '", name, "' rank ", rank, "/", size, ": rendezvous"),
         global_ranks, [&] { context->Connect(*rendezvous_store, device_->device); });
     if (!connected.ok()) return connected;
+    if (options_.shared_memory) {
+      auto made = gloo_backend::ShmGroup::Create(
+          *group_store, rank, size, options_.shared_memory_slot_bytes, options_.group.timeout);
+      if (!made.ok()) {
+        return absl::Status(made.status().code(),
+                            absl::StrCat("gloo group '", name, "' rank ", rank, "/", size,
+                                         ": shared-memory rendezvous: ", made.status().message()));
+      }
+      shm = *std::move(made);
+    }
   }
   auto state = std::make_shared<ProcessGroupGloo::State>(
-      rank, global_ranks, name, options_, std::move(context), std::move(rendezvous_store));
+      rank, global_ranks, name, options_, std::move(context), std::move(rendezvous_store),
+      std::move(shm));
   state->Start();
   std::shared_ptr<ProcessGroupGloo> group(
       new ProcessGroupGloo(rank, global_ranks, name, options_, std::move(state)));
