@@ -20,12 +20,14 @@
 // thread that waits for them in posting order. Work::Wait(timeout) never
 // blocks past `timeout`, whatever the transport does.
 //
-// Algorithms. AllReduce picks gloo's bcube (recursive halving/doubling on
-// base 2; latency-optimal, log2(n) steps) below a size threshold and gloo's
-// ring (bandwidth-optimal) at or above it; see GlooOptions. ReduceScatter is
-// a ring of our own (gloo 0.5 has no abortable one). Broadcast is gloo's
-// binomial tree, Reduce gloo's ring reduce-scatter plus gather, AllGather
-// gloo's ring, AllToAll gloo's pairwise exchange, Barrier gloo's.
+// Algorithms. AllReduce uses gloo's ring (bandwidth-optimal, pipelined) for
+// two members; for more it picks gloo's bcube (recursive halving/doubling,
+// log2(n) steps) below a size threshold and the ring at or above it; see
+// GlooOptions. ReduceScatter is a ring of our own (gloo 0.5 has no abortable
+// one). Broadcast is gloo's binomial tree, Reduce gloo's ring reduce-scatter
+// plus gather, AllGather gloo's ring, AllToAll gloo's pairwise exchange,
+// Barrier gloo's. With GlooOptions::shared_memory, groups on one host run
+// their collectives through shared memory instead (send/recv stay on TCP).
 //
 // Failure. gloo blocks inside its ops and reports errors by throwing; the
 // backend catches every exception at the op boundary and turns it into a
@@ -103,11 +105,13 @@ struct GlooOptions {
 
   // Prototype: when every member of a group runs on this host (same boot,
   // mount and PID namespace), run all_reduce, reduce, broadcast, all_gather,
-  // reduce_scatter, equal-split all_to_all and barrier through one
-  // shared-memory segment instead of TCP (send/recv and uneven all_to_all
-  // stay on TCP). Groups that span hosts, or whose segment cannot be
-  // created (e.g. a full /dev/shm), silently use TCP. Off by default until
-  // it has run in more places than the development machine.
+  // reduce_scatter, all_to_all and barrier through one shared-memory segment
+  // instead of TCP (send/recv stay on TCP). Groups that span hosts, or whose
+  // segment cannot be created (e.g. a full /dev/shm), silently use TCP;
+  // every member reaches the same decision at rendezvous. A member that
+  // dies is noticed within 20 ms (its PID is gone), one that aborts at once.
+  // Off by default until it has run in more places than the development
+  // machine.
   bool shared_memory = false;
   // Bytes per member slot of the segment, which holds size() + 1 slots: the
   // largest piece one barrier round moves.

@@ -11,10 +11,15 @@
 //
 //   Header | Control[0..n-1] (one futex word + pid each) | in[0] .. in[n-1] | result
 //
-// Every round of an all-reduce of L <= slot bytes:
-//   1. member r copies its L bytes into in[r];            barrier
-//   2. member r reduces its 1/n of L over in[0..n-1] into result;  barrier
-//   3. member r copies result back into its tensor.
+// Every round of an all-reduce of L <= slot bytes (member r owns share r,
+// the r-th 1/n of the round):
+//   1. member r copies the other members' shares of its L bytes into in[r];
+//                                                                barrier
+//   2. member r reduces share r in its own tensor with share r of every
+//      other in[j], and copies it into result;                   barrier
+//   3. member r copies the other shares from result into its tensor.
+// Per member that is about 3L bytes of memory traffic for two members (the
+// TCP path moves each byte through two socket copies and a reduction).
 // The next round's step 1 rewrites in[r] only after everyone passed step 2's
 // barrier, and rewrites result only after everyone passed the next step-1
 // barrier, so one set of slots is enough. The rule that keeps this true for
