@@ -41,7 +41,9 @@
 // Any op that fails aborts its group with that status: the connections are
 // closed, so peers blocked in the same collective fail at once with
 // UNAVAILABLE instead of waiting for their timeout, and every later op fails
-// synchronously. A Gloo group cannot be used again after an error; build a
+// synchronously. An op failing with UNAVAILABLE first waits up to
+// GlooOptions::abort_grace for the runtime's Abort(reason), and fails with
+// that reason if it comes. A Gloo group cannot be used again after an error; build a
 // new one (NewGroups again) if the job survives.
 //
 // Abort(reason) ends the running op within milliseconds even though gloo
@@ -92,12 +94,23 @@ struct GlooOptions {
   // Work::Wait().
   ProcessGroupOptions group;
 
+  // When an op fails because a peer's connection broke (or a shared-memory
+  // peer aborted), how long it waits for a local Abort(reason) before
+  // failing with UNAVAILABLE. The runtime learns of a death from the
+  // coordinator at about the time the survivors' connections break; its
+  // reason names the dead rank, where "connection reset" names only the
+  // neighbour that noticed first. Peers of a broken group fail this much
+  // later than they could.
+  absl::Duration abort_grace = absl::Milliseconds(100);
+
   GlooAllreduceAlgorithm allreduce_algorithm = GlooAllreduceAlgorithm::kAuto;
   // kAuto's crossover for groups of 3 or more, in bytes of the tensor.
-  // Measured on the development machine (loopback TCP, 3, 4 and 8 processes;
-  // docs/collectives.md): bcube is up to 4x faster below 4 MiB, the two tie
-  // around 8 MiB, the ring is 1.2x-2x faster from 16 MiB up.
-  size_t allreduce_ring_min_bytes = 8 * 1024 * 1024;
+  // Measured on the development machine (loopback TCP, 3, 4 and 8
+  // processes, medians of 6 runs; docs/collectives.md): bcube is 1.3x-3.8x
+  // faster up to 1 MiB, the two are within 10% of each other from 2 to
+  // 8 MiB (bcube still 1.3x faster for 3 ranks), and the ring is 1.3x-2.5x
+  // faster from 16 MiB up.
+  size_t allreduce_ring_min_bytes = 16 * 1024 * 1024;
 
   // Upper bound on one message of the ring reduce-scatter; a smaller segment
   // overlaps wire and reduction sooner, a larger one costs fewer messages.

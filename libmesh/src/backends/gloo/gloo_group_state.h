@@ -103,8 +103,9 @@ class ProcessGroupGloo::State : public std::enable_shared_from_this<ProcessGroup
   std::shared_ptr<internal::HostWork> NewWork();
   void WorkerLoop();
   void PointToPointLoop();
-  // The status an op ends with: the abort reason once aborted; else
-  // `status`, which aborts the group when it is an error.
+  // The status an op ends with: the abort reason once aborted (waiting up
+  // to abort_grace for one when `status` is UNAVAILABLE); else `status`,
+  // which aborts the group when it is an error.
   absl::Status Finish(absl::Status status);
 
   const int rank_;

@@ -177,6 +177,18 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::State::Enqueue(
 absl::Status ProcessGroupGloo::State::Finish(absl::Status status) {
   {
     absl::MutexLock lock(&mu_);
+    // A broken connection usually means a peer died or aborted, and the
+    // runtime hears of it from the coordinator at about the same time and
+    // calls Abort with a reason that names the culprit. That reason is more
+    // useful than "connection reset", so give it a moment to arrive.
+    if (status.code() == absl::StatusCode::kUnavailable && abort_status_.ok()) {
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](State* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+                                 return !s->abort_status_.ok();
+                               },
+                               this),
+                           options_.abort_grace);
+    }
     if (!abort_status_.ok()) return abort_status_;
   }
   // Any failure leaves the members out of step (some finished the op, some
