@@ -1,3 +1,4 @@
+#include <net/if.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -70,6 +71,12 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroupFactory::Device>> MakeDevice(
     return std::make_unique<GlooProcessGroupFactory::Device>(*std::move(device), options.hostname);
   }
   if (!options.iface.empty()) {
+    // gloo throws for an unknown interface too, but leaks getifaddrs' list
+    // on the way out; ask the kernel first.
+    if (if_nametoindex(options.iface.c_str()) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gloo: no network interface '", options.iface, "' on this host"));
+    }
     attr.iface = options.iface;
     auto device = CreateTcpDevice(attr, absl::StrCat("interface '", options.iface, "'"));
     if (!device.ok()) return device.status();
@@ -172,6 +179,12 @@ absl::StatusOr<std::shared_ptr<ProcessGroupGloo>> GlooProcessGroupFactory::MakeG
   {
     absl::MutexLock lock(&mu_);
     aborted = abort_status_;
+    // Forget groups their users dropped, so rebuilding families in a loop
+    // does not grow the list.
+    groups_.erase(
+        std::remove_if(groups_.begin(), groups_.end(),
+                       [](const std::weak_ptr<ProcessGroupGloo>& g) { return g.expired(); }),
+        groups_.end());
     groups_.push_back(group);
   }
   if (!aborted.ok()) group->Abort(aborted);
