@@ -231,6 +231,7 @@ std::vector<std::string> WorkerArgs(const CollectivesBenchOptions& o, int rank,
       absl::StrJoin(o.ops, ","),
   };
   if (o.check) args.push_back("-c");
+  if (o.shared_memory) args.push_back("--shm");
   return args;
 }
 
@@ -327,6 +328,7 @@ absl::Status RunCollectivesWorker(const CollectivesBenchOptions& options, int ra
   gloo.hostname = options.hostname;
   gloo.group.timeout = options.timeout;
   gloo.allreduce_algorithm = options.allreduce_algorithm;
+  gloo.shared_memory = options.shared_memory;
   auto factory =
       GlooProcessGroupFactory::Create(std::shared_ptr<Store>(*std::move(store)), rank, n, gloo);
   if (!factory.ok()) return factory.status();
@@ -395,7 +397,9 @@ absl::Status RunCollectivesWorker(const CollectivesBenchOptions& options, int ra
         row.algbw_gbps = static_cast<double>(row.bytes) / (row.time_us * 1e3);
         row.busbw_gbps = row.algbw_gbps * d.bus_factor(n);
         row.wrong = wrong;
-        if (op == "all_reduce" && gloo_group != nullptr) {
+        if (gloo_group != nullptr && gloo_group->uses_shared_memory()) {
+          row.algorithm = "shm";
+        } else if (op == "all_reduce" && gloo_group != nullptr) {
           row.algorithm = GlooAllreduceAlgorithmName(
               gloo_group->AllreduceAlgorithmFor(static_cast<size_t>(row.bytes)));
         }
@@ -557,12 +561,14 @@ nlohmann::json ToJson(const CollectivesBenchOptions& options,
           {"warmup", options.warmup},
           {"check", options.check},
           {"allreduce_algorithm", GlooAllreduceAlgorithmName(options.allreduce_algorithm)},
+          {"shared_memory", options.shared_memory},
           {"rows", rows}};
 }
 
 std::string CollectivesHeader(const CollectivesBenchOptions& o) {
-  return absl::StrCat("# mesh-bench collectives: ", o.nproc, " processes, gloo over TCP ",
-                      o.hostname, ", iterations ", o.iterations, ", warmup ", o.warmup, ", check ",
+  return absl::StrCat("# mesh-bench collectives: ", o.nproc, " processes, gloo over ",
+                      o.shared_memory ? "shared memory (TCP for setup) " : "TCP ", o.hostname,
+                      ", iterations ", o.iterations, ", warmup ", o.warmup, ", check ",
                       o.check ? "on" : "off", "\n#\n",
                       absl::StrFormat("# %-15s %12s %12s %9s %11s %11s %11s %7s  %s\n",
                                       "collective", "size(B)", "count", "type", "time(us)",

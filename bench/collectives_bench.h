@@ -60,6 +60,8 @@ struct CollectivesBenchOptions {
   GlooAllreduceAlgorithm allreduce_algorithm = GlooAllreduceAlgorithm::kAuto;
   // Address the workers' Gloo sockets bind to.
   std::string hostname = "127.0.0.1";
+  // GlooOptions::shared_memory (the single-host prototype).
+  bool shared_memory = false;
   // Gloo's per-op timeout, and the rendezvous timeout.
   absl::Duration timeout = absl::Seconds(120);
   // The whole run, after which the parent kills the workers.

@@ -185,6 +185,8 @@ int main(int argc, char** argv) {
   coll_cmd->add_option("--algorithm", coll_algorithm, "all_reduce algorithm: auto, ring, bcube")
       ->check(CLI::IsMember({"auto", "ring", "bcube"}))
       ->capture_default_str();
+  coll_cmd->add_flag("--shm", coll.shared_memory,
+                     "Run through the shared-memory path (GlooOptions::shared_memory)");
   coll_cmd->add_option("--hostname", coll.hostname, "Address the Gloo sockets bind to")
       ->capture_default_str();
   coll_cmd->add_option("--timeout", coll_timeout_s, "Gloo op and rendezvous timeout, seconds")

@@ -43,6 +43,15 @@ GlooOptions LongTimeoutOptions() {
   return options;
 }
 
+// Every test runs over TCP and over the shared-memory path.
+class GlooFailure : public ::testing::TestWithParam<bool> {
+ protected:
+  GlooOptions With(GlooOptions options) const {
+    options.shared_memory = GetParam();
+    return options;
+  }
+};
+
 // Polls until the work leaves PENDING or `limit` passes; returns the time it
 // took. Used to show that an op is really blocked before acting on it.
 void ExpectStillPending(const ProcessGroup::WorkPtr& work, absl::Duration for_at_least) {
@@ -51,14 +60,15 @@ void ExpectStillPending(const ProcessGroup::WorkPtr& work, absl::Duration for_at
   EXPECT_EQ(work->status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-TEST(GlooAbort, AbortFailsTheBlockedOpAndQueuedOpsWithTheReason) {
+TEST_P(GlooFailure, AbortFailsTheBlockedOpAndQueuedOpsWithTheReason) {
   // Rank 2 stops participating: it ran one all-reduce with the others, then
   // never issues the second. Ranks 0 and 1 block inside gloo until the
   // runtime (here: the test) aborts their groups with the coordinator's
   // reason.
   const int n = 3;
-  auto ranks = MakeRanks(n, LongTimeoutOptions());
+  auto ranks = MakeRanks(n, With(LongTimeoutOptions()));
   ASSERT_TRUE(ranks.ok()) << ranks.status();
+  EXPECT_EQ(dynamic_cast<ProcessGroupGloo&>(*(*ranks)->world[0]).uses_shared_memory(), GetParam());
   OnRanks(n, [&](int r) {
     Tensor t = Poisoned(DType::kFloat32, {1 << 16});
     auto first = (*ranks)->world[r]->AllReduce(t, ReduceOp::kSum);
@@ -100,8 +110,8 @@ TEST(GlooAbort, AbortFailsTheBlockedOpAndQueuedOpsWithTheReason) {
   }
 }
 
-TEST(GlooAbort, OpsAfterAbortFailAtOnceWithTheFirstReason) {
-  auto ranks = MakeRanks(2);
+TEST_P(GlooFailure, OpsAfterAbortFailAtOnceWithTheFirstReason) {
+  auto ranks = MakeRanks(2, With(TestOptions()));
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   ProcessGroup& g = *(*ranks)->world[0];
   const absl::Status reason = absl::AbortedError("job generation 3 was restarted");
@@ -123,12 +133,12 @@ TEST(GlooAbort, OpsAfterAbortFailAtOnceWithTheFirstReason) {
   EXPECT_EQ(g.Broadcast(t, 7).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(GlooAbort, DestroyingAPeerGroupFailsPendingOpsWithUnavailable) {
+TEST_P(GlooFailure, DestroyingAPeerGroupFailsPendingOpsWithUnavailable) {
   // The stand-in for a process death: rank 2 destroys its group (closing
   // its sockets) while ranks 0 and 1 wait in an all-reduce. They fail with
   // UNAVAILABLE long before their 60 s gloo timeout.
   const int n = 3;
-  auto ranks = MakeRanks(n, LongTimeoutOptions());
+  auto ranks = MakeRanks(n, With(LongTimeoutOptions()));
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   std::vector<Tensor> tensors = {Poisoned(DType::kFloat32, {1021}),
                                  Poisoned(DType::kFloat32, {1021})};
@@ -151,9 +161,9 @@ TEST(GlooAbort, DestroyingAPeerGroupFailsPendingOpsWithUnavailable) {
   EXPECT_LT(absl::Now() - start, kPrompt);
 }
 
-TEST(GlooAbort, AnErrorNamesThePeerRankTheOpWaitedOn) {
+TEST_P(GlooFailure, AnErrorNamesThePeerRankTheOpWaitedOn) {
   // Two ranks: rank 0 waits in a broadcast from rank 1, which goes away.
-  auto ranks = MakeRanks(2, LongTimeoutOptions());
+  auto ranks = MakeRanks(2, With(LongTimeoutOptions()));
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   Tensor t = Poisoned(DType::kInt32, {8});
   auto w = (*ranks)->world[0]->Broadcast(t, 1);
@@ -171,8 +181,8 @@ TEST(GlooAbort, AnErrorNamesThePeerRankTheOpWaitedOn) {
   EXPECT_EQ((*ranks)->world[0]->Barrier().status(), s);
 }
 
-TEST(GlooAbort, WorkAbortAbortsTheGroupAndPeersFailPromptly) {
-  auto ranks = MakeRanks(2, LongTimeoutOptions());
+TEST_P(GlooFailure, WorkAbortAbortsTheGroupAndPeersFailPromptly) {
+  auto ranks = MakeRanks(2, With(LongTimeoutOptions()));
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   Tensor t0 = Poisoned(DType::kFloat32, {64});
   Tensor t1 = Poisoned(DType::kFloat32, {64});
@@ -194,8 +204,8 @@ TEST(GlooAbort, WorkAbortAbortsTheGroupAndPeersFailPromptly) {
   EXPECT_LT(absl::Now() - start, kPrompt);
 }
 
-TEST(GlooTimeout, AnOpPastTheGlooTimeoutFailsWithDeadlineExceeded) {
-  GlooOptions options = TestOptions();
+TEST_P(GlooFailure, AnOpPastTheGlooTimeoutFailsWithDeadlineExceeded) {
+  GlooOptions options = With(TestOptions());
   options.group.timeout = absl::Seconds(1);
   auto ranks = MakeRanks(2, options);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
@@ -214,8 +224,8 @@ TEST(GlooTimeout, AnOpPastTheGlooTimeoutFailsWithDeadlineExceeded) {
   EXPECT_FALSE(peer.ok());
 }
 
-TEST(GlooWork, WaitNeverBlocksPastItsTimeout) {
-  auto ranks = MakeRanks(2, LongTimeoutOptions());
+TEST_P(GlooFailure, WaitNeverBlocksPastItsTimeout) {
+  auto ranks = MakeRanks(2, With(LongTimeoutOptions()));
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   Tensor t = Poisoned(DType::kFloat32, {8});
   auto w = (*ranks)->world[0]->AllReduce(t, ReduceOp::kSum);
@@ -235,6 +245,9 @@ TEST(GlooWork, WaitNeverBlocksPastItsTimeout) {
   EXPECT_TRUE((*w)->IsCompleted());
   EXPECT_TRUE((*w)->status().ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(TcpAndShm, GlooFailure, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "shm" : "tcp"; });
 
 TEST(GlooFactoryFailure, RendezvousWithAMissingRankTimesOut) {
   GlooOptions options = TestOptions();

@@ -38,13 +38,17 @@ using ::testing::HasSubstr;
 // Rendezvous costs more than most ops, so a world per size is built once per
 // process and reused by every test that leaves it healthy.
 
-Ranks& SharedWorld(int n) {
+Ranks& SharedWorld(int n, bool shm = false) {
   static std::mutex mu;
-  static std::map<int, std::unique_ptr<Ranks>>* worlds = new std::map<int, std::unique_ptr<Ranks>>;
+  static auto* worlds = new std::map<std::pair<int, bool>, std::unique_ptr<Ranks>>;
   std::lock_guard<std::mutex> lock(mu);
-  auto& slot = (*worlds)[n];
+  auto& slot = (*worlds)[{n, shm}];
   if (slot == nullptr || !slot->healthy()) {
-    auto made = MakeRanks(n);
+    GlooOptions options = TestOptions();
+    options.shared_memory = shm;
+    // Small slots, so that the test sizes take several rounds.
+    options.shared_memory_slot_bytes = 64 * 1024;
+    auto made = MakeRanks(n, options);
     EXPECT_TRUE(made.ok()) << made.status();
     slot = *std::move(made);
   }
@@ -149,10 +153,12 @@ struct Case {
   int n;
   DType dtype;
   int64_t count;
+  bool shm = false;  // GlooOptions::shared_memory.
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  return absl::StrCat("n", info.param.n, "_", DTypeName(info.param.dtype), "_", info.param.count);
+  return absl::StrCat("n", info.param.n, "_", DTypeName(info.param.dtype), "_", info.param.count,
+                      info.param.shm ? "_shm" : "");
 }
 
 // The large count (past gloo's 1 MiB segments and our 512 KiB ones, and
@@ -174,6 +180,18 @@ std::vector<Case> AllCases() {
         cases.push_back({n, dtype, kLarge});
       }
     }
+  }
+  // The shared-memory path: one dtype per element size and bool, with
+  // 64 KiB slots so that 1021 elements and the large count take several
+  // rounds.
+  for (int n : {2, 3, 5, 8}) {
+    for (DType dtype :
+         {DType::kFloat32, DType::kBFloat16, DType::kInt8, DType::kInt64, DType::kBool}) {
+      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{1021}}) {
+        cases.push_back({n, dtype, count, true});
+      }
+    }
+    cases.push_back({n, DType::kFloat32, kLarge, true});
   }
   return cases;
 }
@@ -336,8 +354,11 @@ void RunEveryCollective(ProcessGroup& g, const Case& c) {
 
 TEST_P(GlooCollectives, EveryCollectiveMatchesTheReference) {
   const Case c = GetParam();
-  Ranks& ranks = SharedWorld(c.n);
+  Ranks& ranks = SharedWorld(c.n, c.shm);
   ASSERT_EQ(ranks.size(), c.n);
+  auto* gloo = dynamic_cast<ProcessGroupGloo*>(ranks.world[0].get());
+  ASSERT_NE(gloo, nullptr);
+  EXPECT_EQ(gloo->uses_shared_memory(), c.shm && c.n > 1);
   OnRanks(c.n, [&](int r) { RunEveryCollective(*ranks.world[r], c); });
   EXPECT_TRUE(ranks.healthy());
 }
@@ -386,14 +407,17 @@ INSTANTIATE_TEST_SUITE_P(RingAndBcube, GlooAllreduceAlgorithms,
                                                GlooAllreduceAlgorithmName(std::get<1>(info.param)));
                          });
 
-TEST(GlooAllreduceAlgorithm, AutoSwitchesToRingAtTheThreshold) {
-  auto ranks = MakeRanks(1);
-  ASSERT_TRUE(ranks.ok()) << ranks.status();
-  auto* group = dynamic_cast<ProcessGroupGloo*>((*ranks)->world[0].get());
-  ASSERT_NE(group, nullptr);
+TEST(GlooAllreduceAlgorithm, AutoPicksRingForTwoAndSwitchesAtTheThresholdForMore) {
   const size_t threshold = TestOptions().allreduce_ring_min_bytes;
-  EXPECT_EQ(group->AllreduceAlgorithmFor(threshold - 1), GlooAllreduceAlgorithm::kBcube);
-  EXPECT_EQ(group->AllreduceAlgorithmFor(threshold), GlooAllreduceAlgorithm::kRing);
+  auto* three = dynamic_cast<ProcessGroupGloo*>(SharedWorld(3).world[0].get());
+  ASSERT_NE(three, nullptr);
+  EXPECT_EQ(three->AllreduceAlgorithmFor(1), GlooAllreduceAlgorithm::kBcube);
+  EXPECT_EQ(three->AllreduceAlgorithmFor(threshold - 1), GlooAllreduceAlgorithm::kBcube);
+  EXPECT_EQ(three->AllreduceAlgorithmFor(threshold), GlooAllreduceAlgorithm::kRing);
+  auto* two = dynamic_cast<ProcessGroupGloo*>(SharedWorld(2).world[0].get());
+  ASSERT_NE(two, nullptr);
+  EXPECT_EQ(two->AllreduceAlgorithmFor(1), GlooAllreduceAlgorithm::kRing);
+  EXPECT_EQ(two->AllreduceAlgorithmFor(threshold - 1), GlooAllreduceAlgorithm::kRing);
 }
 
 // ---- Non-contiguous inputs and outputs ---------------------------------------------
@@ -427,12 +451,12 @@ void ExpectGapsPoisoned(const Strided& s, const std::string& what) {
   }
 }
 
-class GlooNonContiguous : public ::testing::TestWithParam<std::tuple<int, DType>> {};
+class GlooNonContiguous : public ::testing::TestWithParam<std::tuple<int, DType, bool>> {};
 
 TEST_P(GlooNonContiguous, StridedTensorsAreStagedBothWays) {
-  const auto [n, dtype] = GetParam();
+  const auto [n, dtype, shm] = GetParam();
   const int64_t count = 37;
-  Ranks& ranks = SharedWorld(n);
+  Ranks& ranks = SharedWorld(n, shm);
   OnRanks(n, [&, n = n, dtype = dtype](int r) {
     ProcessGroup& g = *ranks.world[r];
     {
@@ -524,18 +548,22 @@ TEST_P(GlooNonContiguous, StridedTensorsAreStagedBothWays) {
 INSTANTIATE_TEST_SUITE_P(SizesAndDTypes, GlooNonContiguous,
                          ::testing::Combine(::testing::Values(1, 2, 3, 5),
                                             ::testing::Values(DType::kFloat32, DType::kBFloat16,
-                                                              DType::kInt64, DType::kBool)),
+                                                              DType::kInt64, DType::kBool),
+                                            ::testing::Bool()),
                          [](const auto& info) {
                            return absl::StrCat("n", std::get<0>(info.param), "_",
-                                               DTypeName(std::get<1>(info.param)));
+                                               DTypeName(std::get<1>(info.param)),
+                                               std::get<2>(info.param) ? "_shm" : "");
                          });
 
 // ---- In-place forms ---------------------------------------------------------------
 
-TEST(GlooInPlace, AllGatherFromOwnChunkAndReduceScatterIntoOwnChunk) {
+class GlooInPlace : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GlooInPlace, AllGatherFromOwnChunkAndReduceScatterIntoOwnChunk) {
   const int n = 3;
-  const int64_t count = 101;
-  Ranks& ranks = SharedWorld(n);
+  const int64_t count = 40000;  // Several shared-memory rounds.
+  Ranks& ranks = SharedWorld(n, GetParam());
   OnRanks(n, [&](int r) {
     ProcessGroup& g = *ranks.world[r];
     Tensor out = Poisoned(DType::kFloat32, {n * count});
@@ -565,6 +593,9 @@ TEST(GlooInPlace, AllGatherFromOwnChunkAndReduceScatterIntoOwnChunk) {
         "in-place reduce_scatter");
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(TcpAndShm, GlooInPlace, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "shm" : "tcp"; });
 
 // ---- f16 / bf16 accumulate in float -----------------------------------------------
 

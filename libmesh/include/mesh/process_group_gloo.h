@@ -20,12 +20,14 @@
 // thread that waits for them in posting order. Work::Wait(timeout) never
 // blocks past `timeout`, whatever the transport does.
 //
-// Algorithms. AllReduce picks gloo's bcube (recursive halving/doubling on
-// base 2; latency-optimal, log2(n) steps) below a size threshold and gloo's
-// ring (bandwidth-optimal) at or above it; see GlooOptions. ReduceScatter is
-// a ring of our own (gloo 0.5 has no abortable one). Broadcast is gloo's
-// binomial tree, Reduce gloo's ring reduce-scatter plus gather, AllGather
-// gloo's ring, AllToAll gloo's pairwise exchange, Barrier gloo's.
+// Algorithms. AllReduce uses gloo's ring (bandwidth-optimal, pipelined) for
+// two members; for more it picks gloo's bcube (recursive halving/doubling,
+// log2(n) steps) below a size threshold and the ring at or above it; see
+// GlooOptions. ReduceScatter is a ring of our own (gloo 0.5 has no abortable
+// one). Broadcast is gloo's binomial tree, Reduce gloo's ring reduce-scatter
+// plus gather, AllGather gloo's ring, AllToAll gloo's pairwise exchange,
+// Barrier gloo's. With GlooOptions::shared_memory, groups on one host run
+// their collectives through shared memory instead (send/recv stay on TCP).
 //
 // Failure. gloo blocks inside its ops and reports errors by throwing; the
 // backend catches every exception at the op boundary and turns it into a
@@ -39,7 +41,9 @@
 // Any op that fails aborts its group with that status: the connections are
 // closed, so peers blocked in the same collective fail at once with
 // UNAVAILABLE instead of waiting for their timeout, and every later op fails
-// synchronously. A Gloo group cannot be used again after an error; build a
+// synchronously. An op failing with UNAVAILABLE first waits up to
+// GlooOptions::abort_grace for the runtime's Abort(reason), and fails with
+// that reason if it comes. A Gloo group cannot be used again after an error; build a
 // new one (NewGroups again) if the job survives.
 //
 // Abort(reason) ends the running op within milliseconds even though gloo
@@ -67,7 +71,8 @@
 namespace mesh {
 
 enum class GlooAllreduceAlgorithm : uint8_t {
-  kAuto,   // bcube below GlooOptions::allreduce_ring_min_bytes, ring from it up.
+  kAuto,   // Ring for 2 members; for more, bcube below
+           // GlooOptions::allreduce_ring_min_bytes and ring from it up.
   kRing,   // gloo ring: 2(n-1)/n of the data per rank, 2(n-1) steps.
   kBcube,  // gloo bcube (base 2): log2(n)-ish steps, for latency-bound sizes.
 };
@@ -89,15 +94,41 @@ struct GlooOptions {
   // Work::Wait().
   ProcessGroupOptions group;
 
+  // When an op fails because a peer's connection broke (or a shared-memory
+  // peer aborted), how long it waits for a local Abort(reason) before
+  // failing with UNAVAILABLE. The runtime learns of a death from the
+  // coordinator at about the time the survivors' connections break; its
+  // reason names the dead rank, where "connection reset" names only the
+  // neighbour that noticed first. Peers of a broken group fail this much
+  // later than they could.
+  absl::Duration abort_grace = absl::Milliseconds(100);
+
   GlooAllreduceAlgorithm allreduce_algorithm = GlooAllreduceAlgorithm::kAuto;
-  // kAuto's crossover, in bytes of the tensor. Measured on the development
-  // machine (2 cores, loopback; docs/collectives.md): bcube wins below
-  // 256 KiB for 3..8 ranks, the two tie for 2 ranks, ring wins above.
-  size_t allreduce_ring_min_bytes = 256 * 1024;
+  // kAuto's crossover for groups of 3 or more, in bytes of the tensor.
+  // Measured on the development machine (loopback TCP, 3, 4 and 8
+  // processes, medians of 6 runs; docs/collectives.md): bcube is 1.3x-3.8x
+  // faster up to 1 MiB, the two are within 10% of each other from 2 to
+  // 8 MiB (bcube still 1.3x faster for 3 ranks), and the ring is 1.3x-2.5x
+  // faster from 16 MiB up.
+  size_t allreduce_ring_min_bytes = 16 * 1024 * 1024;
 
   // Upper bound on one message of the ring reduce-scatter; a smaller segment
   // overlaps wire and reduction sooner, a larger one costs fewer messages.
   size_t reduce_scatter_segment_bytes = 512 * 1024;
+
+  // Prototype: when every member of a group runs on this host (same boot,
+  // mount and PID namespace), run all_reduce, reduce, broadcast, all_gather,
+  // reduce_scatter, all_to_all and barrier through one shared-memory segment
+  // instead of TCP (send/recv stay on TCP). Groups that span hosts, or whose
+  // segment cannot be created (e.g. a full /dev/shm), silently use TCP;
+  // every member reaches the same decision at rendezvous. A member that
+  // dies is noticed within 20 ms (its PID is gone), one that aborts at once.
+  // Off by default until it has run in more places than the development
+  // machine.
+  bool shared_memory = false;
+  // Bytes per member slot of the segment, which holds size() + 1 slots: the
+  // largest piece one barrier round moves.
+  size_t shared_memory_slot_bytes = 4 * 1024 * 1024;
 };
 
 class GlooProcessGroupFactory;
@@ -132,8 +163,12 @@ class ProcessGroupGloo final : public ProcessGroup {
   void Abort(absl::Status reason) override;
   absl::Status health() const override;
 
-  // The algorithm AllReduce uses for a tensor of `nbytes` bytes.
+  // The algorithm AllReduce uses for a tensor of `nbytes` bytes over TCP.
   GlooAllreduceAlgorithm AllreduceAlgorithmFor(size_t nbytes) const;
+
+  // Whether collectives go through shared memory (GlooOptions::shared_memory
+  // was set and every member is on this host).
+  bool uses_shared_memory() const;
 
   // Internal: the group's state, shared with its threads and Works.
   class State;

@@ -1,3 +1,4 @@
+#include <net/if.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -70,6 +71,12 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroupFactory::Device>> MakeDevice(
     return std::make_unique<GlooProcessGroupFactory::Device>(*std::move(device), options.hostname);
   }
   if (!options.iface.empty()) {
+    // gloo throws for an unknown interface too, but leaks getifaddrs' list
+    // on the way out; ask the kernel first.
+    if (if_nametoindex(options.iface.c_str()) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gloo: no network interface '", options.iface, "' on this host"));
+    }
     attr.iface = options.iface;
     auto device = CreateTcpDevice(attr, absl::StrCat("interface '", options.iface, "'"));
     if (!device.ok()) return device.status();
@@ -140,18 +147,31 @@ absl::StatusOr<std::shared_ptr<ProcessGroupGloo>> GlooProcessGroupFactory::MakeG
   }
   std::shared_ptr<gloo_backend::GlooContext> context;
   std::shared_ptr<::gloo::rendezvous::Store> rendezvous_store;
+  std::unique_ptr<gloo_backend::ShmGroup> shm;
   if (size > 1) {
-    rendezvous_store = std::make_shared<gloo_backend::GlooStore>(
-        std::make_shared<PrefixStore>(absl::StrCat("gloo/", name, "/", generation), store_));
+    auto group_store =
+        std::make_shared<PrefixStore>(absl::StrCat("gloo/", name, "/", generation), store_);
+    rendezvous_store = std::make_shared<gloo_backend::GlooStore>(group_store);
     context = std::make_shared<gloo_backend::GlooContext>(rank, size);
     context->setTimeout(absl::ToChronoMilliseconds(options_.group.timeout));
     const absl::Status connected = gloo_backend::CatchGloo(
         absl::StrCat("gloo group '", name, "' rank ", rank, "/", size, ": rendezvous"),
         global_ranks, [&] { context->Connect(*rendezvous_store, device_->device); });
     if (!connected.ok()) return connected;
+    if (options_.shared_memory) {
+      auto made = gloo_backend::ShmGroup::Create(
+          *group_store, rank, size, options_.shared_memory_slot_bytes, options_.group.timeout);
+      if (!made.ok()) {
+        return absl::Status(made.status().code(),
+                            absl::StrCat("gloo group '", name, "' rank ", rank, "/", size,
+                                         ": shared-memory rendezvous: ", made.status().message()));
+      }
+      shm = *std::move(made);
+    }
   }
   auto state = std::make_shared<ProcessGroupGloo::State>(
-      rank, global_ranks, name, options_, std::move(context), std::move(rendezvous_store));
+      rank, global_ranks, name, options_, std::move(context), std::move(rendezvous_store),
+      std::move(shm));
   state->Start();
   std::shared_ptr<ProcessGroupGloo> group(
       new ProcessGroupGloo(rank, global_ranks, name, options_, std::move(state)));
@@ -159,6 +179,12 @@ absl::StatusOr<std::shared_ptr<ProcessGroupGloo>> GlooProcessGroupFactory::MakeG
   {
     absl::MutexLock lock(&mu_);
     aborted = abort_status_;
+    // Forget groups their users dropped, so rebuilding families in a loop
+    // does not grow the list.
+    groups_.erase(
+        std::remove_if(groups_.begin(), groups_.end(),
+                       [](const std::weak_ptr<ProcessGroupGloo>& g) { return g.expired(); }),
+        groups_.end());
     groups_.push_back(group);
   }
   if (!aborted.ok()) group->Abort(aborted);

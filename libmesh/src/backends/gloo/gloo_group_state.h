@@ -34,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "backends/gloo/gloo_context.h"
 #include "backends/gloo/gloo_staging.h"
+#include "backends/gloo/shm_group.h"
 #include "mesh/process_group_gloo.h"
 #include "work_impl.h"
 
@@ -42,10 +43,12 @@ namespace mesh {
 class ProcessGroupGloo::State : public std::enable_shared_from_this<ProcessGroupGloo::State> {
  public:
   // `context` is null for a group of one (every op is local then);
-  // `rendezvous_store` is kept alive for as long as the context.
+  // `rendezvous_store` is kept alive for as long as the context. `shm` is
+  // null unless the group runs its collectives through shared memory.
   State(int rank, std::vector<int> global_ranks, std::string name, GlooOptions options,
         std::shared_ptr<gloo_backend::GlooContext> context,
-        std::shared_ptr<::gloo::rendezvous::Store> rendezvous_store);
+        std::shared_ptr<::gloo::rendezvous::Store> rendezvous_store,
+        std::unique_ptr<gloo_backend::ShmGroup> shm);
   ~State();
 
   State(const State&) = delete;
@@ -81,6 +84,8 @@ class ProcessGroupGloo::State : public std::enable_shared_from_this<ProcessGroup
   std::chrono::milliseconds op_timeout() const;
   // The group's gloo context; null for a group of one.
   const std::shared_ptr<gloo_backend::GlooContext>& context() const { return context_; }
+  // The shared-memory path, or null.
+  gloo_backend::ShmGroup* shm() const { return shm_.get(); }
 
  private:
   struct QueuedOp {
@@ -98,8 +103,9 @@ class ProcessGroupGloo::State : public std::enable_shared_from_this<ProcessGroup
   std::shared_ptr<internal::HostWork> NewWork();
   void WorkerLoop();
   void PointToPointLoop();
-  // The status an op ends with: the abort reason once aborted; else
-  // `status`, which aborts the group when it is an error.
+  // The status an op ends with: the abort reason once aborted (waiting up
+  // to abort_grace for one when `status` is UNAVAILABLE); else `status`,
+  // which aborts the group when it is an error.
   absl::Status Finish(absl::Status status);
 
   const int rank_;
@@ -108,6 +114,7 @@ class ProcessGroupGloo::State : public std::enable_shared_from_this<ProcessGroup
   const GlooOptions options_;
   const std::shared_ptr<::gloo::rendezvous::Store> rendezvous_store_;
   const std::shared_ptr<gloo_backend::GlooContext> context_;
+  const std::unique_ptr<gloo_backend::ShmGroup> shm_;
 
   mutable absl::Mutex mu_;
   absl::Status abort_status_ ABSL_GUARDED_BY(mu_);

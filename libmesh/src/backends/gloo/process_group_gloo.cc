@@ -96,13 +96,15 @@ const char* GlooAllreduceAlgorithmName(GlooAllreduceAlgorithm algorithm) {
 ProcessGroupGloo::State::State(int rank, std::vector<int> global_ranks, std::string name,
                                GlooOptions options,
                                std::shared_ptr<gloo_backend::GlooContext> context,
-                               std::shared_ptr<::gloo::rendezvous::Store> rendezvous_store)
+                               std::shared_ptr<::gloo::rendezvous::Store> rendezvous_store,
+                               std::unique_ptr<gloo_backend::ShmGroup> shm)
     : rank_(rank),
       global_ranks_(std::move(global_ranks)),
       name_(std::move(name)),
       options_(std::move(options)),
       rendezvous_store_(std::move(rendezvous_store)),
-      context_(std::move(context)) {}
+      context_(std::move(context)),
+      shm_(std::move(shm)) {}
 
 ProcessGroupGloo::State::~State() { Shutdown(); }
 
@@ -146,6 +148,7 @@ void ProcessGroupGloo::State::Abort(absl::Status reason) {
   // Wakes the running op and the p2p waits, and closes the connections so
   // that peers blocked in the same op fail now instead of at their timeout.
   if (context_ != nullptr) context_->Abort();
+  if (shm_ != nullptr) shm_->Abort();
   for (QueuedOp& op : dropped) op.work->Complete(reason);
 }
 
@@ -174,6 +177,18 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::State::Enqueue(
 absl::Status ProcessGroupGloo::State::Finish(absl::Status status) {
   {
     absl::MutexLock lock(&mu_);
+    // A broken connection usually means a peer died or aborted, and the
+    // runtime hears of it from the coordinator at about the same time and
+    // calls Abort with a reason that names the culprit. That reason is more
+    // useful than "connection reset", so give it a moment to arrive.
+    if (status.code() == absl::StatusCode::kUnavailable && abort_status_.ok()) {
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](State* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+                                 return !s->abort_status_.ok();
+                               },
+                               this),
+                           options_.abort_grace);
+    }
     if (!abort_status_.ok()) return abort_status_;
   }
   // Any failure leaves the members out of step (some finished the op, some
@@ -294,11 +309,17 @@ void ProcessGroupGloo::Abort(absl::Status reason) { state_->Abort(std::move(reas
 
 absl::Status ProcessGroupGloo::health() const { return state_->health(); }
 
+bool ProcessGroupGloo::uses_shared_memory() const { return state_->shm() != nullptr; }
+
 GlooAllreduceAlgorithm ProcessGroupGloo::AllreduceAlgorithmFor(size_t nbytes) const {
   const GlooOptions& options = state_->options();
   if (options.allreduce_algorithm != GlooAllreduceAlgorithm::kAuto) {
     return options.allreduce_algorithm;
   }
+  // Measured (docs/collectives.md): with two members the ring is never
+  // slower (both are one exchange, and the ring pipelines segments); with
+  // more, bcube's log2(n) steps win until the ring's pipelining takes over.
+  if (size() <= 2) return GlooAllreduceAlgorithm::kRing;
   return nbytes < options.allreduce_ring_min_bytes ? GlooAllreduceAlgorithm::kBcube
                                                    : GlooAllreduceAlgorithm::kRing;
 }
@@ -317,6 +338,12 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllReduce(Tensor tensor,
     absl::StatusOr<gloo_backend::ReduceFn> fn = gloo_backend::MakeReduceFn(tensor.dtype(), op);
     if (!fn.ok()) return fn.status();
     const size_t n = static_cast<size_t>(tensor.numel());
+    if (gloo_backend::ShmGroup* shm = s->shm()) {
+      shm->AllReduce(buf->data(), n, tensor.element_size(), *fn, s->op_timeout());
+      if (op == ReduceOp::kAvg)
+        gloo_backend::DivideInPlace(tensor.dtype(), buf->data(), n, s->size());
+      return buf->CopyBack();
+    }
     ::gloo::AllreduceOptions opts(s->context());
     DispatchElementSize(tensor.element_size(), [&](auto elem) {
       opts.setOutput(static_cast<decltype(elem)*>(buf->data()), n);
@@ -348,6 +375,10 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::Broadcast(Tensor tensor,
     absl::StatusOr<Staged> buf = Staged::Of(tensor, /*copy_in=*/is_root);
     if (!buf.ok()) return buf.status();
     const size_t n = static_cast<size_t>(tensor.numel());
+    if (gloo_backend::ShmGroup* shm = s->shm()) {
+      shm->Broadcast(buf->data(), buf->nbytes(), root, s->op_timeout());
+      return is_root ? absl::OkStatus() : buf->CopyBack();
+    }
     ::gloo::BroadcastOptions opts(s->context());
     DispatchElementSize(tensor.element_size(), [&](auto elem) {
       opts.setOutput(static_cast<decltype(elem)*>(buf->data()), n);
@@ -377,14 +408,19 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::Reduce(Tensor tensor, in
     absl::StatusOr<gloo_backend::ReduceFn> fn = gloo_backend::MakeReduceFn(tensor.dtype(), op);
     if (!fn.ok()) return fn.status();
     const size_t n = static_cast<size_t>(tensor.numel());
-    ::gloo::ReduceOptions opts(s->context());
-    DispatchElementSize(tensor.element_size(), [&](auto elem) {
-      opts.setOutput(static_cast<decltype(elem)*>(buf->data()), n);
-    });
-    opts.setRoot(root);
-    opts.setReduceFunction(*fn);
-    opts.setTimeout(s->op_timeout());
-    ::gloo::reduce(opts);
+    if (gloo_backend::ShmGroup* shm = s->shm()) {
+      // Every member ends with the result; non-roots' tensors are scratch.
+      shm->AllReduce(buf->data(), n, tensor.element_size(), *fn, s->op_timeout());
+    } else {
+      ::gloo::ReduceOptions opts(s->context());
+      DispatchElementSize(tensor.element_size(), [&](auto elem) {
+        opts.setOutput(static_cast<decltype(elem)*>(buf->data()), n);
+      });
+      opts.setRoot(root);
+      opts.setReduceFunction(*fn);
+      opts.setTimeout(s->op_timeout());
+      ::gloo::reduce(opts);
+    }
     if (s->rank() != root) return absl::OkStatus();  // Scratch on non-roots.
     if (op == ReduceOp::kAvg)
       gloo_backend::DivideInPlace(tensor.dtype(), buf->data(), n, s->size());
@@ -416,6 +452,10 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllGather(Tensor input, 
     const bool in_place = input.is_contiguous() && !out->staged() && input.data() == own_slot;
     absl::StatusOr<Staged> in = Staged::Of(input, /*copy_in=*/true);
     if (!in.ok()) return in.status();
+    if (gloo_backend::ShmGroup* shm = s->shm()) {
+      shm->AllGather(in->data(), out->data(), chunk, s->op_timeout());
+      return out->CopyBack();
+    }
     ::gloo::AllgatherOptions opts(s->context());
     DispatchElementSize(input.element_size(), [&](auto elem) {
       using T = decltype(elem);
@@ -451,6 +491,15 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::ReduceScatter(Tensor inp
     if (!out.ok()) return out.status();
     absl::StatusOr<gloo_backend::ReduceFn> fn = gloo_backend::MakeReduceFn(input.dtype(), op);
     if (!fn.ok()) return fn.status();
+    if (gloo_backend::ShmGroup* shm = s->shm()) {
+      const size_t count = static_cast<size_t>(output.numel());
+      shm->ReduceScatter(in->data(), out->data(), count, output.element_size(), *fn,
+                         s->op_timeout());
+      if (op == ReduceOp::kAvg) {
+        gloo_backend::DivideInPlace(output.dtype(), out->data(), count, s->size());
+      }
+      return out->CopyBack();
+    }
     gloo_backend::RingReduceScatterArgs args;
     args.input = in->data();
     args.output = out->data();
@@ -535,6 +584,23 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllToAll(
                       if (!in.ok()) return in.status();
                       absl::StatusOr<Staged> out = Staged::Of(output, /*copy_in=*/false);
                       if (!out.ok()) return out.status();
+                      if (gloo_backend::ShmGroup* shm = s->shm()) {
+                        const size_t es = input.element_size();
+                        const int n = s->size();
+                        std::vector<size_t> in_off(n), in_len(n), out_off(n), out_len(n);
+                        size_t in_at = 0, out_at = 0;
+                        for (int j = 0; j < n; ++j) {
+                          in_off[j] = in_at;
+                          in_len[j] = static_cast<size_t>(in_counts[j]) * es;
+                          in_at += in_len[j];
+                          out_off[j] = out_at;
+                          out_len[j] = static_cast<size_t>(out_counts[j]) * es;
+                          out_at += out_len[j];
+                        }
+                        shm->AllToAll(in->data(), in_off, in_len, out->data(), out_off, out_len,
+                                      s->op_timeout());
+                        return out->CopyBack();
+                      }
                       ::gloo::AlltoallvOptions opts(s->context());
                       DispatchElementSize(input.element_size(), [&](auto elem) {
                         using T = decltype(elem);
@@ -578,6 +644,10 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::Barrier() {
   State* s = state_.get();
   return s->Enqueue("barrier", [s]() -> absl::Status {
     if (s->size() == 1) return absl::OkStatus();
+    if (gloo_backend::ShmGroup* shm = s->shm()) {
+      shm->Barrier(s->op_timeout());
+      return absl::OkStatus();
+    }
     ::gloo::BarrierOptions opts(s->context());
     opts.setTimeout(s->op_timeout());
     ::gloo::barrier(opts);
