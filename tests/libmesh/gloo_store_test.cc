@@ -115,6 +115,111 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndSizes, GlooAllreduceTest,
                                                info.param.elements);
                          });
 
+// ---- Batching --------------------------------------------------------------------
+
+// Counts the calls that reach the underlying store.
+class CountingStore final : public Store {
+ public:
+  explicit CountingStore(std::shared_ptr<Store> base) : Store(base->timeout()), base_(base) {}
+  std::atomic<int> sets{0}, gets{0}, waits{0}, multi_gets{0};
+
+ private:
+  absl::Status DoSet(const std::string& key, absl::string_view value) override {
+    ++sets;
+    return base_->Set(key, value);
+  }
+  absl::StatusOr<std::string> DoGet(const std::string& key, absl::Duration timeout) override {
+    ++gets;
+    return base_->Get(key, timeout);
+  }
+  absl::StatusOr<std::string> DoTryGet(const std::string& key) override {
+    ++gets;
+    return base_->TryGet(key);
+  }
+  absl::Status DoWait(absl::Span<const std::string> keys, absl::Duration timeout) override {
+    ++waits;
+    return base_->Wait(keys, timeout);
+  }
+  absl::StatusOr<int64_t> DoAdd(const std::string& key, int64_t delta) override {
+    return base_->Add(key, delta);
+  }
+  absl::StatusOr<CompareSetResult> DoCompareSet(const std::string& key, absl::string_view expected,
+                                                absl::string_view desired) override {
+    return base_->CompareSet(key, expected, desired);
+  }
+  absl::StatusOr<bool> DoDeleteKey(const std::string& key) override {
+    return base_->DeleteKey(key);
+  }
+  absl::StatusOr<int64_t> DoNumKeys() override { return base_->NumKeys(); }
+  absl::StatusOr<std::vector<std::string>> DoMultiGet(absl::Span<const std::string> keys,
+                                                      absl::Duration timeout) override {
+    ++multi_gets;
+    return base_->MultiGet(keys, timeout);
+  }
+  absl::Status DoMultiSet(absl::Span<const std::string> keys,
+                          absl::Span<const std::string> values) override {
+    return base_->MultiSet(keys, values);
+  }
+
+  std::shared_ptr<Store> base_;
+};
+
+// With the group size, a member's whole rendezvous is two sets and two
+// MultiGets, however many peers it has (gloo alone would wait and get per
+// peer), and the mesh it builds still works.
+TEST(GlooStoreTest, GroupSizeBatchesTheRendezvousIntoConstantRoundTrips) {
+  constexpr int kWorld = 5;
+  constexpr size_t kElements = 64;
+  auto shared = std::make_shared<PrefixStore>(TestPrefix(), SharedStore());
+  std::vector<std::shared_ptr<CountingStore>> counters;
+  for (int r = 0; r < kWorld; ++r) counters.push_back(std::make_shared<CountingStore>(shared));
+  std::vector<std::vector<float>> data(kWorld, std::vector<float>(kElements));
+  std::vector<std::string> errors(kWorld);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kWorld; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        GlooStore store(counters[r], kWorld);
+        auto context = std::make_shared<::gloo::rendezvous::Context>(r, kWorld);
+        context->setTimeout(kGlooTimeout);
+        auto device = LoopbackDevice();
+        context->connectFullMesh(store, device);
+        for (size_t i = 0; i < kElements; ++i) data[r][i] = static_cast<float>(r + 1);
+        ::gloo::AllreduceOptions opts(context);
+        opts.setOutput(data[r].data(), kElements);
+        opts.setReduceFunction(
+            static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<float>));
+        ::gloo::allreduce(opts);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(data[r][0], 15.0f) << "rank " << r;
+    // "rank_<r>" (host name) and "<r>" (addresses); one MultiGet per family
+    // read (rank 0 reads no lower rank's host name).
+    EXPECT_EQ(counters[r]->sets.load(), 2) << "rank " << r;
+    EXPECT_EQ(counters[r]->multi_gets.load(), r == 0 ? 1 : 2) << "rank " << r;
+    EXPECT_EQ(counters[r]->gets.load(), 0) << "rank " << r;
+    EXPECT_EQ(counters[r]->waits.load(), 0) << "rank " << r;
+  }
+}
+
+TEST(GlooStoreTest, KeysThatAreNotMemberRanksBypassTheBatch) {
+  auto counter =
+      std::make_shared<CountingStore>(std::make_shared<PrefixStore>(TestPrefix(), SharedStore()));
+  GlooStore store(counter, 2);
+  store.set("other", {'x'});
+  store.set("7", {'y'});  // Outside 0..1.
+  EXPECT_EQ(store.get("other"), std::vector<char>{'x'});
+  EXPECT_EQ(store.get("7"), std::vector<char>{'y'});
+  EXPECT_EQ(counter->gets.load(), 2);
+  EXPECT_EQ(counter->multi_gets.load(), 0);
+}
+
 // ---- Errors ----------------------------------------------------------------------
 
 std::shared_ptr<PrefixStore> ShortTimeoutStore() {

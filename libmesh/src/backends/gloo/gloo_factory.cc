@@ -151,7 +151,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroupGloo>> GlooProcessGroupFactory::MakeG
   if (size > 1) {
     auto group_store =
         std::make_shared<PrefixStore>(absl::StrCat("gloo/", name, "/", generation), store_);
-    rendezvous_store = std::make_shared<gloo_backend::GlooStore>(group_store);
+    rendezvous_store = std::make_shared<gloo_backend::GlooStore>(group_store, size);
     context = std::make_shared<gloo_backend::GlooContext>(rank, size);
     context->setTimeout(absl::ToChronoMilliseconds(options_.group.timeout));
     const absl::Status connected = gloo_backend::CatchGloo(

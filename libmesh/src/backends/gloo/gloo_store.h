@@ -29,7 +29,16 @@
 // failed GLOO_ENFORCE does. Both carry the original absl::Status, so the
 // code that called into gloo can turn the exception back into a Status.
 //
-// Thread safety: thread-safe (mesh stores are).
+// Batching: gloo 0.5's connectFullMesh has each member set "rank_<rank>" (its
+// host name) and "<rank>" (its addresses), then get the host names of the
+// lower ranks and wait for and get "<i>" of every peer, one key at a time:
+// O(n) store round trips per member, O(n^2) coordinator RPCs per group of
+// n. Given the group size, the adapter serves the first read of a key of
+// either family with one blocking MultiGet of that whole family and answers
+// the rest from a local cache, so each member costs two sets and two
+// MultiGets whatever n is. Other keys go straight to the store.
+//
+// Thread safety: thread-safe (mesh stores are; the cache has its own mutex).
 #pragma once
 
 #include <chrono>
@@ -42,7 +51,12 @@
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/store.h>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "mesh/store.h"
 
 namespace mesh::gloo_backend {
@@ -75,7 +89,8 @@ class GlooStore final : public ::gloo::rendezvous::Store {
  public:
   // `store` must not be null (checked); it is shared so that it outlives
   // every gloo object holding this adapter.
-  explicit GlooStore(std::shared_ptr<mesh::Store> store);
+  // `group_size` > 0 turns on batching (see above) for keys "0".."size-1".
+  explicit GlooStore(std::shared_ptr<mesh::Store> store, int group_size = 0);
   ~GlooStore() override;
 
   void set(const std::string& key, const std::vector<char>& data) override;
@@ -87,7 +102,16 @@ class GlooStore final : public ::gloo::rendezvous::Store {
   const std::shared_ptr<mesh::Store>& store() const { return store_; }
 
  private:
+  // True when every key is a member rank and batching is on; then the
+  // member keys are fetched (once) and cached, waiting up to `timeout`.
+  bool ServeFromCache(const std::vector<std::string>& keys, absl::Duration timeout);
+
   const std::shared_ptr<mesh::Store> store_;
+  const int group_size_;
+  absl::Mutex mu_;
+  // Key families ("" and "rank_") already fetched whole.
+  absl::flat_hash_set<std::string> fetched_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::string> cache_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mesh::gloo_backend
