@@ -51,6 +51,12 @@
 // and hard-closes its TCP connections (see
 // libmesh/src/backends/gloo/gloo_context.h).
 //
+// SIGPIPE: gloo writes to sockets without MSG_NOSIGNAL, so the first
+// GlooProcessGroupFactory::Create sets SIGPIPE to SIG_IGN when it still has
+// its default action (which would kill the process when a peer dies);
+// writes then fail with EPIPE and the op with UNAVAILABLE. An application
+// handler, if installed first, is left alone.
+//
 // Thread safety: everything here is thread-safe.
 #pragma once
 

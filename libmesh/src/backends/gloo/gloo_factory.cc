@@ -1,10 +1,12 @@
 #include <net/if.h>
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <mutex>
 #include <set>
 #include <utility>
 
@@ -102,8 +104,33 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroupFactory::Device>> MakeDevice(
 
 }  // namespace
 
+namespace {
+
+// gloo's TCP transport writes to its sockets without MSG_NOSIGNAL, so a write
+// to a peer that has just died raises SIGPIPE, whose default action kills
+// this process: a peer's death would take every survivor down with it
+// instead of failing their ops with UNAVAILABLE. Ignore SIGPIPE, unless the
+// application installed its own handler (or already ignores it); writes
+// then fail with EPIPE, which gloo reports as an I/O error.
+void IgnoreSigpipeUnlessHandled() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+        (current.sa_flags & SA_SIGINFO) == 0) {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<GlooProcessGroupFactory>> GlooProcessGroupFactory::Create(
     std::shared_ptr<Store> store, int world_rank, int world_size, GlooOptions options) {
+  IgnoreSigpipeUnlessHandled();
   if (store == nullptr) return absl::InvalidArgumentError("gloo: store is null");
   if (world_size <= 0 || world_rank < 0 || world_rank >= world_size) {
     return absl::InvalidArgumentError(
