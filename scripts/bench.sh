@@ -25,6 +25,12 @@ for ranks in ${MESH_BENCH_RENDEZVOUS_RANKS:-1024 4096 16384}; do
 done
 "$bench" --json "$out_dir/waiters.json" waiters --ranks "${MESH_BENCH_WAITERS_RANKS:-10000}"
 
+# CPU collectives, 2 local processes, TCP and shared memory (docs/collectives.md).
+"$bench" --json "$out_dir/collectives_tcp.json" collectives --nproc 2 -b 64K -e 64M -f 4 -c
+"$bench" --json "$out_dir/collectives_shm.json" collectives --nproc 2 -b 64K -e 64M -f 4 -c --shm
+# GPU section: prints "skipped" and exits 0 without a CUDA device.
+"$bench" --json "$out_dir/nccl_overhead.json" nccl-overhead
+
 # Merge the per-suite files into one document.
 python3 - "$out_dir" <<'PY'
 import json, pathlib, sys
