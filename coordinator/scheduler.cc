@@ -107,7 +107,13 @@ absl::StatusOr<SchedulePassResult> SchedulePass(absl::Span<const NodeView> nodes
       return absl::InvalidArgumentError(absl::StrCat("node '", free[i].name, "' listed twice"));
     }
   }
-  for (NodeView& node : free) std::sort(node.gpus.begin(), node.gpus.end());
+  for (NodeView& node : free) {
+    std::sort(node.gpus.begin(), node.gpus.end());
+    if (std::adjacent_find(node.gpus.begin(), node.gpus.end()) != node.gpus.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("node '", node.name, "' lists a GPU index twice"));
+    }
+  }
 
   std::set<std::string> running_ids;
   for (const Placement& placement : running) {

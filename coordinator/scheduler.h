@@ -80,8 +80,9 @@ struct SchedulePassResult {
 };
 
 // One scheduling pass; see the file comment.
-// Possible errors (INVALID_ARGUMENT): two nodes with one name; two pending
-// jobs with one id; a pending job that is also in `running`.
+// Possible errors (INVALID_ARGUMENT): two nodes with one name; a node that
+// lists a GPU index twice; two pending jobs with one id; a pending job that
+// is also in `running`.
 absl::StatusOr<SchedulePassResult> SchedulePass(absl::Span<const NodeView> nodes,
                                                 absl::Span<const JobRequest> pending,
                                                 absl::Span<const Placement> running,

@@ -283,6 +283,10 @@ TEST(SchedulerTest, BadInputsAreInvalidArgument) {
               StatusIs(Code::kInvalidArgument, HasSubstr("'x' listed twice")));
   EXPECT_THAT(SchedulePass({Node("x", 1)}, {Job("j", 1, 1, 1), Job("j", 2, 1, 1)}, {}),
               StatusIs(Code::kInvalidArgument, HasSubstr("'j' is pending twice")));
+  NodeView doubled = Node("g", 2, 2);
+  doubled.gpus = {1, 1};
+  EXPECT_THAT(SchedulePass({doubled}, {}, {}),
+              StatusIs(Code::kInvalidArgument, HasSubstr("'g' lists a GPU index twice")));
 }
 
 TEST(SchedulerTest, SameInputsInAnyOrderGiveTheSameDecisions) {
