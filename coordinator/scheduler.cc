@@ -41,8 +41,10 @@ std::string WaitingReason(const JobRequest& job, const std::vector<int>& counts,
           ? absl::StrCat("waiting for ", Plural(counts.front(), "node", "nodes"))
           : absl::StrCat("waiting for at least ", Plural(counts.front(), "node", "nodes"),
                          " (up to ", counts.back(), ")");
-  absl::StrAppend(&reason, " with ", job.nproc_per_node, " free slots");
-  if (gpus_needed > 0) absl::StrAppend(&reason, " and ", gpus_needed, " free GPUs");
+  absl::StrAppend(&reason, " with ", Plural(job.nproc_per_node, "free slot", "free slots"));
+  if (gpus_needed > 0) {
+    absl::StrAppend(&reason, " and ", Plural(gpus_needed, "free GPU", "free GPUs"));
+  }
   absl::StrAppend(&reason, " each; ");
   if (free.empty()) {
     absl::StrAppend(&reason, "no nodes are registered");

@@ -103,7 +103,7 @@ TEST(SchedulerTest, CapacityShrinksAsJobsArePlacedInOnePass) {
   EXPECT_THAT(result->placements[1].nodes, ElementsAre("node-b"));
   ASSERT_EQ(result->pending.size(), 1u);
   EXPECT_EQ(result->pending[0].reason,
-            "waiting for 1 node with 1 free slots each; 0 nodes fit; "
+            "waiting for 1 node with 1 free slot each; 0 nodes fit; "
             "2 short of capacity (node-a: 0 slots free, node-b: 0 slots free)");
 }
 
@@ -262,7 +262,7 @@ TEST(SchedulerTest, ReasonWhenNoNodesAreRegistered) {
   ASSERT_THAT(result, IsOk());
   ASSERT_EQ(result->pending.size(), 1u);
   EXPECT_EQ(result->pending[0].reason,
-            "waiting for 1 node with 1 free slots each; no nodes are registered");
+            "waiting for 1 node with 1 free slot each; no nodes are registered");
 }
 
 TEST(SchedulerTest, MeshJobOnAMinMaxRangeTakesTheCountItsMeshNeeds) {
