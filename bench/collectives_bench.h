@@ -60,7 +60,8 @@ struct CollectivesBenchOptions {
   GlooAllreduceAlgorithm allreduce_algorithm = GlooAllreduceAlgorithm::kAuto;
   // Address the workers' Gloo sockets bind to.
   std::string hostname = "127.0.0.1";
-  // GlooOptions::shared_memory (the single-host prototype).
+  // GlooOptions::shared_memory (libmesh's default on one host); the bench
+  // measures TCP unless --shm, so that both rows can be compared.
   bool shared_memory = false;
   // Gloo's per-op timeout, and the rendezvous timeout.
   absl::Duration timeout = absl::Seconds(120);
