@@ -214,12 +214,14 @@ absl::Status ValidateMesh(const JobSpec& spec) {
       continue;
     }
     if (dim < 1) return Invalid(path, absl::StrCat(dim, " is neither -1 nor >= 1"));
-    fixed *= dim;
-    if (fixed > max * nproc) {
+    // Dividing rather than multiplying first keeps `fixed` <= the largest
+    // world, so it cannot overflow however large `dim` is.
+    if (dim > max * nproc / fixed) {
       return Invalid("spec.mesh_shape",
                      absl::StrCat("[", absl::StrJoin(spec.mesh_shape(), ", "),
                                   "] has more ranks than the largest world, ", max * nproc));
     }
+    fixed *= dim;
   }
   const std::string shape = absl::StrCat("[", absl::StrJoin(spec.mesh_shape(), ", "), "]");
   if (spec.mesh_shape().empty()) {

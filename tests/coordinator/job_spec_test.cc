@@ -1,5 +1,7 @@
 #include "coordinator/job_spec.h"
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -156,6 +158,7 @@ TEST(JobSpecTest, EnvNamesRejected) {
   const std::vector<std::string> bad = {"",
                                         std::string("A\0B", 3),
                                         "A=B",
+                                        "ROLE_RANK",
                                         "LD_PRELOAD",
                                         "LD_LIBRARY_PATH",
                                         "LD_AUDIT",
@@ -337,6 +340,13 @@ TEST(JobSpecTest, FixedMeshShape) {
   spec.set_mesh_shape(1, -2);
   EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.mesh_shape[1]"));
   spec.set_mesh_shape(1, 1 << 30);
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.mesh_shape"));
+  // Products that would overflow int64 are caught, not wrapped.
+  spec.set_mesh_shape(0, std::numeric_limits<int64_t>::max());
+  spec.set_mesh_shape(1, std::numeric_limits<int64_t>::max());
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.mesh_shape"));
+  spec.set_mesh_shape(0, 4);
+  spec.set_mesh_shape(1, std::numeric_limits<int64_t>::max() / 2);
   EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.mesh_shape"));
 }
 
