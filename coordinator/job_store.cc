@@ -2,12 +2,23 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <iterator>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+
+// File-local; #undef'd at the end.
+#define JOB_STORE_RETURN_IF_ERROR(expr) \
+  do {                                  \
+    absl::Status _status = (expr);      \
+    if (!_status.ok()) return _status;  \
+  } while (false)
 
 namespace mesh::coordinator {
 namespace {
@@ -208,16 +219,6 @@ class JobStore::Transaction {
   bool begun_ = false;
 };
 
-namespace {
-
-#define MESH_RETURN_IF_ERROR(expr)     \
-  do {                                 \
-    absl::Status _status = (expr);     \
-    if (!_status.ok()) return _status; \
-  } while (false)
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path,
                                                          const Clock* clock,
                                                          JobStoreOptions options) {
@@ -234,7 +235,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
         absl::StrCat("job store '", path, "': out of memory opening the database"));
   }
   if (rc != SQLITE_OK) return store->Error(rc, "open");
-  MESH_RETURN_IF_ERROR(store->Init(options));
+  JOB_STORE_RETURN_IF_ERROR(store->Init(options));
   return store;
 }
 
@@ -260,7 +261,9 @@ absl::Status JobStore::ExecLocked(const char* sql) const {
 absl::Status JobStore::Init(const JobStoreOptions& options) {
   absl::MutexLock lock(&mu_);
   sqlite3_extended_result_codes(db_, 1);
-  sqlite3_busy_timeout(db_, static_cast<int>(absl::ToInt64Milliseconds(options.busy_timeout)));
+  sqlite3_busy_timeout(
+      db_, static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(options.busy_timeout), 0,
+                                                std::numeric_limits<int>::max())));
 
   // The first statement reads the file: a non-database fails here, with
   // SQLITE_NOTADB.
@@ -277,13 +280,13 @@ absl::Status JobStore::Init(const JobStoreOptions& options) {
     }
   }
   // Not a default in WAL mode; see the header for why FULL.
-  MESH_RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
+  JOB_STORE_RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
   // Per connection, and a no-op inside a transaction: set before any.
-  MESH_RETURN_IF_ERROR(ExecLocked("PRAGMA foreign_keys=ON"));
+  JOB_STORE_RETURN_IF_ERROR(ExecLocked("PRAGMA foreign_keys=ON"));
 
   Transaction tx(*this);
-  MESH_RETURN_IF_ERROR(tx.Begin());
-  MESH_RETURN_IF_ERROR(
+  JOB_STORE_RETURN_IF_ERROR(tx.Begin());
+  JOB_STORE_RETURN_IF_ERROR(
       ExecLocked("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"));
   int64_t version = 0;
   bool has_row = false;
@@ -306,13 +309,13 @@ absl::Status JobStore::Init(const JobStoreOptions& options) {
   }
   if (version == kSchemaVersion) return absl::OkStatus();  // Read only: rolls back.
   for (int64_t v = version + 1; v <= kSchemaVersion; ++v) {
-    MESH_RETURN_IF_ERROR(ExecLocked(kMigrations[v - 1]));
+    JOB_STORE_RETURN_IF_ERROR(ExecLocked(kMigrations[v - 1]));
   }
   {
     Statement set(*this, has_row ? "UPDATE schema_version SET version = ?1"
                                  : "INSERT INTO schema_version (version) VALUES (?1)");
     set.Bind(1, int64_t{kSchemaVersion});
-    MESH_RETURN_IF_ERROR(set.Run("write schema version"));
+    JOB_STORE_RETURN_IF_ERROR(set.Run("write schema version"));
   }
   return tx.Commit();
 }
@@ -378,7 +381,7 @@ absl::StatusOr<CreateJobResult> JobStore::CreateJob(const NewJob& job) {
   if (job.state.empty()) return absl::InvalidArgumentError("CreateJob: empty state");
   absl::MutexLock lock(&mu_);
   Transaction tx(*this);
-  MESH_RETURN_IF_ERROR(tx.Begin());
+  JOB_STORE_RETURN_IF_ERROR(tx.Begin());
 
   if (!job.idempotency_key.empty()) {
     Statement select(*this, "SELECT id FROM jobs WHERE idempotency_key = ?1");
@@ -432,11 +435,11 @@ absl::StatusOr<CreateJobResult> JobStore::CreateJob(const NewJob& job) {
     insert.Bind(11, Micros(now));
     insert.Bind(12, Micros(now));
     insert.Bind(13, number);
-    MESH_RETURN_IF_ERROR(insert.Run("insert job"));
+    JOB_STORE_RETURN_IF_ERROR(insert.Run("insert job"));
   }
-  MESH_RETURN_IF_ERROR(AppendEventLocked(
+  JOB_STORE_RETURN_IF_ERROR(AppendEventLocked(
       JobEvent{record.id, /*seq=*/1, now, /*from_state=*/"", record.state, job.reason}));
-  MESH_RETURN_IF_ERROR(tx.Commit());
+  JOB_STORE_RETURN_IF_ERROR(tx.Commit());
   return CreateJobResult{std::move(record), /*existed=*/false};
 }
 
@@ -497,7 +500,7 @@ absl::StatusOr<JobRecord> JobStore::UpdateJob(const std::string& id, const JobUp
   }
   absl::MutexLock lock(&mu_);
   Transaction tx(*this);
-  MESH_RETURN_IF_ERROR(tx.Begin());
+  JOB_STORE_RETURN_IF_ERROR(tx.Begin());
   absl::StatusOr<JobRecord> current = GetJobLocked(id);
   if (!current.ok()) return current.status();
   JobRecord job = *std::move(current);
@@ -532,11 +535,11 @@ absl::StatusOr<JobRecord> JobStore::UpdateJob(const std::string& id, const JobUp
     set.Bind(6, job.version);
     set.Bind(7, Micros(job.updated_at));
     set.Bind(8, id);
-    MESH_RETURN_IF_ERROR(set.Run("update job"));
+    JOB_STORE_RETURN_IF_ERROR(set.Run("update job"));
   }
-  MESH_RETURN_IF_ERROR(AppendEventLocked(
+  JOB_STORE_RETURN_IF_ERROR(AppendEventLocked(
       JobEvent{id, job.version, job.updated_at, from_state, job.state, update.reason}));
-  MESH_RETURN_IF_ERROR(tx.Commit());
+  JOB_STORE_RETURN_IF_ERROR(tx.Commit());
   return job;
 }
 
@@ -576,7 +579,7 @@ absl::Status JobStore::UpsertNode(const NodeRecord& node) {
   }
   absl::MutexLock lock(&mu_);
   Transaction tx(*this);
-  MESH_RETURN_IF_ERROR(tx.Begin());
+  JOB_STORE_RETURN_IF_ERROR(tx.Begin());
   Statement upsert(*this, absl::StrCat("INSERT INTO nodes (", kNodeColumns,
                                        ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) "
                                        "ON CONFLICT (name) DO UPDATE SET address = ?2, "
@@ -589,7 +592,7 @@ absl::Status JobStore::UpsertNode(const NodeRecord& node) {
   upsert.Bind(5, node.state);
   upsert.Bind(6, Micros(node.last_seen));
   upsert.BindOrNull(7, node.labels, /*blob=*/true);
-  MESH_RETURN_IF_ERROR(upsert.Run("upsert node"));
+  JOB_STORE_RETURN_IF_ERROR(upsert.Run("upsert node"));
   return tx.Commit();
 }
 
@@ -621,11 +624,11 @@ absl::Status JobStore::MarkNode(const std::string& name, const std::string& stat
     return absl::InvalidArgumentError(absl::StrCat("MarkNode ", name, ": empty state"));
   absl::MutexLock lock(&mu_);
   Transaction tx(*this);
-  MESH_RETURN_IF_ERROR(tx.Begin());
+  JOB_STORE_RETURN_IF_ERROR(tx.Begin());
   Statement set(*this, "UPDATE nodes SET state = ?1 WHERE name = ?2");
   set.Bind(1, state);
   set.Bind(2, name);
-  MESH_RETURN_IF_ERROR(set.Run("mark node"));
+  JOB_STORE_RETURN_IF_ERROR(set.Run("mark node"));
   if (sqlite3_changes(db_) == 0) {
     return absl::NotFoundError(absl::StrCat("node ", name, " not found"));
   }
@@ -638,3 +641,5 @@ JobStoreStats JobStore::stats() const {
 }
 
 }  // namespace mesh::coordinator
+
+#undef JOB_STORE_RETURN_IF_ERROR

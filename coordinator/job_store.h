@@ -27,6 +27,8 @@
 //                        for longer than the busy timeout; retry.
 //   DATA_LOSS            SQLite found the file corrupt, or not a database.
 //   RESOURCE_EXHAUSTED   the disk is full.
+//   FAILED_PRECONDITION  the file cannot be opened or written (read-only,
+//                        permissions, a missing directory).
 //   INTERNAL             any other SQLite failure.
 // Messages name the file and carry SQLite's own message. A failed mutation
 // has changed nothing.
@@ -242,8 +244,10 @@ class JobStore {
   const Clock* const clock_;
 
   mutable absl::Mutex mu_;
-  // Owned; closed by the destructor.
-  sqlite3* const db_ ABSL_GUARDED_BY(mu_);
+  // Owned; closed by the destructor. Used only with mu_ held, except by Open
+  // before the store is shared. (The pointer never changes, so it is not
+  // annotated: the annotation would guard the pointer, not the connection.)
+  sqlite3* const db_;
   JobStoreStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
