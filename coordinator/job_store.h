@@ -121,6 +121,9 @@ struct JobEvent {
   std::string reason;
 };
 
+// Paging is by creation number, so concurrent writes never make a job show
+// up twice or shift a page; a job whose state changes between pages is
+// filtered by its state when its page is read.
 struct JobQuery {
   // Only jobs in one of these states; empty: every state.
   std::vector<std::string> states;
