@@ -247,9 +247,12 @@ JobStore::~JobStore() { sqlite3_close_v2(db_); }
 absl::Status JobStore::Error(int rc, const std::string& what) const {
   // sqlite3_errmsg describes the connection's last failure, which is `rc`'s
   // as long as the caller asks right away (it holds mu_).
-  return absl::Status(
-      CodeFor(rc), absl::StrCat("job store '", path_, "': ", what, ": ", sqlite3_errmsg(db_), " (",
-                                sqlite3_errstr(rc), ")"));
+  // The generic text for `rc` adds to it only when the two differ.
+  const std::string message = sqlite3_errmsg(db_);
+  const std::string generic = sqlite3_errstr(rc);
+  return absl::Status(CodeFor(rc),
+                      absl::StrCat("job store '", path_, "': ", what, ": ", message,
+                                   message == generic ? "" : absl::StrCat(" (", generic, ")")));
 }
 
 absl::Status JobStore::ExecLocked(const char* sql) const {
