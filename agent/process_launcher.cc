@@ -185,10 +185,10 @@ struct PosixProcessLauncher::Worker {
   bool exited = false;
   std::vector<LogStream> streams;
   std::optional<absl::Time> kill_at;  // pending SIGKILL of the group
+  ExitCallback on_exit;
 };
 
-PosixProcessLauncher::PosixProcessLauncher(ExitCallback on_exit)
-    : on_exit_(std::move(on_exit)), wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+PosixProcessLauncher::PosixProcessLauncher() : wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   MESH_CHECK(wake_fd_ >= 0, "eventfd failed");
   io_thread_ = std::thread([this] { Run(); });
 }
@@ -219,7 +219,7 @@ void PosixProcessLauncher::Wake() {
   [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
 }
 
-absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec) {
+absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec, ExitCallback on_exit) {
   if (spec.argv.empty() || spec.argv[0].empty()) {
     return absl::InvalidArgumentError("LaunchSpec.argv is empty");
   }
@@ -389,6 +389,7 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec) {
   // The child is our unreaped child, so its pid cannot be reused: pidfd_open
   // cannot race.
   worker->pid = pid;
+  worker->on_exit = std::move(on_exit);
   // Through syscall(): glibc 2.36's <sys/pidfd.h> lacks extern "C".
   worker->pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   if (worker->pidfd < 0) {
@@ -440,7 +441,7 @@ void PosixProcessLauncher::Run() {
   // members when no pipe or timer would wake us.
   constexpr absl::Duration kLingerCheck = absl::Milliseconds(200);
   std::vector<pollfd> fds;
-  std::vector<ExitInfo> exits;
+  std::vector<std::pair<ExitCallback, ExitInfo>> exits;
   while (true) {
     fds.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
@@ -497,7 +498,7 @@ void PosixProcessLauncher::Run() {
               exit.signal = info.si_status;
               exit.core_dumped = info.si_code == CLD_DUMPED;
             }
-            exits.push_back(exit);
+            exits.emplace_back(std::move(w.on_exit), exit);
             w.exited = true;
             CloseFd(w.pidfd);
           }
@@ -518,8 +519,8 @@ void PosixProcessLauncher::Run() {
         }
       }
     }
-    for (const ExitInfo& exit : exits) {
-      if (on_exit_) on_exit_(exit);
+    for (auto& [callback, exit] : exits) {
+      if (callback) callback(exit);
     }
   }
 }

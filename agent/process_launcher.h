@@ -71,19 +71,23 @@ using ExitCallback = std::function<void(const ExitInfo&)>;
 
 // Thread safety: implementations are thread-safe. Exit callbacks run on an
 // implementation-owned thread, must not block for long, and may call back
-// into the launcher.
+// into the launcher. A callback may run before Launch has returned to its
+// caller (a worker that exits at once), so callers that record the pid must
+// do so under a lock the callback also takes; an implementation never runs a
+// callback on the thread calling Launch, inside Launch.
 class ProcessLauncher {
  public:
   virtual ~ProcessLauncher() = default;
 
   // Starts `spec` in its own session and process group; returns its pid,
-  // which is also its process group id and its handle here.
+  // which is also its process group id and its handle here. `on_exit` is
+  // called exactly once when the process exits, and never when Launch fails.
   // Possible errors: INVALID_ARGUMENT (empty argv, NUL bytes, bad env entry);
   // NOT_FOUND (argv[0] or working_dir does not exist; the message names it);
   // PERMISSION_DENIED (argv[0] not executable, working_dir not enterable);
   // FAILED_PRECONDITION (a log file cannot be opened); INTERNAL (fork, pipe
   // and other system failures).
-  virtual absl::StatusOr<pid_t> Launch(const LaunchSpec& spec) = 0;
+  virtual absl::StatusOr<pid_t> Launch(const LaunchSpec& spec, ExitCallback on_exit) = 0;
 
   // Sends `signal` to every process of `pid`'s process group.
   // Possible errors: NOT_FOUND when `pid` is not a process this launcher
@@ -109,15 +113,15 @@ class ProcessLauncher {
 // joins the I/O thread; no exit callback runs after it starts.
 class PosixProcessLauncher final : public ProcessLauncher {
  public:
-  // `on_exit` is called once per launched process, on the I/O thread, after
-  // everything the process wrote before exiting is in its log file.
-  explicit PosixProcessLauncher(ExitCallback on_exit);
+  // Exit callbacks run on the I/O thread, after everything the process wrote
+  // before exiting is in its log file.
+  PosixProcessLauncher();
   ~PosixProcessLauncher() override;
 
   PosixProcessLauncher(const PosixProcessLauncher&) = delete;
   PosixProcessLauncher& operator=(const PosixProcessLauncher&) = delete;
 
-  absl::StatusOr<pid_t> Launch(const LaunchSpec& spec) override;
+  absl::StatusOr<pid_t> Launch(const LaunchSpec& spec, ExitCallback on_exit) override;
   absl::Status Signal(pid_t pid, int signal) override;
   absl::Status Terminate(pid_t pid, absl::Duration grace) override;
 
@@ -128,7 +132,6 @@ class PosixProcessLauncher final : public ProcessLauncher {
   void Run();
   void Wake();
 
-  const ExitCallback on_exit_;
   const int wake_fd_;  // eventfd that interrupts the I/O thread's poll.
 
   absl::Mutex mu_;

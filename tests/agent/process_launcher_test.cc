@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/worker_supervisor.h"
 #include "tests/util/subprocess.h"
 
 namespace mesh::agent {
@@ -41,10 +42,10 @@ struct AgentHelperMode {
   AgentHelperMode() {
     const char* mode = std::getenv(kHelperVar);
     if (mode == nullptr) return;
-    PosixProcessLauncher launcher([](const ExitInfo&) {});
+    PosixProcessLauncher launcher;
     LaunchSpec spec;
     spec.argv = {"/bin/sleep", "60"};
-    auto pid = launcher.Launch(spec);
+    auto pid = launcher.Launch(spec, nullptr);
     if (!pid.ok()) {
       std::fprintf(stderr, "helper: %s\n", pid.status().ToString().c_str());
       std::_Exit(1);
@@ -114,14 +115,18 @@ class ProcessLauncherTest : public ::testing::Test {
     char dir_template[] = "/tmp/mesh-launcher-test-XXXXXX";
     ASSERT_NE(mkdtemp(dir_template), nullptr);
     dir_ = dir_template;
-    launcher_ = std::make_unique<PosixProcessLauncher>([this](const ExitInfo& exit) {
-      absl::MutexLock lock(&mu_);
-      exits_[exit.pid] = exit;
-    });
+    launcher_ = std::make_unique<PosixProcessLauncher>();
   }
   void TearDown() override {
     launcher_.reset();  // kills anything left
     std::system(absl::StrCat("rm -rf '", dir_, "'").c_str());
+  }
+
+  absl::StatusOr<pid_t> Launch(const LaunchSpec& spec) {
+    return launcher_->Launch(spec, [this](const ExitInfo& exit) {
+      absl::MutexLock lock(&mu_);
+      exits_[exit.pid] = exit;
+    });
   }
 
   std::optional<ExitInfo> WaitForExit(pid_t pid, absl::Duration timeout = kExitTimeout) {
@@ -153,7 +158,7 @@ class ProcessLauncherTest : public ::testing::Test {
 };
 
 TEST_F(ProcessLauncherTest, TrueExitsZero) {
-  auto pid = launcher_->Launch(Spec({"/bin/true"}));
+  auto pid = Launch(Spec({"/bin/true"}));
   ASSERT_TRUE(pid.ok()) << pid.status();
   auto exit = WaitForExit(*pid);
   ASSERT_TRUE(exit.has_value());
@@ -164,7 +169,7 @@ TEST_F(ProcessLauncherTest, TrueExitsZero) {
 }
 
 TEST_F(ProcessLauncherTest, ExitCodeIsReported) {
-  auto pid = launcher_->Launch(Spec({"sh", "-c", "exit 3"}));  // found through the env's PATH
+  auto pid = Launch(Spec({"sh", "-c", "exit 3"}));  // found through the env's PATH
   ASSERT_TRUE(pid.ok()) << pid.status();
   auto exit = WaitForExit(*pid);
   ASSERT_TRUE(exit.has_value());
@@ -173,7 +178,7 @@ TEST_F(ProcessLauncherTest, ExitCodeIsReported) {
 }
 
 TEST_F(ProcessLauncherTest, DeathBySignalIsReportedAsSignal) {
-  auto pid = launcher_->Launch(Spec({"/bin/sleep", "60"}));
+  auto pid = Launch(Spec({"/bin/sleep", "60"}));
   ASSERT_TRUE(pid.ok()) << pid.status();
   ASSERT_TRUE(launcher_->Signal(*pid, SIGKILL).ok());
   auto exit = WaitForExit(*pid);
@@ -185,12 +190,12 @@ TEST_F(ProcessLauncherTest, DeathBySignalIsReportedAsSignal) {
 }
 
 TEST_F(ProcessLauncherTest, ExecFailuresAreClearErrors) {
-  auto missing = launcher_->Launch(Spec({"/nonexistent/worker", "x"}));
+  auto missing = Launch(Spec({"/nonexistent/worker", "x"}));
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.status().message(), HasSubstr("/nonexistent/worker"));
 
-  auto not_in_path = launcher_->Launch(Spec({"mesh-no-such-program"}));
+  auto not_in_path = Launch(Spec({"mesh-no-such-program"}));
   ASSERT_FALSE(not_in_path.ok());
   EXPECT_EQ(not_in_path.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(not_in_path.status().message(), HasSubstr("mesh-no-such-program"));
@@ -198,22 +203,22 @@ TEST_F(ProcessLauncherTest, ExecFailuresAreClearErrors) {
 
   const std::string not_executable = dir_ + "/script";
   std::ofstream(not_executable) << "#!/bin/sh\n";
-  auto denied = launcher_->Launch(Spec({not_executable}));
+  auto denied = Launch(Spec({not_executable}));
   ASSERT_FALSE(denied.ok());
   EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(denied.status().message(), HasSubstr(not_executable));
 
   LaunchSpec bad_dir = Spec({"/bin/true"});
   bad_dir.working_dir = dir_ + "/missing";
-  auto no_dir = launcher_->Launch(bad_dir);
+  auto no_dir = Launch(bad_dir);
   ASSERT_FALSE(no_dir.ok());
   EXPECT_EQ(no_dir.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(no_dir.status().message(), HasSubstr(dir_ + "/missing"));
 
-  EXPECT_EQ(launcher_->Launch(Spec({})).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Launch(Spec({})).status().code(), absl::StatusCode::kInvalidArgument);
   LaunchSpec bad_env = Spec({"/bin/true"});
   bad_env.env = {"NOEQUALS"};
-  EXPECT_EQ(launcher_->Launch(bad_env).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Launch(bad_env).status().code(), absl::StatusCode::kInvalidArgument);
 
   // None of these left a process or an exit report behind.
   absl::MutexLock lock(&mu_);
@@ -224,7 +229,7 @@ TEST_F(ProcessLauncherTest, EnvironmentIsExactlyTheSpec) {
   LaunchSpec spec = Spec({"/usr/bin/env"});
   ::setenv("MESH_LAUNCHER_TEST_AGENT_ONLY", "1", 1);  // must not leak into the worker
   spec.env = {"A=1", "B=two words", "EMPTY="};
-  auto pid = launcher_->Launch(spec);
+  auto pid = Launch(spec);
   ASSERT_TRUE(pid.ok()) << pid.status();
   ASSERT_TRUE(WaitForExit(*pid).has_value());
   std::vector<std::string> lines =
@@ -235,7 +240,7 @@ TEST_F(ProcessLauncherTest, EnvironmentIsExactlyTheSpec) {
 TEST_F(ProcessLauncherTest, WorkingDirIsHonoured) {
   LaunchSpec spec = Spec({"/bin/pwd", "-P"});
   spec.working_dir = dir_;
-  auto pid = launcher_->Launch(spec);
+  auto pid = Launch(spec);
   ASSERT_TRUE(pid.ok()) << pid.status();
   ASSERT_TRUE(WaitForExit(*pid).has_value());
   char resolved[PATH_MAX];
@@ -245,7 +250,7 @@ TEST_F(ProcessLauncherTest, WorkingDirIsHonoured) {
 
 TEST_F(ProcessLauncherTest, StdoutAndStderrLandInTheirLogs) {
   LaunchSpec spec = Spec({"sh", "-c", "echo to-out; echo to-err >&2; echo more-out; exit 0"});
-  auto pid = launcher_->Launch(spec);
+  auto pid = Launch(spec);
   ASSERT_TRUE(pid.ok()) << pid.status();
   ASSERT_TRUE(WaitForExit(*pid).has_value());
   // Complete as soon as the exit is reported.
@@ -255,7 +260,7 @@ TEST_F(ProcessLauncherTest, StdoutAndStderrLandInTheirLogs) {
   LaunchSpec merged = Spec({"sh", "-c", "echo a; echo b >&2"});
   merged.stdout_log = dir_ + "/merged.log";
   merged.stderr_log = "";
-  pid = launcher_->Launch(merged);
+  pid = Launch(merged);
   ASSERT_TRUE(pid.ok()) << pid.status();
   ASSERT_TRUE(WaitForExit(*pid).has_value());
   EXPECT_EQ(ReadFile(merged.stdout_log), "a\nb\n");
@@ -269,7 +274,7 @@ TEST_F(ProcessLauncherTest, LogCapRotatesAndKeepsTheNewestOutput) {
                           "echo 0123456789012345678901234567890123456789; i=$((i+1)); done; "
                           "echo LAST"});
   spec.max_log_bytes = kCap;
-  auto pid = launcher_->Launch(spec);
+  auto pid = Launch(spec);
   ASSERT_TRUE(pid.ok()) << pid.status();
   auto exit = WaitForExit(*pid);
   ASSERT_TRUE(exit.has_value());
@@ -285,7 +290,7 @@ TEST_F(ProcessLauncherTest, LogCapRotatesAndKeepsTheNewestOutput) {
 }
 
 TEST_F(ProcessLauncherTest, TerminateSendsSigtermFirst) {
-  auto pid = launcher_->Launch(Spec({"/bin/sleep", "60"}));
+  auto pid = Launch(Spec({"/bin/sleep", "60"}));
   ASSERT_TRUE(pid.ok()) << pid.status();
   ASSERT_TRUE(launcher_->Terminate(*pid, absl::Seconds(30)).ok());
   auto exit = WaitForExit(*pid);
@@ -295,8 +300,7 @@ TEST_F(ProcessLauncherTest, TerminateSendsSigtermFirst) {
 
 TEST_F(ProcessLauncherTest, TerminateKillsAWorkerThatIgnoresSigterm) {
   // The ignored disposition is inherited by sleep, so the whole group ignores TERM.
-  auto pid = launcher_->Launch(
-      Spec({"sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.05; done"}));
+  auto pid = Launch(Spec({"sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.05; done"}));
   ASSERT_TRUE(pid.ok()) << pid.status();
   ASSERT_TRUE(WaitForOutput("ready"));
   ASSERT_TRUE(launcher_->Terminate(*pid, absl::Milliseconds(300)).ok());
@@ -307,7 +311,7 @@ TEST_F(ProcessLauncherTest, TerminateKillsAWorkerThatIgnoresSigterm) {
 }
 
 TEST_F(ProcessLauncherTest, TerminateLeavesNoGrandchildren) {
-  auto pid = launcher_->Launch(Spec({"sh", "-c", "sleep 60 & sleep 60 & echo ready; wait"}));
+  auto pid = Launch(Spec({"sh", "-c", "sleep 60 & sleep 60 & echo ready; wait"}));
   ASSERT_TRUE(pid.ok()) << pid.status();
   ASSERT_TRUE(WaitForOutput("ready"));
   // The scan sees the worker and both grandchildren, in the worker's group.
@@ -319,7 +323,7 @@ TEST_F(ProcessLauncherTest, TerminateLeavesNoGrandchildren) {
 }
 
 TEST_F(ProcessLauncherTest, TerminateAfterTheLeaderExitedKillsStragglers) {
-  auto pid = launcher_->Launch(Spec({"sh", "-c", "sleep 60 & echo ready"}));
+  auto pid = Launch(Spec({"sh", "-c", "sleep 60 & echo ready"}));
   ASSERT_TRUE(pid.ok()) << pid.status();
   auto exit = WaitForExit(*pid);
   ASSERT_TRUE(exit.has_value());
@@ -334,7 +338,7 @@ TEST_F(ProcessLauncherTest, TerminateAfterTheLeaderExitedKillsStragglers) {
 }
 
 TEST_F(ProcessLauncherTest, WorkerGetsItsOwnSession) {
-  auto pid = launcher_->Launch(Spec({"/bin/sleep", "60"}));
+  auto pid = Launch(Spec({"/bin/sleep", "60"}));
   ASSERT_TRUE(pid.ok()) << pid.status();
   EXPECT_EQ(getpgid(*pid), *pid);
   EXPECT_EQ(getsid(*pid), *pid);
@@ -342,7 +346,7 @@ TEST_F(ProcessLauncherTest, WorkerGetsItsOwnSession) {
 }
 
 TEST_F(ProcessLauncherTest, DestroyingTheLauncherKillsItsWorkers) {
-  auto pid = launcher_->Launch(Spec({"sh", "-c", "sleep 60 & sleep 60; wait"}));
+  auto pid = Launch(Spec({"sh", "-c", "sleep 60 & sleep 60; wait"}));
   ASSERT_TRUE(pid.ok()) << pid.status();
   ASSERT_TRUE(WaitUntil([&] { return LiveProcessesInGroup(*pid).size() == 3; }, kExitTimeout));
   launcher_.reset();
@@ -367,6 +371,63 @@ TEST_F(ProcessLauncherTest, WorkerDiesWithItsAgent) {
   const bool gone = WaitUntil([&] { return !IsAlive(worker); }, absl::Seconds(5));
   if (!gone) kill(worker, SIGKILL);  // never leave it behind
   EXPECT_TRUE(gone) << "worker " << worker << " outlived its agent";
+}
+
+// The supervisor over real processes: workers that exit at once (often
+// before Launch returns) and a stop of a whole generation.
+TEST_F(ProcessLauncherTest, SupervisorOverRealProcesses) {
+  absl::Mutex mu;
+  std::vector<RankExit> exits;
+  auto record = [&](const RankExit& exit) {
+    absl::MutexLock lock(&mu);
+    exits.push_back(exit);
+  };
+  {
+    WorkerSupervisor quick(launcher_.get(), "job-q", 0, {}, record);
+    std::vector<RankLaunch> ranks;
+    for (int rank = 0; rank < 4; ++rank) ranks.push_back({rank, Spec({"sh", "-c", "exit 0"})});
+    ranks[3].spec = Spec({"/bin/sh", "-c", "kill -SEGV $$"});
+    ASSERT_TRUE(quick.Start(ranks).ok());
+    ASSERT_TRUE(quick.WaitAllExited(kExitTimeout).ok());
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(exits.size(), 4u);
+    for (const RankExit& exit : exits) {
+      if (exit.rank == 3) {
+        EXPECT_EQ(exit.exit.signal, SIGSEGV);
+      } else {
+        EXPECT_EQ(exit.exit.exit_code, 0) << exit.rank;
+      }
+    }
+    exits.clear();
+  }
+  SupervisorOptions options;
+  options.grace = absl::Milliseconds(200);
+  WorkerSupervisor stubborn(launcher_.get(), "job-s", 1, options, record);
+  std::vector<RankLaunch> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.push_back(
+        {rank, Spec({"sh", "-c", "trap '' TERM; sleep 60 & sleep 60 & echo ready; wait"})});
+    ranks[rank].spec.stdout_log = absl::StrCat(dir_, "/rank", rank, ".log");
+  }
+  ASSERT_TRUE(stubborn.Start(ranks).ok());
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          return ReadFile(absl::StrCat(dir_, "/rank", rank, ".log")).find("ready") !=
+                 std::string::npos;
+        },
+        kExitTimeout));
+  }
+  stubborn.Stop();
+  ASSERT_TRUE(stubborn.WaitAllExited(kExitTimeout).ok());
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(exits.size(), 2u);
+  for (const RankExit& exit : exits) {
+    EXPECT_TRUE(exit.stopped);
+    EXPECT_EQ(exit.exit.signal, SIGKILL);
+    EXPECT_TRUE(
+        WaitUntil([&] { return LiveProcessesInGroup(exit.exit.pid).empty(); }, kExitTimeout));
+  }
 }
 
 }  // namespace
