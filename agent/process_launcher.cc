@@ -402,7 +402,9 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec, ExitC
   }
   {
     absl::MutexLock lock(&mu_);
-    workers_.emplace(pid, std::move(worker));
+    // A tracked pid is an unreaped child or the id of a live group, so the
+    // kernel cannot have handed it out again.
+    MESH_CHECK(workers_.emplace(pid, std::move(worker)).second, "launched pid already tracked");
   }
   Wake();
   return pid;

@@ -25,6 +25,8 @@ struct WorkerSupervisor::State {
   std::map<int, pid_t> running ABSL_GUARDED_BY(mu);  // rank -> pid
   // Exits that arrived while Start was still recording the rank's pid.
   std::set<int> exited_early ABSL_GUARDED_BY(mu);
+  // Exits taken off `running` whose on_exit call has not returned yet.
+  int delivering ABSL_GUARDED_BY(mu) = 0;
 
   // Serializes on_exit calls against destruction.
   absl::Mutex callback_mu;  // taken before `mu` when on_exit calls Stop()
@@ -94,11 +96,16 @@ absl::Status WorkerSupervisor::Start(std::vector<RankLaunch> ranks) {
         absl::MutexLock lock(&s->mu);
         if (s->running.erase(rank) == 0) s->exited_early.insert(rank);
         report.stopped = s->stopping;
+        ++s->delivering;
       }
-      // Not under `mu`, so the callback may call Stop(); under `callback_mu`,
-      // so it never runs once the destructor has set `closed`.
-      absl::MutexLock lock(&s->callback_mu);
-      if (!s->closed && s->on_exit) s->on_exit(report);
+      {
+        // Not under `mu`, so the callback may call Stop(); under
+        // `callback_mu`, so it never runs once the destructor set `closed`.
+        absl::MutexLock lock(&s->callback_mu);
+        if (!s->closed && s->on_exit) s->on_exit(report);
+      }
+      absl::MutexLock lock(&s->mu);
+      --s->delivering;
     };
     absl::StatusOr<pid_t> pid = state->launcher->Launch(r.spec, std::move(on_exit));
     if (!pid.ok()) {
@@ -123,8 +130,9 @@ int WorkerSupervisor::running() const {
 
 absl::Status WorkerSupervisor::WaitAllExited(absl::Duration timeout) const {
   absl::MutexLock lock(&state_->mu);
-  auto done = [this]()
-                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) { return state_->running.empty(); };
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    return state_->running.empty() && state_->delivering == 0;
+  };
   if (state_->mu.AwaitWithTimeout(absl::Condition(&done), timeout)) return absl::OkStatus();
   std::vector<int> ranks;
   for (const auto& [rank, pid] : state_->running) ranks.push_back(rank);

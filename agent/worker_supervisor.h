@@ -80,7 +80,8 @@ class WorkerSupervisor {
   // Workers launched and not yet reported exited.
   int running() const;
 
-  // Waits until every launched worker has exited.
+  // Waits until every launched worker has exited and its exit has been
+  // passed to on_exit.
   // Possible errors: DEADLINE_EXCEEDED naming the ranks still running.
   absl::Status WaitAllExited(absl::Duration timeout) const;
 

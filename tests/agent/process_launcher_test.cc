@@ -390,7 +390,10 @@ TEST_F(ProcessLauncherTest, SupervisorOverRealProcesses) {
     ASSERT_TRUE(quick.Start(ranks).ok());
     ASSERT_TRUE(quick.WaitAllExited(kExitTimeout).ok());
     absl::MutexLock lock(&mu);
-    ASSERT_EQ(exits.size(), 4u);
+    std::string got;
+    for (const RankExit& exit : exits)
+      absl::StrAppend(&got, exit.rank, ":", exit.exit.ToString(), " ");
+    ASSERT_EQ(exits.size(), 4u) << got;
     for (const RankExit& exit : exits) {
       if (exit.rank == 3) {
         EXPECT_EQ(exit.exit.signal, SIGSEGV);
