@@ -27,6 +27,10 @@ struct WorkerSupervisor::State {
   std::set<int> exited_early ABSL_GUARDED_BY(mu);
   // Exits taken off `running` whose on_exit call has not returned yet.
   int delivering ABSL_GUARDED_BY(mu) = 0;
+  // Signalled when `running` empties and `delivering` drops. A CondVar
+  // rather than Mutex::Await, so that the wait condition is evaluated by
+  // the waiter (TSan cannot follow Debian's uninstrumented Abseil otherwise).
+  absl::CondVar changed;
 
   // Serializes on_exit calls against destruction.
   absl::Mutex callback_mu;  // taken before `mu` when on_exit calls Stop()
@@ -106,6 +110,7 @@ absl::Status WorkerSupervisor::Start(std::vector<RankLaunch> ranks) {
       }
       absl::MutexLock lock(&s->mu);
       --s->delivering;
+      s->changed.SignalAll();
     };
     absl::StatusOr<pid_t> pid = state->launcher->Launch(r.spec, std::move(on_exit));
     if (!pid.ok()) {
@@ -130,10 +135,11 @@ int WorkerSupervisor::running() const {
 
 absl::Status WorkerSupervisor::WaitAllExited(absl::Duration timeout) const {
   absl::MutexLock lock(&state_->mu);
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    return state_->running.empty() && state_->delivering == 0;
-  };
-  if (state_->mu.AwaitWithTimeout(absl::Condition(&done), timeout)) return absl::OkStatus();
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!state_->running.empty() || state_->delivering > 0) {
+    if (state_->changed.WaitWithDeadline(&state_->mu, deadline) && absl::Now() >= deadline) break;
+  }
+  if (state_->running.empty() && state_->delivering == 0) return absl::OkStatus();
   std::vector<int> ranks;
   for (const auto& [rank, pid] : state_->running) ranks.push_back(rank);
   return absl::DeadlineExceededError(

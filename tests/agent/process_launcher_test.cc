@@ -126,13 +126,17 @@ class ProcessLauncherTest : public ::testing::Test {
     return launcher_->Launch(spec, [this](const ExitInfo& exit) {
       absl::MutexLock lock(&mu_);
       exits_[exit.pid] = exit;
+      exit_reported_.SignalAll();
     });
   }
 
   std::optional<ExitInfo> WaitForExit(pid_t pid, absl::Duration timeout = kExitTimeout) {
+    const absl::Time deadline = absl::Now() + timeout;
     absl::MutexLock lock(&mu_);
-    auto reported = [&] { return exits_.count(pid) > 0; };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&reported), timeout)) return std::nullopt;
+    while (exits_.count(pid) == 0) {
+      if (exit_reported_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) break;
+    }
+    if (exits_.count(pid) == 0) return std::nullopt;
     return exits_.at(pid);
   }
 
@@ -154,6 +158,7 @@ class ProcessLauncherTest : public ::testing::Test {
   std::string dir_;
   absl::Mutex mu_;
   std::map<pid_t, ExitInfo> exits_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar exit_reported_;  // CondVar, not Await: see WorkerSupervisor
   std::unique_ptr<PosixProcessLauncher> launcher_;
 };
 
