@@ -51,7 +51,8 @@ bool IsExecutableFile(const std::string& path) {
 // Resolves argv[0] against the worker's PATH (not the agent's: execvpe would
 // search the agent's). Returns it unchanged when it contains a '/'.
 absl::StatusOr<std::string> ResolveProgram(const std::string& program,
-                                           const std::vector<std::string>& env) {
+                                           const std::vector<std::string>& env,
+                                           const std::string& working_dir) {
   if (absl::StrContains(program, '/')) return program;
   std::string path = "/usr/local/bin:/usr/bin:/bin";  // glibc's default
   for (const std::string& entry : env) {
@@ -59,8 +60,11 @@ absl::StatusOr<std::string> ResolveProgram(const std::string& program,
   }
   bool exists_somewhere = false;
   for (absl::string_view dir : absl::StrSplit(path, ':')) {
-    const std::string candidate =
-        absl::StrCat(dir.empty() ? absl::string_view(".") : dir, "/", program);
+    // A relative PATH entry is relative to where the worker starts.
+    std::string candidate = absl::StrCat(dir.empty() ? absl::string_view(".") : dir, "/", program);
+    if (candidate[0] != '/' && !working_dir.empty()) {
+      candidate = absl::StrCat(working_dir, "/", candidate);
+    }
     if (IsExecutableFile(candidate)) return candidate;
     if (access(candidate.c_str(), F_OK) == 0) exists_somewhere = true;
   }
@@ -238,7 +242,7 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec, ExitC
   if (spec.working_dir.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError("LaunchSpec.working_dir contains a NUL byte");
   }
-  absl::StatusOr<std::string> program = ResolveProgram(spec.argv[0], spec.env);
+  absl::StatusOr<std::string> program = ResolveProgram(spec.argv[0], spec.env, spec.working_dir);
   if (!program.ok()) return program.status();
 
   // Everything the child needs is prepared before fork(): in a

@@ -85,8 +85,8 @@ class ProcessLauncher {
   // Possible errors: INVALID_ARGUMENT (empty argv, NUL bytes, bad env entry);
   // NOT_FOUND (argv[0] or working_dir does not exist; the message names it);
   // PERMISSION_DENIED (argv[0] not executable, working_dir not enterable);
-  // FAILED_PRECONDITION (a log file cannot be opened); INTERNAL (fork, pipe
-  // and other system failures).
+  // FAILED_PRECONDITION (a log file cannot be opened, argv[0] is not an
+  // executable format); INTERNAL (fork, pipe and other system failures).
   virtual absl::StatusOr<pid_t> Launch(const LaunchSpec& spec, ExitCallback on_exit) = 0;
 
   // Sends `signal` to every process of `pid`'s process group.

@@ -230,6 +230,22 @@ TEST_F(ProcessLauncherTest, ExecFailuresAreClearErrors) {
   EXPECT_THAT(exits_, IsEmpty());
 }
 
+TEST_F(ProcessLauncherTest, ProgramIsFoundInTheWorkersPath) {
+  ASSERT_EQ(mkdir((dir_ + "/bin").c_str(), 0755), 0);
+  const std::string program = dir_ + "/bin/hello";
+  std::ofstream(program) << "#!/bin/sh\necho hello from $0\n";
+  ASSERT_EQ(chmod(program.c_str(), 0755), 0);
+  LaunchSpec spec = Spec({"hello"});
+  spec.env = {"PATH=/nonexistent:bin"};  // relative: against working_dir
+  spec.working_dir = dir_;
+  auto pid = Launch(spec);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  auto exit = WaitForExit(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0);
+  EXPECT_EQ(ReadFile(spec.stdout_log), absl::StrCat("hello from ", program, "\n"));
+}
+
 TEST_F(ProcessLauncherTest, EnvironmentIsExactlyTheSpec) {
   LaunchSpec spec = Spec({"/usr/bin/env"});
   ::setenv("MESH_LAUNCHER_TEST_AGENT_ONLY", "1", 1);  // must not leak into the worker
