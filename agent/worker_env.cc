@@ -1,0 +1,182 @@
+#include "agent/worker_env.h"
+
+#include <cstdlib>
+#include <set>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace mesh::agent {
+namespace {
+
+// torchrun's worker contract (torch.distributed.elastic's local agent).
+constexpr const char* kTorchrunNames[] = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+};
+
+// Names that change how the dynamic loader or a shell treats the worker;
+// the coordinator rejects them in job specs and the agent checks again.
+constexpr const char* kRefusedNames[] = {"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV",
+                                         "ENV"};
+
+absl::Status CheckRange(const char* field, int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(absl::StrCat("worker assignment: ", field, " is ", value,
+                                                   "; it must be in [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAssignment(const WorkerAssignment& a) {
+  if (a.coordinator.empty()) {
+    return absl::InvalidArgumentError("worker assignment: coordinator is empty");
+  }
+  if (a.job_id.empty()) return absl::InvalidArgumentError("worker assignment: job_id is empty");
+  for (absl::Status s : {
+           CheckRange("world_size", a.world_size, 1, INT32_MAX),
+           CheckRange("rank", a.rank, 0, int64_t{a.world_size} - 1),
+           CheckRange("local_world_size", a.local_world_size, 1, a.world_size),
+           CheckRange("local_rank", a.local_rank, 0, int64_t{a.local_world_size} - 1),
+           CheckRange("num_nodes", a.num_nodes, 1, a.world_size),
+           CheckRange("node_rank", a.node_rank, 0, int64_t{a.num_nodes} - 1),
+           CheckRange("generation", a.generation, 0, INT64_MAX),
+           CheckRange("restart_count", a.restart_count, 0, INT32_MAX),
+           CheckRange("max_restarts", a.max_restarts, 0, INT32_MAX),
+       }) {
+    if (!s.ok()) return s;
+  }
+  if (!a.master_addr.empty()) {
+    if (absl::Status s = CheckRange("master_port", a.master_port, 1, 65535); !s.ok()) return s;
+  }
+  if (a.gpu_job && a.gpus.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker assignment: GPU job but no GPUs given to local rank ", a.local_rank));
+  }
+  if (!a.gpu_job && !a.gpus.empty()) {
+    return absl::InvalidArgumentError("worker assignment: CPU job given GPUs");
+  }
+  for (int gpu : a.gpus) {
+    if (gpu < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("worker assignment: negative GPU ", gpu));
+    }
+  }
+  for (const std::string* s : {&a.coordinator, &a.job_id, &a.master_addr, &a.auth_token}) {
+    if (s->find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError("worker assignment: a string field contains a NUL byte");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckUserVariable(const std::string& name, const std::string& value) {
+  if (name.empty() || name.find('=') != std::string::npos || name.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("env: bad variable name '", name,
+                                                   "': it must be non-empty without '=' or NUL"));
+  }
+  if (value.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("env: value of ", name, " contains a NUL"));
+  }
+  if (IsReservedWorkerEnvName(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "env: ", name, " is set by the agent for every worker and cannot be overridden"));
+  }
+  for (const char* refused : kRefusedNames) {
+    if (name == refused) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("env: ", name, " is not allowed in a worker's environment"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* const kInheritedEnvNames[] = {"PATH",     "HOME",   "USER", "LOGNAME", "SHELL", "LANG",
+                                          "LANGUAGE", "LC_ALL", "TZ",   "TMPDIR",  nullptr};
+
+std::map<std::string, std::string> InheritedBaseEnv() {
+  std::map<std::string, std::string> base;
+  for (const char* const* name = kInheritedEnvNames; *name != nullptr; ++name) {
+    if (const char* value = std::getenv(*name); value != nullptr) base[*name] = value;
+  }
+  return base;
+}
+
+bool IsReservedWorkerEnvName(absl::string_view name) {
+  if (absl::StartsWith(name, "MESH_") || name == "CUDA_VISIBLE_DEVICES") return true;
+  for (const char* reserved : kTorchrunNames) {
+    if (name == reserved) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::vector<std::string>> BuildWorkerEnv(
+    const WorkerAssignment& a, const std::map<std::string, std::string>& base) {
+  if (absl::Status s = CheckAssignment(a); !s.ok()) return s;
+
+  std::map<std::string, std::string> env;
+  for (const auto& [name, value] : base) {
+    // The base comes from the agent's own environment; drop anything that
+    // could not be a user variable either, rather than fail the launch.
+    if (CheckUserVariable(name, value).ok()) env[name] = value;
+  }
+  std::set<std::string> seen;
+  for (const auto& [name, value] : a.user_env) {
+    if (absl::Status s = CheckUserVariable(name, value); !s.ok()) return s;
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("env: ", name, " is set twice"));
+    }
+    env[name] = value;
+  }
+
+  env["MESH_COORDINATOR"] = a.coordinator;
+  env["MESH_JOB_ID"] = a.job_id;
+  env["MESH_GENERATION"] = absl::StrCat(a.generation);
+  env["MESH_RANK"] = absl::StrCat(a.rank);
+  env["MESH_WORLD_SIZE"] = absl::StrCat(a.world_size);
+  env["MESH_LOCAL_RANK"] = absl::StrCat(a.local_rank);
+  env["MESH_LOCAL_WORLD_SIZE"] = absl::StrCat(a.local_world_size);
+  env["MESH_NODE_RANK"] = absl::StrCat(a.node_rank);
+  if (!a.auth_token.empty()) env["MESH_AUTH_TOKEN"] = a.auth_token;
+
+  env["RANK"] = absl::StrCat(a.rank);
+  env["LOCAL_RANK"] = absl::StrCat(a.local_rank);
+  env["WORLD_SIZE"] = absl::StrCat(a.world_size);
+  env["LOCAL_WORLD_SIZE"] = absl::StrCat(a.local_world_size);
+  env["GROUP_RANK"] = absl::StrCat(a.node_rank);
+  env["GROUP_WORLD_SIZE"] = absl::StrCat(a.num_nodes);
+  // One role, as torchrun's default: role ranks equal global ranks.
+  env["ROLE_NAME"] = "default";
+  env["ROLE_RANK"] = absl::StrCat(a.rank);
+  env["ROLE_WORLD_SIZE"] = absl::StrCat(a.world_size);
+  if (!a.master_addr.empty()) {
+    env["MASTER_ADDR"] = a.master_addr;
+    env["MASTER_PORT"] = absl::StrCat(a.master_port);
+  }
+  env["TORCHELASTIC_RESTART_COUNT"] = absl::StrCat(a.restart_count);
+  env["TORCHELASTIC_MAX_RESTARTS"] = absl::StrCat(a.max_restarts);
+  env["TORCHELASTIC_RUN_ID"] = a.job_id;
+  env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(a.gpus, ",");
+
+  std::vector<std::string> entries;
+  entries.reserve(env.size());
+  for (const auto& [name, value] : env) entries.push_back(absl::StrCat(name, "=", value));
+  return entries;
+}
+
+}  // namespace mesh::agent

@@ -1,0 +1,80 @@
+// Worker environment: the complete environment an agent gives one worker,
+// built from its assignment. Pure (no getenv inside BuildWorkerEnv) so it is
+// unit-tested exactly; docs/agent.md has the table.
+//
+// Layers, later ones winning, except that reserved names cannot be set by
+// the user:
+//   1. a minimal base inherited from the agent (kInheritedEnvNames);
+//   2. the user's env from the job spec;
+//   3. reserved: MESH_* (docs/runtime.md), the torchrun contract, and
+//      CUDA_VISIBLE_DEVICES.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace mesh::agent {
+
+// What one worker (one rank of one job generation) is started with.
+struct WorkerAssignment {
+  std::string coordinator;  // host:port, as MESH_COORDINATOR
+  std::string job_id;
+  int64_t generation = 0;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int node_rank = 0;
+  int num_nodes = 1;
+  // Omitted when empty. Never appears in error messages.
+  std::string auth_token;
+  // The torchrun rendezvous endpoint (rank 0's host and a free port there),
+  // for programs that call torch.distributed.init_process_group("env://").
+  // MASTER_ADDR/MASTER_PORT are omitted when master_addr is empty.
+  std::string master_addr;
+  int master_port = 0;
+  // Restarts so far (TORCHELASTIC_RESTART_COUNT) and allowed
+  // (TORCHELASTIC_MAX_RESTARTS).
+  int restart_count = 0;
+  int max_restarts = 0;
+  // GPU job: true, with the CUDA ordinals given to this local rank (not
+  // empty). CPU job: false, and CUDA_VISIBLE_DEVICES is set empty so the
+  // worker cannot use GPUs given to other jobs.
+  bool gpu_job = false;
+  std::vector<int> gpus;
+  // The user's env from the job spec, in spec order.
+  std::vector<std::pair<std::string, std::string>> user_env;
+};
+
+// Variables copied from the agent's environment when set there:
+// PATH HOME USER LOGNAME SHELL LANG LANGUAGE LC_ALL TZ TMPDIR.
+extern const char* const kInheritedEnvNames[];
+
+// Reads kInheritedEnvNames from this process's environment (getenv).
+// Thread safety: as getenv.
+std::map<std::string, std::string> InheritedBaseEnv();
+
+// Builds the worker's environment as sorted "NAME=value" entries.
+// `base` is layer 1 (normally InheritedBaseEnv()).
+// Possible errors: INVALID_ARGUMENT, naming the field or variable, when the
+// assignment is inconsistent (rank outside [0, world_size), local rank
+// outside [0, local_world_size), node rank outside [0, num_nodes), empty job
+// id or coordinator, negative generation or restart counts, a GPU job
+// without GPUs or a CPU job with some, master_port outside 1..65535 with a
+// master_addr), or when a user variable has a bad name (empty, '=' or NUL),
+// a NUL in its value, is set twice, is reserved (MESH_*, the torchrun
+// variables, CUDA_VISIBLE_DEVICES), or is one the agent refuses to pass
+// (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, BASH_ENV, ENV).
+absl::StatusOr<std::vector<std::string>> BuildWorkerEnv(
+    const WorkerAssignment& assignment, const std::map<std::string, std::string>& base);
+
+// True for names the agent sets itself and users may not.
+bool IsReservedWorkerEnvName(absl::string_view name);
+
+}  // namespace mesh::agent

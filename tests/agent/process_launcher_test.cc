@@ -1,0 +1,458 @@
+// Integration tests of PosixProcessLauncher: real processes. The test uses a
+// shell as the *worker* where convenient; the launcher never adds one.
+#include "agent/process_launcher.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/worker_supervisor.h"
+#include "tests/util/subprocess.h"
+
+namespace mesh::agent {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::EndsWith;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr absl::Duration kExitTimeout = absl::Seconds(10);
+constexpr char kHelperVar[] = "MESH_LAUNCHER_TEST_AGENT_HELPER";
+
+// Helper mode: the test binary re-executed as a tiny "agent" that launches
+// one worker (sleep 60), prints its pid and waits to be killed. Runs before
+// gtest's main when the variable is set.
+struct AgentHelperMode {
+  AgentHelperMode() {
+    const char* mode = std::getenv(kHelperVar);
+    if (mode == nullptr) return;
+    PosixProcessLauncher launcher;
+    LaunchSpec spec;
+    spec.argv = {"/bin/sleep", "60"};
+    auto pid = launcher.Launch(spec, nullptr);
+    if (!pid.ok()) {
+      std::fprintf(stderr, "helper: %s\n", pid.status().ToString().c_str());
+      std::_Exit(1);
+    }
+    std::printf("%d\n", static_cast<int>(*pid));
+    std::fflush(stdout);
+    sleep(60);  // Killed by the test long before this.
+    std::_Exit(0);
+  }
+} agent_helper_mode;
+
+// Live (non-zombie) processes whose process group is `pgid`, from /proc.
+std::vector<pid_t> LiveProcessesInGroup(pid_t pgid) {
+  std::vector<pid_t> found;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return found;
+  while (dirent* entry = readdir(proc)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(entry->d_name, &pid)) continue;
+    std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    // After "pid (comm) ": state ppid pgrp session ...
+    std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
+    if (fields.size() < 4) continue;
+    if (fields[0] == "Z" || fields[0] == "X") continue;
+    int group = 0;
+    if (absl::SimpleAtoi(fields[2], &group) && group == pgid) found.push_back(pid);
+  }
+  closedir(proc);
+  return found;
+}
+
+bool IsAlive(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && stat.size() > paren + 2 && stat[paren + 2] != 'Z' &&
+         stat[paren + 2] != 'X';
+}
+
+// Polls `done` every 20 ms until it holds or `timeout` passes.
+template <typename F>
+bool WaitUntil(F done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+int64_t FileSize(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 ? st.st_size : -1;
+}
+
+class ProcessLauncherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir_template[] = "/tmp/mesh-launcher-test-XXXXXX";
+    ASSERT_NE(mkdtemp(dir_template), nullptr);
+    dir_ = dir_template;
+    launcher_ = std::make_unique<PosixProcessLauncher>();
+  }
+  void TearDown() override {
+    launcher_.reset();  // kills anything left
+    std::system(absl::StrCat("rm -rf '", dir_, "'").c_str());
+  }
+
+  absl::StatusOr<pid_t> Launch(const LaunchSpec& spec) {
+    return launcher_->Launch(spec, [this](const ExitInfo& exit) {
+      absl::MutexLock lock(&mu_);
+      exits_[exit.pid] = exit;
+      exit_reported_.SignalAll();
+    });
+  }
+
+  std::optional<ExitInfo> WaitForExit(pid_t pid, absl::Duration timeout = kExitTimeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::MutexLock lock(&mu_);
+    while (exits_.count(pid) == 0) {
+      if (exit_reported_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) break;
+    }
+    if (exits_.count(pid) == 0) return std::nullopt;
+    return exits_.at(pid);
+  }
+
+  LaunchSpec Spec(std::vector<std::string> argv) {
+    LaunchSpec spec;
+    spec.argv = std::move(argv);
+    spec.env = {"PATH=/usr/bin:/bin"};
+    spec.stdout_log = dir_ + "/out.log";
+    spec.stderr_log = dir_ + "/err.log";
+    return spec;
+  }
+
+  // Waits until the worker's stdout log contains `text`.
+  bool WaitForOutput(const std::string& text) {
+    return WaitUntil([&] { return ReadFile(dir_ + "/out.log").find(text) != std::string::npos; },
+                     kExitTimeout);
+  }
+
+  std::string dir_;
+  absl::Mutex mu_;
+  std::map<pid_t, ExitInfo> exits_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar exit_reported_;  // CondVar, not Await: see WorkerSupervisor
+  std::unique_ptr<PosixProcessLauncher> launcher_;
+};
+
+TEST_F(ProcessLauncherTest, TrueExitsZero) {
+  auto pid = Launch(Spec({"/bin/true"}));
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  auto exit = WaitForExit(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->pid, *pid);
+  EXPECT_TRUE(exit->exited());
+  EXPECT_EQ(exit->exit_code, 0);
+  EXPECT_EQ(exit->ToString(), "exit code 0");
+}
+
+TEST_F(ProcessLauncherTest, ExitCodeIsReported) {
+  auto pid = Launch(Spec({"sh", "-c", "exit 3"}));  // found through the env's PATH
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  auto exit = WaitForExit(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 3);
+  EXPECT_EQ(exit->signal, 0);
+}
+
+TEST_F(ProcessLauncherTest, DeathBySignalIsReportedAsSignal) {
+  auto pid = Launch(Spec({"/bin/sleep", "60"}));
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_TRUE(launcher_->Signal(*pid, SIGKILL).ok());
+  auto exit = WaitForExit(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_FALSE(exit->exited());
+  EXPECT_EQ(exit->signal, SIGKILL);
+  EXPECT_EQ(exit->exit_code, -1);
+  EXPECT_THAT(exit->ToString(), HasSubstr("signal 9"));
+}
+
+TEST_F(ProcessLauncherTest, ExecFailuresAreClearErrors) {
+  auto missing = Launch(Spec({"/nonexistent/worker", "x"}));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("/nonexistent/worker"));
+
+  auto not_in_path = Launch(Spec({"mesh-no-such-program"}));
+  ASSERT_FALSE(not_in_path.ok());
+  EXPECT_EQ(not_in_path.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(not_in_path.status().message(), HasSubstr("mesh-no-such-program"));
+  EXPECT_THAT(not_in_path.status().message(), HasSubstr("PATH=/usr/bin:/bin"));
+
+  const std::string not_executable = dir_ + "/script";
+  std::ofstream(not_executable) << "#!/bin/sh\n";
+  auto denied = Launch(Spec({not_executable}));
+  ASSERT_FALSE(denied.ok());
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(denied.status().message(), HasSubstr(not_executable));
+
+  LaunchSpec bad_dir = Spec({"/bin/true"});
+  bad_dir.working_dir = dir_ + "/missing";
+  auto no_dir = Launch(bad_dir);
+  ASSERT_FALSE(no_dir.ok());
+  EXPECT_EQ(no_dir.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(no_dir.status().message(), HasSubstr(dir_ + "/missing"));
+
+  EXPECT_EQ(Launch(Spec({})).status().code(), absl::StatusCode::kInvalidArgument);
+  LaunchSpec bad_env = Spec({"/bin/true"});
+  bad_env.env = {"NOEQUALS"};
+  EXPECT_EQ(Launch(bad_env).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // None of these left a process or an exit report behind.
+  absl::MutexLock lock(&mu_);
+  EXPECT_THAT(exits_, IsEmpty());
+}
+
+TEST_F(ProcessLauncherTest, ProgramIsFoundInTheWorkersPath) {
+  ASSERT_EQ(mkdir((dir_ + "/bin").c_str(), 0755), 0);
+  const std::string program = dir_ + "/bin/hello";
+  std::ofstream(program) << "#!/bin/sh\necho hello from $0\n";
+  ASSERT_EQ(chmod(program.c_str(), 0755), 0);
+  LaunchSpec spec = Spec({"hello"});
+  spec.env = {"PATH=/nonexistent:bin"};  // relative: against working_dir
+  spec.working_dir = dir_;
+  auto pid = Launch(spec);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  auto exit = WaitForExit(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0);
+  EXPECT_EQ(ReadFile(spec.stdout_log), absl::StrCat("hello from ", program, "\n"));
+}
+
+TEST_F(ProcessLauncherTest, EnvironmentIsExactlyTheSpec) {
+  LaunchSpec spec = Spec({"/usr/bin/env"});
+  ::setenv("MESH_LAUNCHER_TEST_AGENT_ONLY", "1", 1);  // must not leak into the worker
+  spec.env = {"A=1", "B=two words", "EMPTY="};
+  auto pid = Launch(spec);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_TRUE(WaitForExit(*pid).has_value());
+  std::vector<std::string> lines =
+      absl::StrSplit(ReadFile(spec.stdout_log), '\n', absl::SkipEmpty());
+  EXPECT_THAT(lines, ElementsAreArray(spec.env));
+}
+
+TEST_F(ProcessLauncherTest, WorkingDirIsHonoured) {
+  LaunchSpec spec = Spec({"/bin/pwd", "-P"});
+  spec.working_dir = dir_;
+  auto pid = Launch(spec);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_TRUE(WaitForExit(*pid).has_value());
+  char resolved[PATH_MAX];
+  ASSERT_NE(realpath(dir_.c_str(), resolved), nullptr);
+  EXPECT_EQ(ReadFile(spec.stdout_log), absl::StrCat(resolved, "\n"));
+}
+
+TEST_F(ProcessLauncherTest, StdoutAndStderrLandInTheirLogs) {
+  LaunchSpec spec = Spec({"sh", "-c", "echo to-out; echo to-err >&2; echo more-out; exit 0"});
+  auto pid = Launch(spec);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_TRUE(WaitForExit(*pid).has_value());
+  // Complete as soon as the exit is reported.
+  EXPECT_EQ(ReadFile(spec.stdout_log), "to-out\nmore-out\n");
+  EXPECT_EQ(ReadFile(spec.stderr_log), "to-err\n");
+
+  LaunchSpec merged = Spec({"sh", "-c", "echo a; echo b >&2"});
+  merged.stdout_log = dir_ + "/merged.log";
+  merged.stderr_log = "";
+  pid = Launch(merged);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_TRUE(WaitForExit(*pid).has_value());
+  EXPECT_EQ(ReadFile(merged.stdout_log), "a\nb\n");
+}
+
+TEST_F(ProcessLauncherTest, LogCapRotatesAndKeepsTheNewestOutput) {
+  constexpr int64_t kCap = 4096;
+  // ~82 KB of output, 20 times the cap.
+  LaunchSpec spec = Spec({"sh", "-c",
+                          "i=0; while [ $i -lt 2000 ]; do "
+                          "echo 0123456789012345678901234567890123456789; i=$((i+1)); done; "
+                          "echo LAST"});
+  spec.max_log_bytes = kCap;
+  auto pid = Launch(spec);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  auto exit = WaitForExit(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0);
+  const int64_t current = FileSize(spec.stdout_log);
+  const int64_t previous = FileSize(spec.stdout_log + ".1");
+  EXPECT_GT(current, 0);
+  EXPECT_LE(current, kCap);
+  EXPECT_EQ(previous, kCap);  // rotated exactly at the cap
+  // Together they hold the newest output, unbroken, ending with the last line.
+  const std::string tail = ReadFile(spec.stdout_log + ".1") + ReadFile(spec.stdout_log);
+  EXPECT_THAT(tail, EndsWith("0123456789012345678901234567890123456789\nLAST\n"));
+}
+
+TEST_F(ProcessLauncherTest, TerminateSendsSigtermFirst) {
+  auto pid = Launch(Spec({"/bin/sleep", "60"}));
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_TRUE(launcher_->Terminate(*pid, absl::Seconds(30)).ok());
+  auto exit = WaitForExit(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->signal, SIGTERM);
+}
+
+TEST_F(ProcessLauncherTest, TerminateKillsAWorkerThatIgnoresSigterm) {
+  // The ignored disposition is inherited by sleep, so the whole group ignores TERM.
+  auto pid = Launch(Spec({"sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.05; done"}));
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_TRUE(WaitForOutput("ready"));
+  ASSERT_TRUE(launcher_->Terminate(*pid, absl::Milliseconds(300)).ok());
+  auto exit = WaitForExit(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->signal, SIGKILL);
+  EXPECT_TRUE(WaitUntil([&] { return LiveProcessesInGroup(*pid).empty(); }, kExitTimeout));
+}
+
+TEST_F(ProcessLauncherTest, TerminateLeavesNoGrandchildren) {
+  auto pid = Launch(Spec({"sh", "-c", "sleep 60 & sleep 60 & echo ready; wait"}));
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_TRUE(WaitForOutput("ready"));
+  // The scan sees the worker and both grandchildren, in the worker's group.
+  EXPECT_TRUE(WaitUntil([&] { return LiveProcessesInGroup(*pid).size() == 3; }, kExitTimeout));
+  ASSERT_TRUE(launcher_->Terminate(*pid, absl::Seconds(2)).ok());
+  ASSERT_TRUE(WaitForExit(*pid).has_value());
+  EXPECT_TRUE(WaitUntil([&] { return LiveProcessesInGroup(*pid).empty(); }, kExitTimeout))
+      << LiveProcessesInGroup(*pid).size() << " processes of the group survive";
+}
+
+TEST_F(ProcessLauncherTest, TerminateAfterTheLeaderExitedKillsStragglers) {
+  auto pid = Launch(Spec({"sh", "-c", "sleep 60 & echo ready"}));
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  auto exit = WaitForExit(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0);
+  ASSERT_EQ(LiveProcessesInGroup(*pid).size(), 1u);  // the orphaned sleep
+  ASSERT_TRUE(launcher_->Terminate(*pid, absl::Seconds(2)).ok());
+  EXPECT_TRUE(WaitUntil([&] { return LiveProcessesInGroup(*pid).empty(); }, kExitTimeout));
+  // Once the group is empty the launcher forgets it.
+  EXPECT_TRUE(
+      WaitUntil([&] { return launcher_->Signal(*pid, 0).code() == absl::StatusCode::kNotFound; },
+                kExitTimeout));
+}
+
+TEST_F(ProcessLauncherTest, WorkerGetsItsOwnSession) {
+  auto pid = Launch(Spec({"/bin/sleep", "60"}));
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  EXPECT_EQ(getpgid(*pid), *pid);
+  EXPECT_EQ(getsid(*pid), *pid);
+  EXPECT_NE(getsid(*pid), getsid(0));
+}
+
+TEST_F(ProcessLauncherTest, DestroyingTheLauncherKillsItsWorkers) {
+  auto pid = Launch(Spec({"sh", "-c", "sleep 60 & sleep 60; wait"}));
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_TRUE(WaitUntil([&] { return LiveProcessesInGroup(*pid).size() == 3; }, kExitTimeout));
+  launcher_.reset();
+  EXPECT_TRUE(WaitUntil([&] { return LiveProcessesInGroup(*pid).empty(); }, kExitTimeout));
+}
+
+TEST_F(ProcessLauncherTest, WorkerDiesWithItsAgent) {
+  char exe[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  ASSERT_GT(n, 0);
+  exe[n] = '\0';
+  auto agent = testing::Subprocess::Start({exe}, {absl::StrCat(kHelperVar, "=1")});
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  auto line = agent->ReadLine(kExitTimeout);
+  ASSERT_TRUE(line.ok()) << line.status();
+  pid_t worker = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(*line, &worker)) << *line;
+  ASSERT_TRUE(IsAlive(worker));
+
+  agent->Signal(SIGKILL);
+  ASSERT_TRUE(agent->Wait(kExitTimeout).ok());
+  const bool gone = WaitUntil([&] { return !IsAlive(worker); }, absl::Seconds(5));
+  if (!gone) kill(worker, SIGKILL);  // never leave it behind
+  EXPECT_TRUE(gone) << "worker " << worker << " outlived its agent";
+}
+
+// The supervisor over real processes: workers that exit at once (often
+// before Launch returns) and a stop of a whole generation.
+TEST_F(ProcessLauncherTest, SupervisorOverRealProcesses) {
+  absl::Mutex mu;
+  std::vector<RankExit> exits;
+  auto record = [&](const RankExit& exit) {
+    absl::MutexLock lock(&mu);
+    exits.push_back(exit);
+  };
+  {
+    WorkerSupervisor quick(launcher_.get(), "job-q", 0, {}, record);
+    std::vector<RankLaunch> ranks;
+    for (int rank = 0; rank < 4; ++rank) ranks.push_back({rank, Spec({"sh", "-c", "exit 0"})});
+    ranks[3].spec = Spec({"/bin/sh", "-c", "kill -SEGV $$"});
+    ASSERT_TRUE(quick.Start(ranks).ok());
+    ASSERT_TRUE(quick.WaitAllExited(kExitTimeout).ok());
+    absl::MutexLock lock(&mu);
+    std::string got;
+    for (const RankExit& exit : exits)
+      absl::StrAppend(&got, exit.rank, ":", exit.exit.ToString(), " ");
+    ASSERT_EQ(exits.size(), 4u) << got;
+    for (const RankExit& exit : exits) {
+      if (exit.rank == 3) {
+        EXPECT_EQ(exit.exit.signal, SIGSEGV);
+      } else {
+        EXPECT_EQ(exit.exit.exit_code, 0) << exit.rank;
+      }
+    }
+    exits.clear();
+  }
+  SupervisorOptions options;
+  options.grace = absl::Milliseconds(200);
+  WorkerSupervisor stubborn(launcher_.get(), "job-s", 1, options, record);
+  std::vector<RankLaunch> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.push_back(
+        {rank, Spec({"sh", "-c", "trap '' TERM; sleep 60 & sleep 60 & echo ready; wait"})});
+    ranks[rank].spec.stdout_log = absl::StrCat(dir_, "/rank", rank, ".log");
+  }
+  ASSERT_TRUE(stubborn.Start(ranks).ok());
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          return ReadFile(absl::StrCat(dir_, "/rank", rank, ".log")).find("ready") !=
+                 std::string::npos;
+        },
+        kExitTimeout));
+  }
+  stubborn.Stop();
+  ASSERT_TRUE(stubborn.WaitAllExited(kExitTimeout).ok());
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(exits.size(), 2u);
+  for (const RankExit& exit : exits) {
+    EXPECT_TRUE(exit.stopped);
+    EXPECT_EQ(exit.exit.signal, SIGKILL);
+    EXPECT_TRUE(
+        WaitUntil([&] { return LiveProcessesInGroup(exit.exit.pid).empty(); }, kExitTimeout));
+  }
+}
+
+}  // namespace
+}  // namespace mesh::agent

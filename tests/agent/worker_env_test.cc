@@ -1,0 +1,188 @@
+#include "agent/worker_env.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+namespace mesh::agent {
+namespace {
+
+using ::testing::Contains;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+WorkerAssignment TwoByTwoRank3() {
+  WorkerAssignment a;
+  a.coordinator = "127.0.0.1:7000";
+  a.job_id = "job-42";
+  a.generation = 2;
+  a.rank = 3;
+  a.world_size = 4;
+  a.local_rank = 1;
+  a.local_world_size = 2;
+  a.node_rank = 1;
+  a.num_nodes = 2;
+  a.master_addr = "10.0.0.1";
+  a.master_port = 29500;
+  a.restart_count = 2;
+  a.max_restarts = 3;
+  return a;
+}
+
+TEST(BuildWorkerEnv, CpuJobExactEnvironment) {
+  WorkerAssignment a = TwoByTwoRank3();
+  a.user_env = {{"FOO", "bar"}, {"PATH", "/opt/bin"}};
+  auto env = BuildWorkerEnv(a, {{"PATH", "/usr/bin"}, {"HOME", "/home/u"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  // Sorted, complete, and nothing else: the user's PATH wins over the base.
+  EXPECT_THAT(*env, ElementsAreArray({
+                        "CUDA_VISIBLE_DEVICES=",
+                        "FOO=bar",
+                        "GROUP_RANK=1",
+                        "GROUP_WORLD_SIZE=2",
+                        "HOME=/home/u",
+                        "LOCAL_RANK=1",
+                        "LOCAL_WORLD_SIZE=2",
+                        "MASTER_ADDR=10.0.0.1",
+                        "MASTER_PORT=29500",
+                        "MESH_COORDINATOR=127.0.0.1:7000",
+                        "MESH_GENERATION=2",
+                        "MESH_JOB_ID=job-42",
+                        "MESH_LOCAL_RANK=1",
+                        "MESH_LOCAL_WORLD_SIZE=2",
+                        "MESH_NODE_RANK=1",
+                        "MESH_RANK=3",
+                        "MESH_WORLD_SIZE=4",
+                        "PATH=/opt/bin",
+                        "RANK=3",
+                        "ROLE_NAME=default",
+                        "ROLE_RANK=3",
+                        "ROLE_WORLD_SIZE=4",
+                        "TORCHELASTIC_MAX_RESTARTS=3",
+                        "TORCHELASTIC_RESTART_COUNT=2",
+                        "TORCHELASTIC_RUN_ID=job-42",
+                        "WORLD_SIZE=4",
+                    }));
+}
+
+TEST(BuildWorkerEnv, GpuJobGetsItsDevicesAndToken) {
+  WorkerAssignment a = TwoByTwoRank3();
+  a.gpu_job = true;
+  a.gpus = {2, 3};
+  a.auth_token = "s3cret";
+  auto env = BuildWorkerEnv(a, {});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_THAT(*env, Contains("CUDA_VISIBLE_DEVICES=2,3"));
+  EXPECT_THAT(*env, Contains("MESH_AUTH_TOKEN=s3cret"));
+}
+
+TEST(BuildWorkerEnv, OptionalPartsOmitted) {
+  WorkerAssignment a = TwoByTwoRank3();
+  a.master_addr.clear();
+  auto env = BuildWorkerEnv(a, {});
+  ASSERT_TRUE(env.ok()) << env.status();
+  for (const std::string& entry : *env) {
+    EXPECT_THAT(entry, Not(HasSubstr("MASTER_"))) << entry;
+    EXPECT_THAT(entry, Not(HasSubstr("MESH_AUTH_TOKEN"))) << entry;
+  }
+}
+
+TEST(BuildWorkerEnv, BadUserVariablesAreRejected) {
+  struct Case {
+    std::string name, value, expect;
+  } cases[] = {
+      {"MESH_RANK", "0", "MESH_RANK is set by the agent"},
+      {"MESH_ANYTHING", "x", "MESH_ANYTHING is set by the agent"},
+      {"RANK", "0", "RANK is set by the agent"},
+      {"MASTER_PORT", "1", "MASTER_PORT is set by the agent"},
+      {"CUDA_VISIBLE_DEVICES", "0", "CUDA_VISIBLE_DEVICES is set by the agent"},
+      {"LD_PRELOAD", "/x.so", "LD_PRELOAD is not allowed"},
+      {"LD_LIBRARY_PATH", "/x", "LD_LIBRARY_PATH is not allowed"},
+      {"BASH_ENV", "/x", "BASH_ENV is not allowed"},
+      {"", "x", "bad variable name ''"},
+      {"A=B", "x", "bad variable name 'A=B'"},
+      {std::string("A\0B", 3), "x", "bad variable name"},
+      {"OK", std::string("a\0b", 3), "value of OK contains a NUL"},
+  };
+  for (const Case& c : cases) {
+    WorkerAssignment a = TwoByTwoRank3();
+    a.user_env = {{c.name, c.value}};
+    auto env = BuildWorkerEnv(a, {});
+    ASSERT_FALSE(env.ok()) << c.name;
+    EXPECT_EQ(env.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(env.status().message(), HasSubstr(c.expect)) << c.name;
+  }
+  WorkerAssignment twice = TwoByTwoRank3();
+  twice.user_env = {{"X", "1"}, {"X", "2"}};
+  auto env = BuildWorkerEnv(twice, {});
+  ASSERT_FALSE(env.ok());
+  EXPECT_THAT(env.status().message(), HasSubstr("X is set twice"));
+}
+
+TEST(BuildWorkerEnv, BaseCannotSmuggleReservedOrRefusedNames) {
+  auto env = BuildWorkerEnv(TwoByTwoRank3(),
+                            {{"MESH_RANK", "99"}, {"LD_PRELOAD", "/evil.so"}, {"LANG", "C"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_THAT(*env, Contains("MESH_RANK=3"));
+  EXPECT_THAT(*env, Not(Contains("MESH_RANK=99")));
+  EXPECT_THAT(*env, Not(Contains("LD_PRELOAD=/evil.so")));
+  EXPECT_THAT(*env, Contains("LANG=C"));
+}
+
+TEST(BuildWorkerEnv, InconsistentAssignmentsNameTheField) {
+  struct Case {
+    void (*mutate)(WorkerAssignment&);
+    const char* expect;
+  } cases[] = {
+      {[](WorkerAssignment& a) { a.rank = 4; }, "rank is 4; it must be in [0, 3]"},
+      {[](WorkerAssignment& a) { a.rank = -1; }, "rank is -1"},
+      {[](WorkerAssignment& a) { a.world_size = 0; }, "world_size is 0"},
+      {[](WorkerAssignment& a) { a.local_rank = 2; }, "local_rank is 2; it must be in [0, 1]"},
+      {[](WorkerAssignment& a) { a.local_world_size = 5; }, "local_world_size is 5"},
+      {[](WorkerAssignment& a) { a.node_rank = 2; }, "node_rank is 2"},
+      {[](WorkerAssignment& a) { a.generation = -1; }, "generation is -1"},
+      {[](WorkerAssignment& a) { a.restart_count = -1; }, "restart_count is -1"},
+      {[](WorkerAssignment& a) { a.master_port = 0; }, "master_port is 0"},
+      {[](WorkerAssignment& a) { a.master_port = 70000; }, "master_port is 70000"},
+      {[](WorkerAssignment& a) { a.job_id.clear(); }, "job_id is empty"},
+      {[](WorkerAssignment& a) { a.coordinator.clear(); }, "coordinator is empty"},
+      {[](WorkerAssignment& a) { a.gpu_job = true; }, "GPU job but no GPUs"},
+      {[](WorkerAssignment& a) { a.gpus = {0}; }, "CPU job given GPUs"},
+  };
+  for (const Case& c : cases) {
+    WorkerAssignment a = TwoByTwoRank3();
+    c.mutate(a);
+    auto env = BuildWorkerEnv(a, {});
+    ASSERT_FALSE(env.ok()) << c.expect;
+    EXPECT_EQ(env.status().code(), absl::StatusCode::kInvalidArgument) << c.expect;
+    EXPECT_THAT(env.status().message(), HasSubstr(c.expect));
+  }
+}
+
+TEST(BuildWorkerEnv, TokenNeverInErrors) {
+  WorkerAssignment a = TwoByTwoRank3();
+  a.auth_token = "s3cret";
+  a.rank = 9;
+  auto env = BuildWorkerEnv(a, {});
+  ASSERT_FALSE(env.ok());
+  EXPECT_THAT(env.status().message(), Not(HasSubstr("s3cret")));
+}
+
+TEST(InheritedBaseEnv, CopiesOnlyTheAllowlist) {
+  ::setenv("HOME", "/test/home", 1);
+  ::setenv("MESH_LAUNCHER_TEST_NOT_INHERITED", "1", 1);
+  const auto base = InheritedBaseEnv();
+  ASSERT_TRUE(base.count("HOME"));
+  EXPECT_EQ(base.at("HOME"), "/test/home");
+  EXPECT_EQ(base.count("MESH_LAUNCHER_TEST_NOT_INHERITED"), 0u);
+  for (const auto& [name, value] : base) {
+    bool listed = false;
+    for (const char* const* n = kInheritedEnvNames; *n != nullptr; ++n) listed |= name == *n;
+    EXPECT_TRUE(listed) << name;
+  }
+}
+
+}  // namespace
+}  // namespace mesh::agent
