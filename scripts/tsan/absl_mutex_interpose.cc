@@ -24,8 +24,7 @@ F Real(const char* name) {
   }
   return reinterpret_cast<F>(fn);
 }
-#define REAL(type, mangled)                        \
-  static const auto real = Real<type>(mangled)
+#define REAL(type, mangled) static const auto real = Real<type>(mangled)
 }  // namespace
 
 namespace absl {
@@ -64,8 +63,7 @@ void Mutex::ReaderUnlock() {
   real(this);
 }
 void Mutex::LockWhen(const Condition& cond) {
-  REAL(void (*)(Mutex*, const Condition&),
-       "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE");
+  REAL(void (*)(Mutex*, const Condition&), "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE");
   real(this, cond);
   __tsan_acquire(this);
 }
