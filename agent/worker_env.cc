@@ -4,35 +4,14 @@
 #include <set>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/worker_env_policy.h"
 
 namespace mesh::agent {
 namespace {
-
-// torchrun's worker contract (torch.distributed.elastic's local agent).
-constexpr const char* kTorchrunNames[] = {
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "ROLE_NAME",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_RUN_ID",
-};
-
-// Names that change how the dynamic loader or a shell treats the worker;
-// the coordinator rejects them in job specs and the agent checks again.
-constexpr const char* kRefusedNames[] = {"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV",
-                                         "ENV"};
 
 absl::Status CheckRange(const char* field, int64_t value, int64_t lo, int64_t hi) {
   if (value < lo || value > hi) {
@@ -84,22 +63,13 @@ absl::Status CheckAssignment(const WorkerAssignment& a) {
 }
 
 absl::Status CheckUserVariable(const std::string& name, const std::string& value) {
-  if (name.empty() || name.find('=') != std::string::npos || name.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("env: bad variable name '", name,
-                                                   "': it must be non-empty without '=' or NUL"));
+  // The coordinator's spec validation applies the same rule; checking again
+  // here keeps an agent safe from a coordinator that did not.
+  if (std::string problem = WorkerEnvNameProblem(name); !problem.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("env: ", absl::CEscape(name), ": ", problem));
   }
   if (value.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("env: value of ", name, " contains a NUL"));
-  }
-  if (IsReservedWorkerEnvName(name)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "env: ", name, " is set by the agent for every worker and cannot be overridden"));
-  }
-  for (const char* refused : kRefusedNames) {
-    if (name == refused) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("env: ", name, " is not allowed in a worker's environment"));
-    }
   }
   return absl::OkStatus();
 }
@@ -115,14 +85,6 @@ std::map<std::string, std::string> InheritedBaseEnv() {
     if (const char* value = std::getenv(*name); value != nullptr) base[*name] = value;
   }
   return base;
-}
-
-bool IsReservedWorkerEnvName(absl::string_view name) {
-  if (absl::StartsWith(name, "MESH_") || name == "CUDA_VISIBLE_DEVICES") return true;
-  for (const char* reserved : kTorchrunNames) {
-    if (name == reserved) return true;
-  }
-  return false;
 }
 
 absl::StatusOr<std::vector<std::string>> BuildWorkerEnv(

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/check.h"
+#include "common/worker_env_policy.h"
 
 namespace mesh::coordinator {
 namespace {
@@ -56,23 +57,6 @@ std::vector<std::pair<std::string, std::string>> Sorted(
 int MaxNodes(const JobSpec& spec) {
   return spec.nodes().max() == 0 ? spec.nodes().min() : spec.nodes().max();
 }
-
-// Names the loader or a shell acts on before the program's own code runs:
-// each makes the worker execute code that argv does not name. LD_PRELOAD and
-// LD_AUDIT load arbitrary shared objects into every process (and every
-// child), LD_LIBRARY_PATH substitutes the libraries argv[0] links (libc,
-// libnccl), and BASH_ENV / ENV name a script that bash / sh run at start-up
-// of any non-interactive shell a worker spawns. Mesh promises that a job
-// runs its argv and nothing else; a user who needs a library path sets it in
-// the image, the agent's environment, or a wrapper named in argv.
-constexpr absl::string_view kDeniedEnv[] = {"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV",
-                                            "ENV"};
-
-// Names the agent sets for every rank (the torchrun contract); a spec value
-// would silently fight the agent's.
-constexpr absl::string_view kReservedEnv[] = {
-    "RANK",        "LOCAL_RANK",  "WORLD_SIZE", "LOCAL_WORLD_SIZE",          "GROUP_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "ROLE_RANK",  "TORCHELASTIC_RESTART_COUNT"};
 
 absl::Status ValidateName(const JobSpec& spec) {
   const std::string& name = spec.name();
@@ -136,7 +120,7 @@ absl::Status ValidateEnv(const JobSpec& spec, const JobSpecLimits& limits) {
   }
   int64_t bytes = 0;
   for (const auto& [name, value] : Sorted(spec.env())) {
-    if (std::string problem = EnvNameProblem(name, spec.gpus_per_proc() > 0); !problem.empty()) {
+    if (std::string problem = EnvNameProblem(name); !problem.empty()) {
       return Invalid(KeyPath("spec.env", name), problem);
     }
     if (HasNul(value)) return Invalid(KeyPath("spec.env", name), "value contains a NUL byte");
@@ -392,30 +376,6 @@ absl::StatusOr<std::string> NormalizeAbsolutePath(absl::string_view path) {
   return absl::StrCat("/", absl::StrJoin(parts, "/"));
 }
 
-std::string EnvNameProblem(absl::string_view name, bool gpu_job) {
-  if (name.empty()) return "the name is empty";
-  if (HasNul(name)) return "the name contains a NUL byte";
-  if (name.find('=') != absl::string_view::npos) return "the name contains '='";
-  for (absl::string_view denied : kDeniedEnv) {
-    if (name == denied) {
-      return absl::StrCat(
-          "denied: ", name,
-          name == "BASH_ENV" || name == "ENV"
-              ? " makes every shell the job starts run a script first"
-              : " makes the dynamic loader run code that the job's command does not name",
-          "; set it in the image or a wrapper program instead");
-    }
-  }
-  if (absl::StartsWith(name, "MESH_")) return "reserved: MESH_* variables are set by Mesh";
-  for (absl::string_view reserved : kReservedEnv) {
-    if (name == reserved) {
-      return absl::StrCat("reserved: the agent sets ", name, " for each rank");
-    }
-  }
-  if (gpu_job && name == "CUDA_VISIBLE_DEVICES") {
-    return "reserved: the agent sets CUDA_VISIBLE_DEVICES for each rank of a GPU job";
-  }
-  return "";
-}
+std::string EnvNameProblem(absl::string_view name) { return WorkerEnvNameProblem(name); }
 
 }  // namespace mesh::coordinator

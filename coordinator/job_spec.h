@@ -79,8 +79,9 @@ absl::StatusOr<std::vector<int64_t>> ResolveMeshShape(const mesh::v1::JobSpec& s
 // kernel does. Errors: INVALID_ARGUMENT when `path` is not absolute.
 absl::StatusOr<std::string> NormalizeAbsolutePath(absl::string_view path);
 
-// Whether `name` may not appear in spec.env, and why ("" when it may).
+// Whether `name` may not appear in spec.env, and why ("" when it may):
+// common/worker_env_policy.h's rule, which the agent applies again at launch.
 // Exposed so meshctl can reject flags early with the same words.
-std::string EnvNameProblem(absl::string_view name, bool gpu_job);
+std::string EnvNameProblem(absl::string_view name);
 
 }  // namespace mesh::coordinator

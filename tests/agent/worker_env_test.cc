@@ -93,17 +93,17 @@ TEST(BuildWorkerEnv, BadUserVariablesAreRejected) {
   struct Case {
     std::string name, value, expect;
   } cases[] = {
-      {"MESH_RANK", "0", "MESH_RANK is set by the agent"},
-      {"MESH_ANYTHING", "x", "MESH_ANYTHING is set by the agent"},
-      {"RANK", "0", "RANK is set by the agent"},
-      {"MASTER_PORT", "1", "MASTER_PORT is set by the agent"},
-      {"CUDA_VISIBLE_DEVICES", "0", "CUDA_VISIBLE_DEVICES is set by the agent"},
-      {"LD_PRELOAD", "/x.so", "LD_PRELOAD is not allowed"},
-      {"LD_LIBRARY_PATH", "/x", "LD_LIBRARY_PATH is not allowed"},
-      {"BASH_ENV", "/x", "BASH_ENV is not allowed"},
-      {"", "x", "bad variable name ''"},
-      {"A=B", "x", "bad variable name 'A=B'"},
-      {std::string("A\0B", 3), "x", "bad variable name"},
+      {"MESH_RANK", "0", "reserved: the agent sets MESH_RANK"},
+      {"MESH_ANYTHING", "x", "reserved: the agent sets MESH_ANYTHING"},
+      {"RANK", "0", "reserved: the agent sets RANK"},
+      {"MASTER_PORT", "1", "reserved: the agent sets MASTER_PORT"},
+      {"CUDA_VISIBLE_DEVICES", "0", "reserved: the agent sets CUDA_VISIBLE_DEVICES"},
+      {"LD_PRELOAD", "/x.so", "denied: LD_PRELOAD"},
+      {"LD_LIBRARY_PATH", "/x", "denied: LD_LIBRARY_PATH"},
+      {"BASH_ENV", "/x", "denied: BASH_ENV"},
+      {"", "x", "the name is empty"},
+      {"A=B", "x", "env: A=B: the name contains '='"},
+      {std::string("A\0B", 3), "x", "env: A\\000B: the name contains a NUL byte"},
       {"OK", std::string("a\0b", 3), "value of OK contains a NUL"},
   };
   for (const Case& c : cases) {

@@ -199,18 +199,34 @@ TEST(JobSpecTest, EnvMessagesSayWhy) {
 TEST(JobSpecTest, EnvAcceptsOrdinaryNamesAndLookalikes) {
   JobSpec spec = Valid();
   for (const char* name : {"NCCL_DEBUG", "OMP_NUM_THREADS", "PYTHONPATH", "MY_RANK", "LD_BIND_NOW",
-                           "MESHY", "CUDA_VISIBLE_DEVICES"}) {
+                           "MESHY", "CUDA_VISIBLE_DEVICESX"}) {
     (*spec.mutable_env())[name] = "1";
   }
   EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk());
 }
 
-TEST(JobSpecTest, CudaVisibleDevicesIsReservedForGpuJobsOnly) {
+// The agent sets CUDA_VISIBLE_DEVICES for every rank (empty for a CPU job,
+// which must not touch GPUs given to other jobs), so no job may set it.
+TEST(JobSpecTest, CudaVisibleDevicesIsReservedForEveryJob) {
   JobSpec spec = Valid();
   (*spec.mutable_env())["CUDA_VISIBLE_DEVICES"] = "";
-  EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk());
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.env[\"CUDA_VISIBLE_DEVICES\"]"));
   spec.set_gpus_per_proc(1);
   EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.env[\"CUDA_VISIBLE_DEVICES\"]"));
+}
+
+// The coordinator and the agent share one rule: every name the agent sets
+// is refused in a spec, so an accepted spec is never refused at launch.
+TEST(JobSpecTest, EveryNameTheAgentSetsIsRejected) {
+  for (const char* name : {"GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "ROLE_NAME",
+                           "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "MESH_AUTH_TOKEN"}) {
+    JobSpec spec = Valid();
+    (*spec.mutable_env())[name] = "1";
+    EXPECT_THAT(ValidateJobSpec(spec, {}),
+                StatusIs(Code::kInvalidArgument,
+                         HasSubstr(std::string("reserved: the agent sets ") + name)))
+        << name;
+  }
 }
 
 TEST(JobSpecTest, EnvValueWithNul) {
