@@ -75,13 +75,19 @@ CREATE TABLE nodes (
   labels    BLOB
 );
 )sql",
+    // Version 2: where a job runs (an opaque placement), and the generation
+    // each event left the job in.
+    R"sql(
+ALTER TABLE jobs ADD COLUMN placement BLOB;
+ALTER TABLE job_events ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 static_assert(std::size(kMigrations) == JobStore::kSchemaVersion,
               "one migration per schema version");
 
 constexpr const char* kJobColumns =
     "id, idempotency_key, name, state, pending_reason, generation, restarts, spec, root_cause, "
-    "version, created_at, updated_at, number";
+    "version, created_at, updated_at, number, placement";
 constexpr const char* kNodeColumns = "name, address, slots, gpus, state, last_seen, labels";
 
 absl::StatusCode CodeFor(int rc) {
@@ -340,6 +346,7 @@ JobRecord ReadJob(const auto& row) {
   job.version = row.Int(9);
   job.created_at = FromMicros(row.Int(10));
   job.updated_at = FromMicros(row.Int(11));
+  job.placement = row.Bytes(13);
   return job;
 }
 
@@ -369,14 +376,15 @@ absl::StatusOr<JobRecord> JobStore::GetJobLocked(const std::string& id) const {
 
 absl::Status JobStore::AppendEventLocked(const JobEvent& event) {
   Statement insert(*this,
-                   "INSERT INTO job_events (job_id, seq, time, from_state, to_state, reason) "
-                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
+                   "INSERT INTO job_events (job_id, seq, time, from_state, to_state, reason, "
+                   "generation) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
   insert.Bind(1, event.job_id);
   insert.Bind(2, event.seq);
   insert.Bind(3, Micros(event.time));
   insert.Bind(4, event.from_state);
   insert.Bind(5, event.to_state);
   insert.Bind(6, event.reason);
+  insert.Bind(7, event.generation);
   return insert.Run("append job event");
 }
 
@@ -424,7 +432,7 @@ absl::StatusOr<CreateJobResult> JobStore::CreateJob(const NewJob& job) {
   {
     Statement insert(*this, absl::StrCat("INSERT INTO jobs (", kJobColumns,
                                          ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
-                                         "?11, ?12, ?13)"));
+                                         "?11, ?12, ?13, ?14)"));
     insert.Bind(1, record.id);
     insert.BindOrNull(2, record.idempotency_key, /*blob=*/false);
     insert.Bind(3, record.name);
@@ -438,6 +446,7 @@ absl::StatusOr<CreateJobResult> JobStore::CreateJob(const NewJob& job) {
     insert.Bind(11, Micros(now));
     insert.Bind(12, Micros(now));
     insert.Bind(13, number);
+    insert.BindOrNull(14, record.placement, /*blob=*/true);
     JOB_STORE_RETURN_IF_ERROR(insert.Run("insert job"));
   }
   JOB_STORE_RETURN_IF_ERROR(AppendEventLocked(
@@ -524,12 +533,14 @@ absl::StatusOr<JobRecord> JobStore::UpdateJob(const std::string& id, const JobUp
   if (update.generation.has_value()) job.generation = *update.generation;
   if (update.restarts.has_value()) job.restarts = *update.restarts;
   if (update.root_cause.has_value()) job.root_cause = *update.root_cause;
+  if (update.placement.has_value()) job.placement = *update.placement;
   job.version += 1;
   job.updated_at = FromMicros(Micros(clock_->Now()));
   {
     Statement set(*this,
                   "UPDATE jobs SET state = ?1, pending_reason = ?2, generation = ?3, "
-                  "restarts = ?4, root_cause = ?5, version = ?6, updated_at = ?7 WHERE id = ?8");
+                  "restarts = ?4, root_cause = ?5, version = ?6, updated_at = ?7, placement = ?9 "
+                  "WHERE id = ?8");
     set.Bind(1, job.state);
     set.Bind(2, job.pending_reason);
     set.Bind(3, job.generation);
@@ -538,10 +549,12 @@ absl::StatusOr<JobRecord> JobStore::UpdateJob(const std::string& id, const JobUp
     set.Bind(6, job.version);
     set.Bind(7, Micros(job.updated_at));
     set.Bind(8, id);
+    set.BindOrNull(9, job.placement, /*blob=*/true);
     JOB_STORE_RETURN_IF_ERROR(set.Run("update job"));
   }
   JOB_STORE_RETURN_IF_ERROR(AppendEventLocked(
-      JobEvent{id, job.version, job.updated_at, from_state, job.state, update.reason}));
+      JobEvent{id, job.version, job.updated_at, from_state, job.state, update.reason,
+               job.generation}));
   JOB_STORE_RETURN_IF_ERROR(tx.Commit());
   return job;
 }
@@ -556,7 +569,7 @@ absl::StatusOr<std::vector<JobEvent>> JobStore::ListEvents(const std::string& id
     if (!*row) return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
   }
   Statement select(*this,
-                   "SELECT seq, time, from_state, to_state, reason FROM job_events "
+                   "SELECT seq, time, from_state, to_state, reason, generation FROM job_events "
                    "WHERE job_id = ?1 ORDER BY seq");
   select.Bind(1, id);
   std::vector<JobEvent> events;
@@ -565,7 +578,7 @@ absl::StatusOr<std::vector<JobEvent>> JobStore::ListEvents(const std::string& id
     if (!row.ok()) return row.status();
     if (!*row) break;
     events.push_back(JobEvent{id, select.Int(0), FromMicros(select.Int(1)), select.Bytes(2),
-                              select.Bytes(3), select.Bytes(4)});
+                              select.Bytes(3), select.Bytes(4), select.Int(5)});
   }
   return events;
 }

@@ -73,6 +73,7 @@ struct JobRecord {
   int64_t restarts = 0;
   std::string spec;        // Opaque bytes.
   std::string root_cause;  // Opaque bytes; empty: none.
+  std::string placement;   // Opaque bytes; empty: none (schema 2).
   // 1 at creation; +1 on every UpdateJob. The optimistic-concurrency token.
   int64_t version = 0;
   absl::Time created_at;
@@ -108,6 +109,7 @@ struct JobUpdate {
   std::optional<int64_t> generation;
   std::optional<int64_t> restarts;
   std::optional<std::string> root_cause;
+  std::optional<std::string> placement;
 
   std::string reason;  // The event's reason.
 };
@@ -119,6 +121,7 @@ struct JobEvent {
   std::string from_state;  // Empty for the creation event.
   std::string to_state;    // Equal to from_state when the state did not change.
   std::string reason;
+  int64_t generation = 0;  // The job's generation after the event (schema 2).
 };
 
 // Paging is by creation number, so concurrent writes never make a job show
@@ -160,7 +163,7 @@ struct JobStoreStats {
 class JobStore {
  public:
   // The schema this build writes. Open migrates older files up to it.
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
   static constexpr int kDefaultPageSize = 100;
   static constexpr int kMaxPageSize = 1000;
 

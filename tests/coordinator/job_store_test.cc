@@ -221,6 +221,31 @@ TEST_F(JobStoreTest, UpdateChangesFieldsBumpsVersionAndAppendsEvent) {
   EXPECT_EQ((*events)[2].seq, 3);
   EXPECT_EQ((*events)[2].from_state, "RUNNING");
   EXPECT_EQ((*events)[2].to_state, "RUNNING");
+  // Each event carries the generation the job was left in.
+  EXPECT_EQ((*events)[0].generation, 0);
+  EXPECT_EQ((*events)[1].generation, 2);
+  EXPECT_EQ((*events)[2].generation, 2);
+}
+
+TEST_F(JobStoreTest, PlacementRoundTripsAndStaysWhenUnset) {
+  Create("a");
+  EXPECT_EQ(store_->GetJob("job-1")->placement, "");
+  JobUpdate place;
+  place.state = "SCHEDULED";
+  place.placement = std::string("nodes\0a,b", 10);
+  place.reason = "scheduled";
+  ASSERT_THAT(store_->UpdateJob("job-1", place), IsOk());
+  JobUpdate run;
+  run.state = "RUNNING";
+  run.reason = "running";
+  ASSERT_THAT(store_->UpdateJob("job-1", run), IsOk());
+  auto got = store_->GetJob("job-1");
+  ASSERT_THAT(got, IsOk());
+  EXPECT_EQ(got->placement, std::string("nodes\0a,b", 10));
+  auto page = store_->ListJobs({});
+  ASSERT_THAT(page, IsOk());
+  ASSERT_EQ(page->jobs.size(), 1u);
+  EXPECT_EQ(page->jobs[0].placement, std::string("nodes\0a,b", 10));
 }
 
 TEST_F(JobStoreTest, UpdateWithWrongExpectedStateIsAbortedAndWritesNothing) {
@@ -523,6 +548,36 @@ void RawExec(const std::string& path, const std::string& sql) {
   sqlite3_close(db);
 }
 
+TEST(JobStoreFileTest, Version1FileIsMigratedWithItsJobsIntact) {
+  TempDir dir;
+  FakeClock clock;
+  {
+    auto store = JobStore::Open(dir.db(), &clock);
+    ASSERT_THAT(store, IsOk());
+    ASSERT_EQ((*store)->CreateJob(MakeJob("a", "k")).value().job.id, "job-1");
+  }
+  // Take the file back to what a version-1 coordinator wrote.
+  RawExec(dir.db(),
+          "ALTER TABLE jobs DROP COLUMN placement;"
+          "ALTER TABLE job_events DROP COLUMN generation;"
+          "UPDATE schema_version SET version = 1");
+  auto store = JobStore::Open(dir.db(), &clock);
+  ASSERT_THAT(store, IsOk());
+  auto job = (*store)->GetJob("job-1");
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ(job->name, "a");
+  EXPECT_EQ(job->placement, "");
+  auto events = (*store)->ListEvents("job-1");
+  ASSERT_THAT(events, IsOk());
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].generation, 0);
+  JobUpdate place;
+  place.placement = "p";
+  place.reason = "placed";
+  ASSERT_THAT((*store)->UpdateJob("job-1", place), IsOk());
+  EXPECT_EQ((*store)->GetJob("job-1")->placement, "p");
+}
+
 TEST(JobStoreFileTest, NewerSchemaIsFailedPrecondition) {
   TempDir dir;
   FakeClock clock;
@@ -531,7 +586,7 @@ TEST(JobStoreFileTest, NewerSchemaIsFailedPrecondition) {
   EXPECT_THAT(JobStore::Open(dir.db(), &clock),
               StatusIs(Code::kFailedPrecondition,
                        ::testing::AllOf(HasSubstr("schema version 99"),
-                                        HasSubstr("newer than this coordinator supports (1)"),
+                                        HasSubstr("newer than this coordinator supports (2)"),
                                         HasSubstr(dir.db()))));
 }
 
