@@ -100,6 +100,36 @@ JobStateMachine::JobStateMachine(std::string job_id, int max_restarts, absl::Dur
       JobEventRecord{create_time_, JOB_STATE_UNSPECIFIED, JOB_STATE_PENDING, "submitted", 0});
 }
 
+absl::StatusOr<std::unique_ptr<JobStateMachine>> JobStateMachine::Restore(
+    std::string job_id, int max_restarts, absl::Duration deadline, RestoredJobState stored,
+    Clock& clock) {
+  const bool known = stored.state == JOB_STATE_PENDING || IsLive(stored.state) ||
+                     IsTerminal(stored.state);
+  if (!known) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", job_id, ": cannot restore state ",
+                                                   JobStateName(stored.state)));
+  }
+  if (stored.generation < 0 || stored.restarts < 0 || stored.restarts > max_restarts ||
+      stored.restarts > stored.generation) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", job_id, ": cannot restore generation ", stored.generation,
+                     " with ", stored.restarts, " of ", max_restarts, " restarts"));
+  }
+  auto machine = std::unique_ptr<JobStateMachine>(
+      new JobStateMachine(std::move(job_id), max_restarts, deadline, "", clock));
+  machine->state_ = stored.state;
+  machine->pending_reason_ =
+      stored.state == JOB_STATE_PENDING ? std::move(stored.pending_reason) : std::string();
+  machine->generation_ = stored.generation;
+  machine->restarts_ = stored.restarts;
+  machine->create_time_ = stored.create_time;
+  machine->update_time_ = stored.update_time;
+  machine->has_root_cause_ = stored.has_root_cause;
+  machine->root_cause_ = std::move(stored.root_cause);
+  machine->events_ = std::move(stored.events);
+  return machine;
+}
+
 absl::Status JobStateMachine::Transition(JobState to, std::string reason) {
   if (absl::Status status = CheckTransition(state_, to); !status.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id_, ": ", status.message()));

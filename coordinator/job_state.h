@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,20 @@ struct JobEventRecord {
 // `event` as the wire type.
 ::mesh::v1::JobStateEvent ToProto(const JobEventRecord& event);
 
+// A job as stored, for rebuilding its state machine after a coordinator
+// restart.
+struct RestoredJobState {
+  JobState state = ::mesh::v1::JOB_STATE_PENDING;
+  std::string pending_reason;
+  int64_t generation = 0;
+  int restarts = 0;
+  absl::Time create_time;
+  absl::Time update_time;
+  bool has_root_cause = false;
+  ::mesh::v1::RootCause root_cause;
+  std::vector<JobEventRecord> events;  // Oldest first.
+};
+
 class JobStateMachine {
  public:
   // A newly submitted job: PENDING with `pending_reason`, generation 0, one
@@ -82,6 +97,16 @@ class JobStateMachine {
   // valid spec (programmer error otherwise; checked).
   JobStateMachine(std::string job_id, int max_restarts, absl::Duration deadline,
                   std::string pending_reason, Clock& clock);
+
+  // A stored job, exactly as it was: no event is added. Possible errors
+  // (INVALID_ARGUMENT, naming the job): an UNSPECIFIED or unknown state, a
+  // negative generation, restarts outside [0, max_restarts] or above the
+  // generation.
+  static absl::StatusOr<std::unique_ptr<JobStateMachine>> Restore(std::string job_id,
+                                                                  int max_restarts,
+                                                                  absl::Duration deadline,
+                                                                  RestoredJobState stored,
+                                                                  Clock& clock);
 
   JobStateMachine(const JobStateMachine&) = delete;
   JobStateMachine& operator=(const JobStateMachine&) = delete;

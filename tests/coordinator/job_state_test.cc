@@ -301,3 +301,67 @@ TEST_F(JobStateMachineTest, Deadline) {
 
 }  // namespace
 }  // namespace mesh::coordinator
+
+namespace mesh::coordinator {
+namespace {
+
+TEST(JobStateRestoreTest, RestoresExactlyAndGoesOn) {
+  FakeClock clock;
+  RestoredJobState stored;
+  stored.state = ::mesh::v1::JOB_STATE_RUNNING;
+  stored.pending_reason = "ignored outside PENDING";
+  stored.generation = 2;
+  stored.restarts = 2;
+  stored.create_time = clock.Now() - absl::Minutes(5);
+  stored.update_time = clock.Now() - absl::Minutes(1);
+  stored.has_root_cause = true;
+  stored.root_cause.set_rank(3);
+  stored.root_cause.set_generation(1);
+  stored.events.push_back(JobEventRecord{stored.create_time, ::mesh::v1::JOB_STATE_UNSPECIFIED,
+                                         ::mesh::v1::JOB_STATE_PENDING, "submitted", 0});
+  auto machine =
+      JobStateMachine::Restore("job-7", 3, absl::ZeroDuration(), std::move(stored), clock);
+  ASSERT_TRUE(machine.ok()) << machine.status();
+  JobStateMachine& job = **machine;
+  EXPECT_EQ(job.state(), ::mesh::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.pending_reason(), "");
+  EXPECT_EQ(job.generation(), 2);
+  EXPECT_EQ(job.restarts(), 2);
+  EXPECT_EQ(job.create_time(), clock.Now() - absl::Minutes(5));
+  EXPECT_EQ(job.events().size(), 1u);  // Nothing added.
+  ASSERT_TRUE(job.has_root_cause());
+  EXPECT_EQ(job.root_cause().rank(), 3);
+
+  // The restored job goes on from where it was: one restart left.
+  ::mesh::v1::RootCause cause;
+  cause.set_rank(0);
+  cause.set_generation(2);
+  auto next = job.WorkerFailed(cause);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(*next, ::mesh::v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(job.generation(), 3);
+  EXPECT_EQ(job.events().size(), 2u);
+}
+
+TEST(JobStateRestoreTest, RejectsImpossibleRecords) {
+  FakeClock clock;
+  RestoredJobState unspecified;
+  unspecified.state = ::mesh::v1::JOB_STATE_UNSPECIFIED;
+  EXPECT_EQ(JobStateMachine::Restore("j", 1, absl::ZeroDuration(), unspecified, clock)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  RestoredJobState too_many;
+  too_many.generation = 5;
+  too_many.restarts = 2;
+  EXPECT_EQ(JobStateMachine::Restore("j", 1, absl::ZeroDuration(), too_many, clock).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  RestoredJobState ahead;
+  ahead.generation = 0;
+  ahead.restarts = 1;
+  EXPECT_EQ(JobStateMachine::Restore("j", 1, absl::ZeroDuration(), ahead, clock).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace mesh::coordinator
