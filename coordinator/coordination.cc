@@ -183,8 +183,11 @@ std::unique_ptr<Coordination::Generation> Coordination::NewGenerationLocked(cons
   return std::make_unique<Generation>(job.layout, number, waiters_.ReserveId(), options_);
 }
 
-absl::StatusOr<JobInfo> Coordination::CreateJob(JobLayout layout) {
+absl::StatusOr<JobInfo> Coordination::CreateJob(JobLayout layout, int64_t generation) {
   if (absl::Status s = NormalizeJobLayout(layout); !s.ok()) return s;
+  if (generation < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("generation ", generation, " is negative"));
+  }
   absl::MutexLock lock(&mu_);
   if (shut_down_) return UnavailableShutDown();
   if (layout.job_id.empty()) {
@@ -200,8 +203,8 @@ absl::StatusOr<JobInfo> Coordination::CreateJob(JobLayout layout) {
   }
   auto job = std::make_unique<Job>();
   job->layout = std::move(layout);
-  job->current = NewGenerationLocked(*job, 0);
-  JobInfo info{job->layout, 0, false};
+  job->current = NewGenerationLocked(*job, generation);
+  JobInfo info{job->layout, generation, false};
   jobs_.emplace(job->layout.job_id, std::move(job));
   return info;
 }
@@ -212,6 +215,21 @@ absl::StatusOr<JobInfo> Coordination::GetJob(const std::string& job_id) const {
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
   const Generation& gen = *it->second->current;
   return JobInfo{it->second->layout, gen.number, gen.error.has_value()};
+}
+
+absl::Status Coordination::RemoveJob(const std::string& job_id, const std::string& reason) {
+  Completions done;
+  std::unique_ptr<Job> removed;  // Destroyed after unlock, with what it holds.
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
+  EndGenerationLocked(*it->second->current,
+                      absl::AbortedError(absl::StrCat(it->second->current->Name(),
+                                                      " was removed: ", reason)),
+                      /*error=*/nullptr, done);
+  removed = std::move(it->second);
+  jobs_.erase(it);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> Coordination::BumpGeneration(const std::string& job_id,

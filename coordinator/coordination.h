@@ -160,10 +160,17 @@ class Coordination {
 
   // ---- Jobs --------------------------------------------------------------
 
-  // Creates a job at generation 0.
-  // Errors: INVALID_ARGUMENT (bad id, world size, shape or names),
-  // ALREADY_EXISTS (id in use), UNAVAILABLE (shut down).
-  absl::StatusOr<JobInfo> CreateJob(JobLayout layout);
+  // Creates a job at `generation` (0 for a new job; the stored generation
+  // when a restarted coordinator re-creates a job that was running).
+  // Errors: INVALID_ARGUMENT (bad id, world size, shape or names, negative
+  // generation), ALREADY_EXISTS (id in use), UNAVAILABLE (shut down).
+  absl::StatusOr<JobInfo> CreateJob(JobLayout layout, int64_t generation = 0);
+
+  // Forgets a job whose workers are done (it ended, or will be re-created
+  // with another layout). Every pending wait and watch of its current
+  // generation ends with ABORTED naming `reason`, and later calls for it get
+  // NOT_FOUND. Errors: NOT_FOUND.
+  absl::Status RemoveJob(const std::string& job_id, const std::string& reason);
 
   // Errors: NOT_FOUND.
   absl::StatusOr<JobInfo> GetJob(const std::string& job_id) const;

@@ -1719,6 +1719,32 @@ TEST_F(CoordinationTest, BumpGenerationEndsPendingJoinsWithAborted) {
   EXPECT_THAT(join.result(), StatusIs(absl::StatusCode::kAborted, HasSubstr("resize")));
 }
 
+TEST_F(CoordinationTest, CreateJobAtAStoredGenerationFencesOlderCallers) {
+  JobLayout layout;
+  layout.job_id = "job";
+  layout.world_size = 1;
+  auto info = coord().CreateJob(layout, 3);
+  ASSERT_THAT(info, IsOk());
+  EXPECT_EQ(info->generation, 3);
+  EXPECT_EQ(coord().GetJob("job")->generation, 3);
+  EXPECT_THAT(coord().CreateJob(JobLayout{"neg", 1, {}, {}}, -1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative")));
+}
+
+TEST_F(CoordinationTest, RemoveJobEndsWaitsAndForgetsTheJob) {
+  StartJob("job", {"h", "h"});
+  CapturedOr<int> barrier;
+  coord().Barrier(Rank("job", 1), "sync", {}, absl::Minutes(1), barrier.Callback());
+  ASSERT_THAT(coord().RemoveJob("job", "job finished"), IsOk());
+  ASSERT_TRUE(barrier.fired());
+  EXPECT_THAT(barrier.result(), StatusIs(absl::StatusCode::kAborted, HasSubstr("job finished")));
+  EXPECT_EQ(coord().PendingWaits(), 0u);
+  EXPECT_THAT(coord().GetJob("job"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(coord().RemoveJob("job", "again"), StatusIs(absl::StatusCode::kNotFound));
+  // The id can be used again.
+  EXPECT_THAT(Create("job", 2), IsOk());
+}
+
 // ---- Callbacks, shutdown, pending waits --------------------------------------------------
 
 TEST_F(CoordinationTest, CallbacksMayCallBackIntoCoordination) {
