@@ -1,0 +1,326 @@
+// JobManager: the coordinator's side of submit → schedule → launch →
+// supervise → report. It owns every job and node record in memory, keeps
+// them durable in a JobStore, places jobs with the Scheduler, creates each
+// placed job in Coordination (so its workers can rendezvous), sends orders to
+// the agents, and turns their reports into state transitions.
+// docs/jobs.md and docs/agent.md describe the protocol; job_state.h draws
+// the state machine.
+//
+// A job's life, as the manager drives it:
+//
+//   Submit: validate (INVALID_ARGUMENT, nothing stored) → normalize → commit
+//     to the store → PENDING → a scheduling pass → reply.
+//   Scheduling pass (after every submit, job end, node registration or loss):
+//     the Scheduler places PENDING jobs in FIFO order, gang-style. A placed
+//     job goes SCHEDULED (placement committed), is created in Coordination
+//     at its generation, and every node of the placement gets a LAUNCH order
+//     with its ranks.
+//   ReportWorkersStarted: when every rank of the generation runs → RUNNING.
+//   ReportWorkerExit: exit 0 marks the rank done; when all are done →
+//     SUCCEEDED. Any other end (a code, a signal, a launch error) is a
+//     failure: the first one of a generation becomes the root cause, and the
+//     job restarts (RESTARTING, generation + 1, KILL of the old generation
+//     and, right after, LAUNCH of the new one on the same nodes, whose agents
+//     apply them in order) or, with no restarts left, FAILED. Reports for an
+//     older generation are accepted and ignored.
+//   Node loss (no heartbeat for node_heartbeat_timeout): the node is LOST and
+//     each live job on it fails as above, the node named in the cause
+//     (rank -1). A restart that needs a lost node goes back to PENDING and
+//     is placed again.
+//   Cancel: CANCELLED, KILL to every node of the placement.
+//   Any terminal state: KILL to every node of the placement (the agents
+//     forget the job; log files stay), resources released, the job removed
+//     from Coordination, waiters and watchers told.
+//   Deadline (spec.deadline_seconds): FAILED, naming the deadline.
+//
+// Durability: every transition is committed (JobStore::UpdateJob, with the
+// version the manager last wrote as its precondition) before anyone is told
+// of it. Submit and Cancel reply only after their commit; when the commit
+// fails they return its error and the job is as it was. A transition caused
+// by an agent's report or the clock is applied in memory even when its
+// commit fails (the world has already changed: a worker did exit); the
+// failure is logged and counted, and the next successful write of that job
+// stores its whole current state.
+//
+// Recovery (after a crash or restart): Recover() loads every stored job and
+// node. Live jobs that held nodes hold them again and are re-created in
+// Coordination at their stored generation; their ranks are "unaccounted"
+// until the agents register again and list them as running
+// (RegisterNodeRequest.running) or re-send their exits. A rank still
+// unaccounted node_heartbeat_timeout after Recover (or after its node
+// re-registered without it) is a failure of its job: "rank r on node n is
+// gone". Recovered nodes count as READY for that long, so their agents can
+// reconnect without failing anything, but take no new jobs until they have
+// registered.
+//
+// Streams (WatchJobState, GetLogs, WatchAssignments) deliver to a
+// StreamSink. The manager calls a sink with its own mutex held, in order:
+// Send() any number of times, then End() exactly once, after which it never
+// touches the sink again. A sink must not block and must not call into the
+// manager from Send/End. Its owner calls the matching Unwatch/Cancel before
+// destroying it (a no-op once End has run); after that returns the manager
+// never calls it again.
+//
+// Thread safety: thread-safe; one mutex guards everything, and store commits
+// happen under it (they are short: one fsync). Callbacks (WaitJob) run after
+// the mutex is released and may call back in.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "coordinator/coordination.h"
+#include "coordinator/job_spec.h"
+#include "coordinator/job_state.h"
+#include "coordinator/job_store.h"
+#include "coordinator/placement.h"
+#include "coordinator/scheduler.h"
+#include "mesh/v1/job.pb.h"
+
+namespace mesh::coordinator {
+
+struct JobManagerOptions {
+  // Caps and the working-directory root applied to every submitted spec.
+  JobSpecLimits spec_limits;
+  SchedulerOptions scheduler;
+  // Agents heartbeat this often (told at registration); a node silent for
+  // the timeout is LOST.
+  absl::Duration node_heartbeat_interval = absl::Seconds(2);
+  absl::Duration node_heartbeat_timeout = absl::Seconds(15);
+  // SIGTERM → SIGKILL grace in KILL orders.
+  absl::Duration kill_grace = absl::Seconds(10);
+  // Cap on a WaitJob timeout (and the wait used when none is given).
+  absl::Duration max_wait = absl::Hours(1);
+  // A node told to upload logs must open its UploadLogs stream within this.
+  absl::Duration log_attach_timeout = absl::Seconds(10);
+};
+
+// Possible errors: INVALID_ARGUMENT naming the bad field.
+absl::Status ValidateJobManagerOptions(const JobManagerOptions& options);
+
+// Receives one stream's messages; see the file comment for the rules.
+template <typename Message>
+class StreamSink {
+ public:
+  virtual ~StreamSink() = default;
+  virtual void Send(const Message& message) = 0;
+  virtual void End(const absl::Status& status) = 0;
+};
+
+using JobStateSink = StreamSink<mesh::v1::WatchJobStateResponse>;
+using LogSink = StreamSink<mesh::v1::LogChunk>;
+using AssignmentSink = StreamSink<mesh::v1::Assignment>;
+
+// The agent side of one UploadLogs call, so the manager can end it early
+// (its reader went away). Abort is called with the manager's mutex held, at
+// most once; it must not block or call into the manager.
+class UploadControl {
+ public:
+  virtual ~UploadControl() = default;
+  virtual void Abort(const absl::Status& status) = 0;
+};
+
+// Counters for metrics and tests.
+struct JobManagerStats {
+  int64_t jobs_submitted = 0;
+  int64_t jobs_succeeded = 0;
+  int64_t jobs_failed = 0;
+  int64_t jobs_cancelled = 0;
+  int64_t restarts = 0;
+  int64_t nodes_lost = 0;
+  int64_t store_failures = 0;  // Commits that failed after a transition.
+  int64_t stale_reports = 0;   // Reports for an older generation.
+};
+
+class JobManager {
+ public:
+  // `clock`, `store` and `coordination` must outlive the manager.
+  // `options` must pass ValidateJobManagerOptions (checked).
+  JobManager(const Clock* clock, JobStore* store, Coordination* coordination,
+             JobManagerOptions options);
+  ~JobManager();
+
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
+
+  const JobManagerOptions& options() const { return options_; }
+
+  // Loads stored jobs and nodes; see "Recovery". Call once, before serving.
+  // Possible errors: the store's (its read failed; nothing is loaded);
+  // FAILED_PRECONDITION when called twice or after other calls changed
+  // state; DATA_LOSS when a stored job cannot be decoded (the message names
+  // it; the others are loaded).
+  absl::Status Recover();
+
+  // ---- JobService --------------------------------------------------------
+
+  // Possible errors: INVALID_ARGUMENT naming the field (nothing stored);
+  // ALREADY_EXISTS when the idempotency key names a job with a different
+  // spec; UNAVAILABLE after Shutdown; the store's errors (nothing stored).
+  absl::StatusOr<mesh::v1::SubmitJobResponse> Submit(mesh::v1::JobSpec spec);
+
+  // The job with its events. Possible errors: NOT_FOUND.
+  absl::StatusOr<mesh::v1::Job> GetJob(const std::string& job_id) const;
+
+  // Newest first, without events. Possible errors: INVALID_ARGUMENT for a
+  // bad page size, page token or state.
+  absl::StatusOr<mesh::v1::ListJobsResponse> ListJobs(
+      const mesh::v1::ListJobsRequest& request) const;
+
+  // Possible errors: NOT_FOUND; the store's (the job is unchanged).
+  absl::StatusOr<mesh::v1::Job> Cancel(const std::string& job_id, const std::string& reason);
+
+  // Calls `done` once with the job (with events) when it is terminal (at
+  // once if it already is), or DEADLINE_EXCEEDED after `timeout` (<= 0 or
+  // above max_wait: max_wait), or NOT_FOUND, or UNAVAILABLE on Shutdown.
+  // `done` runs without the manager's mutex, possibly inside this call.
+  void WaitJob(const std::string& job_id, absl::Duration timeout,
+               Callback<mesh::v1::Job> done);
+
+  // Streams the job's transitions; with `replay`, first every recorded one.
+  // Ends with OK after the terminal transition (at once after the replay
+  // when the job is already terminal), UNAVAILABLE on Shutdown.
+  // Returns a handle for UnwatchJobState. Possible errors: NOT_FOUND.
+  absl::StatusOr<uint64_t> WatchJobState(const std::string& job_id, bool replay,
+                                         JobStateSink* sink);
+  void UnwatchJobState(uint64_t handle);
+
+  // Relays a GetLogs request: tells every node that holds a selected rank to
+  // upload it, and passes their chunks to `sink` as they arrive. Ends with
+  // OK once every selected rank has sent its eof chunk; UNAVAILABLE when a
+  // node does not attach within log_attach_timeout or its upload breaks off
+  // (naming the node); UNAVAILABLE on Shutdown. Returns a handle for
+  // CancelLogs. Possible errors: NOT_FOUND; INVALID_ARGUMENT (a rank outside
+  // the world, a negative tail, a generation < -1 or above the current);
+  // FAILED_PRECONDITION when the job has never been placed; UNAVAILABLE
+  // when a node holding selected ranks is not connected (naming it).
+  absl::StatusOr<uint64_t> StartLogs(const mesh::v1::GetLogsRequest& request, LogSink* sink);
+  // The reader went away: aborts the request's uploads.
+  void CancelLogs(uint64_t handle);
+
+  // Every node, by name.
+  std::vector<mesh::v1::Node> ListNodes() const;
+
+  // ---- NodeService --------------------------------------------------------
+
+  // Registers (or re-registers) a node and reconciles what it runs: workers
+  // of jobs no longer placed on it get KILL orders, workers of jobs placed
+  // on it are accounted for. Returns a fresh session.
+  // Possible errors: INVALID_ARGUMENT (empty or malformed name, slots < 1,
+  // empty address, a GPU index given twice); UNAVAILABLE after Shutdown;
+  // the store's.
+  absl::StatusOr<mesh::v1::RegisterNodeResponse> RegisterNode(
+      const mesh::v1::RegisterNodeRequest& request);
+
+  // Possible errors: NOT_FOUND (unknown node), ABORTED (stale session).
+  absl::Status NodeHeartbeat(const std::string& name, const std::string& session_id);
+
+  // The node's order stream. A newer stream for the node replaces this one
+  // (which ends with ABORTED). On connect, orders not yet delivered come
+  // first (LAUNCH of ranks that have not reported running, KILL of stray
+  // workers found at registration). Returns a handle for
+  // UnwatchAssignments. Possible errors: NOT_FOUND, ABORTED (as above),
+  // UNAVAILABLE after Shutdown.
+  absl::StatusOr<uint64_t> WatchAssignments(const std::string& name, const std::string& session_id,
+                                            AssignmentSink* sink);
+  void UnwatchAssignments(uint64_t handle);
+
+  // Possible errors: NOT_FOUND, ABORTED (session); INVALID_ARGUMENT (a rank
+  // outside the world). Stale generations and unknown jobs are accepted and
+  // ignored (the agent cannot do anything else with them).
+  absl::Status ReportWorkersStarted(const mesh::v1::ReportWorkersStartedRequest& request);
+  absl::Status ReportWorkerExit(const mesh::v1::ReportWorkerExitRequest& request);
+
+  // One UploadLogs call: Attach with its first message, then Chunk per
+  // message, then End when the agent closes it (or the call breaks).
+  // AttachUpload's errors: NOT_FOUND (node or request), ABORTED (session),
+  // FAILED_PRECONDITION (the request did not ask this node). UploadChunk's:
+  // CANCELLED once the request has ended (its reader went away: finish the
+  // call), INVALID_ARGUMENT for a rank the request did not ask this node.
+  // `control` must stay valid until UploadEnded has returned.
+  absl::StatusOr<uint64_t> AttachUpload(const std::string& name, const std::string& session_id,
+                                        const std::string& log_request_id,
+                                        UploadControl* control);
+  absl::Status UploadChunk(uint64_t upload, const mesh::v1::LogChunk& chunk);
+  void UploadEnded(uint64_t upload, const absl::Status& status);
+
+  // ---- Time and shutdown ----------------------------------------------------
+
+  // Node loss, unaccounted ranks, job deadlines, WaitJob timeouts and log
+  // attach timeouts. Call about every TickInterval().
+  void Tick();
+  absl::Duration TickInterval() const;
+
+  // Ends every stream and wait with UNAVAILABLE; later calls fail with
+  // UNAVAILABLE. Idempotent.
+  void Shutdown();
+
+  JobManagerStats stats() const;
+
+ private:
+  struct Job;
+  struct Node;
+  struct LogRequest;
+  struct Upload;
+  struct Waiter;
+  class Effects;
+
+  // ... see job_manager.cc.
+  Job* FindJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const Job* FindJobLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Node*> SessionNodeLocked(const std::string& name, const std::string& session_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  mesh::v1::Job JobProtoLocked(const Job& job, bool with_events) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PersistLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AfterTransitionLocked(Job& job, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScheduleLocked(Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LaunchLocked(Job& job, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendLaunchLocked(Job& job, Node& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendKillLocked(const Job& job, const std::string& node, int64_t generation,
+                      const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendLocked(Node& node, const mesh::v1::Assignment& order)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailJobLocked(Job& job, mesh::v1::RootCause cause, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishJobLocked(Job& job, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NodeLostLocked(Node& node, const std::string& why, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndLogRequestLocked(LogRequest& request, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotifyWatchersLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Clock* const clock_;
+  JobStore* const store_;
+  Coordination* const coordination_;
+  const JobManagerOptions options_;
+
+  mutable absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool recovered_or_used_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Node>> nodes_ ABSL_GUARDED_BY(mu_);
+  Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  // Handles of streams and waits, to find their owner.
+  std::map<uint64_t, std::string> state_watch_jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::string> assignment_streams_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::unique_ptr<LogRequest>> log_requests_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::unique_ptr<Upload>> uploads_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(mu_);
+  JobManagerStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace mesh::coordinator
