@@ -763,8 +763,9 @@ JobCommands::JobCommands(CLI::App& app) : options_(std::make_unique<Options>()) 
   CLI::App* s = o.submit;
   s->add_option("-f,--file", o.file, "Job spec file (YAML or JSON); flags override its fields");
   o.name_opt = s->add_option("--name", o.name, "Job name");
-  s->add_option("--label", o.labels, "Label KEY=VALUE (repeatable)");
-  s->add_option("--env", o.env, "Worker environment variable KEY=VALUE (repeatable)");
+  s->add_option("--label", o.labels, "Label KEY=VALUE (repeatable)")->allow_extra_args(false);
+  s->add_option("--env", o.env, "Worker environment variable KEY=VALUE (repeatable)")
+      ->allow_extra_args(false);
   o.workdir_opt = s->add_option("--workdir", o.workdir, "Absolute working directory of workers");
   o.nodes_opt = s->add_option("--nodes", o.node_count, "Nodes: N or MIN:MAX (default 1)");
   o.nproc_opt =
@@ -786,9 +787,11 @@ JobCommands::JobCommands(CLI::App& app) : options_(std::make_unique<Options>()) 
 
   o.list = app.add_subcommand("list", "List jobs, newest first");
   o.list->add_option("--state", o.states,
-                     "Only jobs in this state (repeatable or comma-separated)");
+                     "Only jobs in this state (repeatable or comma-separated)")
+      ->allow_extra_args(false);
   o.list->add_option("-l,--label", o.label_filters,
-                     "Only jobs with this label KEY=VALUE (repeatable: all must match)");
+                     "Only jobs with this label KEY=VALUE (repeatable: all must match)")
+      ->allow_extra_args(false);
   o.list->add_option("--limit", o.limit, "Jobs per page (default: the server's, 100)")
       ->check(CLI::Range(0, 1000));
   o.list->add_flag("--all", o.all_pages, "Fetch every page");
@@ -804,6 +807,7 @@ JobCommands::JobCommands(CLI::App& app) : options_(std::make_unique<Options>()) 
   o.logs->add_flag("-f,--follow", o.follow, "Keep printing until the job ends, across restarts");
   o.logs->add_option("--rank", o.ranks, "Only this rank (repeatable or comma-separated)")
       ->delimiter(',')
+      ->allow_extra_args(false)
       ->check(CLI::NonNegativeNumber);
   o.logs->add_option("--tail", o.tail, "Start with the last N lines of each rank")
       ->check(CLI::NonNegativeNumber);

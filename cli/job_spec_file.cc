@@ -102,6 +102,10 @@ absl::Status StringMap(const FileErrors& errors, const std::string& key, const Y
     const std::string name = entry.first.Scalar();
     const std::string path = absl::StrCat(key, "[\"", name, "\"]");
     if (out.contains(name)) return errors.At(entry.first.Mark(), path, "duplicate key");
+    // An empty value's own mark points past it; the key's is where to look.
+    if (entry.second.IsNull()) {
+      return errors.At(entry.first.Mark(), path, "expected a string, got nothing (null)");
+    }
     auto value = String(errors, path, entry.second);
     if (!value.ok()) return value.status();
     out[name] = *std::move(value);
@@ -230,6 +234,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text, absl::string_view s
       }
       const std::string key = entry.first.Scalar();
       if (!seen.insert(key).second) return errors.At(entry.first.Mark(), key, "duplicate key");
+      if (entry.second.IsNull()) {
+        return errors.At(entry.first.Mark(), key, "no value given (null)");
+      }
       absl::Status status = ParseField(errors, key, entry.second, spec);
       if (absl::IsNotFound(status)) {
         return errors.At(entry.first.Mark(), "",
