@@ -786,11 +786,11 @@ JobCommands::JobCommands(CLI::App& app) : options_(std::make_unique<Options>()) 
   s->add_option("command", o.command, "The program and its arguments, after --");
 
   o.list = app.add_subcommand("list", "List jobs, newest first");
-  o.list->add_option("--state", o.states,
-                     "Only jobs in this state (repeatable or comma-separated)")
+  o.list->add_option("--state", o.states, "Only jobs in this state (repeatable or comma-separated)")
       ->allow_extra_args(false);
-  o.list->add_option("-l,--label", o.label_filters,
-                     "Only jobs with this label KEY=VALUE (repeatable: all must match)")
+  o.list
+      ->add_option("-l,--label", o.label_filters,
+                   "Only jobs with this label KEY=VALUE (repeatable: all must match)")
       ->allow_extra_args(false);
   o.list->add_option("--limit", o.limit, "Jobs per page (default: the server's, 100)")
       ->check(CLI::Range(0, 1000));

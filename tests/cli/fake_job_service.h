@@ -115,7 +115,8 @@ class FakeJobService final : public mesh::v1::JobService::CallbackService {
       ++state_.get_job_calls;
       auto it = state_.jobs.find(request->job_id());
       if (it == state_.jobs.end() || it->second.empty()) {
-        status = grpc::Status(grpc::StatusCode::NOT_FOUND, "job " + request->job_id() + " not found");
+        status =
+            grpc::Status(grpc::StatusCode::NOT_FOUND, "job " + request->job_id() + " not found");
       } else {
         *response->mutable_job() = it->second.front();
         if (it->second.size() > 1) it->second.pop_front();

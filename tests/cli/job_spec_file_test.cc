@@ -118,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"mesh_shape: 4\n", "job.yaml:1:13: mesh_shape", "list of integers"},
         BadCase{"mesh_dim_names: dp\n", "job.yaml:1:17: mesh_dim_names", "list of strings"},
         BadCase{"env: [A=1]\n", "job.yaml:1:6: env", "expected a mapping"},
-        BadCase{"env:\n  A:\n", "job.yaml:2:5: env[\"A\"]", "nothing (null)"},
+        BadCase{"env:\n  A:\n", "job.yaml:2:3: env[\"A\"]", "nothing (null)"},
         BadCase{"labels: x\n", "job.yaml:1:9: labels", "expected a mapping"},
         BadCase{"name: [a]\n", "job.yaml:1:7: name", "expected a string"},
         BadCase{"deadline: soon\n", "job.yaml:1:11: deadline", "expected a duration"},
