@@ -414,11 +414,11 @@ absl::StatusOr<Job> FollowLogs(const JobCommandContext& context, JobClient& clie
       continue;
     }
     if (IsTerminal(job->state())) return job;
-    if (status.ok()) {
-      // The stream ended before the job did (e.g. the coordinator restarted
-      // the relay): resume; the printer skips what it already showed.
-      absl::SleepFor(absl::Milliseconds(200));
-    }
+    // The stream ended before the job did (e.g. the coordinator restarted
+    // the relay), or the job is placed but its logs are not reachable yet:
+    // ask again after a pause, so this never spins; the printer skips what
+    // it already showed.
+    absl::SleepFor(absl::Milliseconds(200));
   }
 }
 
