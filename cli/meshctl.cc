@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "cli/admin_client.h"
+#include "cli/job_commands.h"
 #include "cli/output.h"
 #include "common/version.h"
 
@@ -140,6 +141,8 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
   create_job->add_option("--dim-names", dim_names, "One name per mesh dim, e.g. dp,tp")
       ->delimiter(',');
 
+  JobCommands jobs(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -165,6 +168,9 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
     for (int64_t size : mesh_shape) create.add_mesh_shape(size);
     for (const std::string& name : dim_names) create.add_mesh_dim_names(name);
     return RunCreateJob(options, create, format, out, err);
+  }
+  if (jobs.Parsed()) {
+    return jobs.Run({options.coordinator, absl::Seconds(options.timeout_s), format}, out, err);
   }
   err << "meshctl: no command given\n";
   return kExitUsage;
