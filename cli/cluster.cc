@@ -21,8 +21,8 @@
 #include <sstream>
 #include <thread>
 
-#include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
+#include <CLI/CLI.hpp>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -80,8 +80,8 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
     if (!file) return absl::InternalError(absl::StrCat("cannot write ", tmp));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ",
-                                            ErrnoText(errno)));
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ErrnoText(errno)));
   }
   return absl::OkStatus();
 }
@@ -257,7 +257,11 @@ class Supervisor {
         if (fds[i].revents == 0) continue;
         if (owners[i] == nullptr) return {EventKind::kStop, nullptr};
         Child* child = owners[i];
-        if (fds[i].fd == child->pidfd && Reap(*child)) return {EventKind::kExited, child};
+        if (fds[i].fd == child->pidfd && Reap(*child)) {
+          // Its last words, before anyone reads its log.
+          if (child->pipe_fd >= 0) CopyOutput(*child);
+          return {EventKind::kExited, child};
+        }
       }
     }
   }
@@ -404,10 +408,10 @@ absl::StatusOr<std::string> FindBinary(const std::string& name, const std::strin
   // build tree); the rest of a long PATH is summarized.
   constexpr size_t kShown = 4;
   std::string places =
-      candidates.empty() ? std::string("nowhere (executable dir unknown, PATH empty)")
-                         : absl::StrJoin(candidates.begin(),
-                                         candidates.begin() + std::min(kShown, candidates.size()),
-                                         ", ");
+      candidates.empty()
+          ? std::string("nowhere (executable dir unknown, PATH empty)")
+          : absl::StrJoin(candidates.begin(),
+                          candidates.begin() + std::min(kShown, candidates.size()), ", ");
   if (candidates.size() > kShown) {
     absl::StrAppend(&places, " and ", candidates.size() - kShown, " more PATH entries");
   }
@@ -499,8 +503,8 @@ absl::StatusOr<std::vector<std::string>> SplitGpus(const std::string& gpus, int 
   const size_t each = ordinals.size() / agents;
   std::vector<std::string> result;
   for (int i = 0; i < agents; ++i) {
-    result.push_back(absl::StrJoin(ordinals.begin() + i * each, ordinals.begin() + (i + 1) * each,
-                                   ","));
+    result.push_back(
+        absl::StrJoin(ordinals.begin() + i * each, ordinals.begin() + (i + 1) * each, ","));
   }
   return result;
 }
@@ -528,8 +532,7 @@ std::vector<std::string> MissingReadyNodes(const mesh::v1::ListNodesResponse& no
 
 absl::Status WaitUntilNodesReady(NodeLister& lister, const std::vector<std::string>& expected,
                                  absl::Time deadline, absl::Duration poll_interval,
-                                 const Clock& clock,
-                                 absl::FunctionRef<bool(absl::Duration)> wait) {
+                                 const Clock& clock, absl::FunctionRef<bool(absl::Duration)> wait) {
   std::vector<std::string> missing = expected;
   absl::Status last_error = absl::OkStatus();
   while (true) {
@@ -550,8 +553,8 @@ absl::Status WaitUntilNodesReady(NodeLister& lister, const std::vector<std::stri
       return absl::DeadlineExceededError(absl::StrCat(
           expected.size() - missing.size(), "/", expected.size(),
           " agents READY when the deadline passed; missing: ", absl::StrJoin(missing, ", "),
-          last_error.ok() ? "" : absl::StrCat(" (last ListNodes error: ", last_error.ToString(),
-                                              ")")));
+          last_error.ok() ? ""
+                          : absl::StrCat(" (last ListNodes error: ", last_error.ToString(), ")")));
     }
     if (!wait(std::min(poll_interval, deadline - clock.Now()))) {
       return absl::CancelledError("stopped while waiting for the agents");
@@ -569,8 +572,8 @@ namespace {
 enum class Outcome { kReady, kStopped, kFailed };
 
 void ReportUnexpectedExit(const Child& child, std::ostream& err) {
-  err << "meshctl: " << child.name << " (pid " << child.pid << ") exited unexpectedly: "
-      << WaitStatusText(child.wait_status) << "\n";
+  err << "meshctl: " << child.name << " (pid " << child.pid
+      << ") exited unexpectedly: " << WaitStatusText(child.wait_status) << "\n";
   const std::string tail = LogTail(child.log_path, kLogTailLines);
   if (tail.empty()) {
     err << "  its log " << child.log_path << " is empty\n";
@@ -638,8 +641,8 @@ int RunClusterUp(const ClusterConfig& config, int stop_fd, std::ostream& out, st
 
   // 1. The coordinator, and its port.
   {
-    auto started =
-        supervisor.Start("coordinator", CoordinatorArgv(config), config.state_dir + "/coordinator.log");
+    auto started = supervisor.Start("coordinator", CoordinatorArgv(config),
+                                    config.state_dir + "/coordinator.log");
     if (!started.ok()) {
       err << "meshctl: cannot start " << config.coordinator_bin << ": " << started.status() << "\n";
       return finish(kExitFailed);
@@ -689,6 +692,9 @@ int RunClusterUp(const ClusterConfig& config, int stop_fd, std::ostream& out, st
   std::unique_ptr<NodeLister> lister = MakeGrpcNodeLister(address);
   absl::Status ready = WaitUntilNodesReady(*lister, names, absl::Now() + config.ready_timeout,
                                            config.poll_interval, *Clock::Real(), wait);
+  // Closes the connection: an open client connection makes a gRPC server's
+  // graceful shutdown wait out its whole grace when the cluster stops.
+  lister.reset();
   if (absl::IsCancelled(ready)) return fail_on(interrupt);
   if (absl::IsUnimplemented(ready)) {
     // A coordinator without JobService: it serves (it wrote its port file)

@@ -68,8 +68,7 @@ inline constexpr int kDefaultClusterPort = 7450;
 //   3. each directory of `path_env` (empty entries are skipped).
 // `self_dir` empty (unknown) skips 1 and 2.
 std::vector<std::string> BinaryCandidates(const std::string& name, const std::string& component_dir,
-                                          const std::string& self_dir,
-                                          const std::string& path_env);
+                                          const std::string& self_dir, const std::string& path_env);
 
 // `flag_value` when non-empty (it must then be executable: no fallback, so a
 // typo is not silently replaced by another binary), else the first
@@ -172,8 +171,7 @@ std::vector<std::string> MissingReadyNodes(const mesh::v1::ListNodesResponse& no
 // UNIMPLEMENTED.
 absl::Status WaitUntilNodesReady(NodeLister& lister, const std::vector<std::string>& expected,
                                  absl::Time deadline, absl::Duration poll_interval,
-                                 const Clock& clock,
-                                 absl::FunctionRef<bool(absl::Duration)> wait);
+                                 const Clock& clock, absl::FunctionRef<bool(absl::Duration)> wait);
 
 // ---------------------------------------------------------------------------
 // Running it.
