@@ -711,10 +711,15 @@ int RunClusterUp(const ClusterConfig& config, int stop_fd, std::ostream& out, st
   }
 
   // 4. Up.
+  const bool same_gpus =
+      std::all_of(config.agent_gpus.begin(), config.agent_gpus.end(),
+                  [&](const std::string& g) { return g == config.agent_gpus[0]; });
+  const std::string gpus_text =
+      same_gpus ? config.agent_gpus[0] : absl::StrJoin(config.agent_gpus, " | ");
   out << "Mesh local cluster is up\n"
       << "  coordinator  " << address << "  (log " << coordinator->log_path << ")\n"
       << "  agents       " << absl::StrJoin(names, ", ") << "  (" << config.slots
-      << " slots each, gpus " << absl::StrJoin(config.agent_gpus, " | ") << "; logs "
+      << (config.slots == 1 ? " slot" : " slots") << " each, gpus " << gpus_text << "; logs "
       << config.state_dir << "/agent-<i>.log)\n"
       << "  state        " << config.state_dir
       << (config.remove_state_dir ? "  (removed on exit)" : "") << "\n\n"
@@ -754,6 +759,9 @@ class ShutdownSignals {
     // `kill -INT` from that script must still stop the cluster.
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    // An inherited SIG_IGN for SIGCHLD would make the kernel reap the
+    // children itself, and their exit statuses would be lost.
+    signal(SIGCHLD, SIG_DFL);
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
