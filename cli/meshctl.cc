@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "cli/admin_client.h"
 #include "cli/job_commands.h"
+#include "cli/cluster.h"
 #include "cli/output.h"
 #include "common/version.h"
 
@@ -142,6 +143,8 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
       ->delimiter(',');
 
   JobCommands jobs(app);
+  // meshctl cluster up: cli/cluster.h.
+  std::unique_ptr<ClusterCommands> cluster = AddClusterCommands(app);
 
   try {
     app.parse(argc, argv);
@@ -162,6 +165,7 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
   const OutputFormat format = *ParseOutputFormat(options.output);  // Checked above.
   if (version->parsed()) return RunVersion(options, client_only, format, out, err);
   if (health->parsed()) return RunHealth(options, service, format, out, err);
+  if (cluster->parsed()) return cluster->Run(out, err);
   if (create_job->parsed()) {
     create.set_job_id(job_id);
     create.set_world_size(world_size);
