@@ -16,6 +16,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "bench/collectives_bench.h"
+#include "bench/launch_bench.h"
 #include "bench/nccl_overhead_bench.h"
 #include "bench/ping_bench.h"
 #include "bench/rendezvous_bench.h"
@@ -242,6 +243,35 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
 
+  mesh::bench::LaunchBenchOptions launch;
+  double launch_timeout_s = absl::ToDoubleSeconds(launch.round_timeout);
+  CLI::App* launch_cmd = app.add_subcommand(
+      "launch",
+      "SubmitJob reply -> all N ranks joined, with a real coordinator and agent, vs torchrun "
+      "starting N Python workers that join a gloo group");
+  launch_cmd->add_option("--nproc", launch.nproc, "Ranks per job, all on the one local agent")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  launch_cmd->add_option("-r,--rounds", launch.rounds, "Measured rounds per side")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  launch_cmd->add_option("-w,--warmup", launch.warmup, "Unmeasured rounds per side first")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  launch_cmd->add_option("--coordinator-bin", launch.coordinator_bin,
+                         "mesh-coordinator; default: next to mesh-bench, the build tree, PATH");
+  launch_cmd->add_option("--agent-bin", launch.agent_bin,
+                         "mesh-agent; default: next to mesh-bench, the build tree, PATH");
+  launch_cmd->add_option("--worker-bin", launch.worker_bin,
+                         "The Mesh worker; default: mesh-bench-launch-worker next to mesh-bench");
+  launch_cmd->add_option("--torch-worker", launch.torch_worker,
+                         "The torchrun worker script; default: launch_worker.py next to "
+                         "mesh-bench");
+  launch_cmd->add_flag("--no-torchrun", launch.no_torchrun, "Skip the torchrun half");
+  launch_cmd->add_option("--timeout", launch_timeout_s, "Bound on one round, seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
   CLI::App* serve_cmd = app.add_subcommand(
       "serve",
       "Serve a coordinator set up like the in-process one (heartbeat timeout 1 h) for "
@@ -334,6 +364,22 @@ int main(int argc, char** argv) {
                   wrong == 0 ? "OK" : "FAILED");
     const int rc = Finish(mesh::bench::ToJson(coll, *result), json_path);
     return rc != 0 ? rc : (wrong == 0 ? 0 : 1);
+  }
+
+  if (launch_cmd->parsed()) {
+    launch.round_timeout = absl::Seconds(launch_timeout_s);
+    if (smoke) {
+      launch.nproc = 2;
+      launch.rounds = 1;
+      launch.warmup = 0;
+    }
+    auto result = mesh::bench::RunLaunchBench(launch);
+    if (!result.ok()) {
+      std::fprintf(stderr, "mesh-bench launch: %s\n", result.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("%s", mesh::bench::FormatLaunchReport(*result, launch.warmup).c_str());
+    return Finish(mesh::bench::ToJson(*result), json_path);
   }
 
   // Debian builds Abseil without NDEBUG, which turns on Mutex deadlock
