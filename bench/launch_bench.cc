@@ -283,10 +283,17 @@ std::string WaitStatusText(int status) {
   return absl::StrCat("wait status ", status);
 }
 
-std::vector<std::string> CurrentEnvironment(const std::vector<std::string>& extra) {
+// This process's environment with `overrides` ("NAME=value") replacing
+// variables of the same name: getenv finds the first of two entries.
+std::vector<std::string> CurrentEnvironment(const std::vector<std::string>& overrides) {
+  auto name_of = [](absl::string_view entry) { return entry.substr(0, entry.find('=')); };
   std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
-  env.insert(env.end(), extra.begin(), extra.end());
+  for (char** e = environ; *e != nullptr; ++e) {
+    const bool overridden = std::any_of(overrides.begin(), overrides.end(),
+                                        [&](const auto& o) { return name_of(o) == name_of(*e); });
+    if (!overridden) env.emplace_back(*e);
+  }
+  env.insert(env.end(), overrides.begin(), overrides.end());
   return env;
 }
 
@@ -618,11 +625,12 @@ absl::StatusOr<LaunchBenchResult> RunLaunchBench(const LaunchBenchOptions& optio
   // On any failure: stop the cluster, keep the temp dir (its logs are the
   // evidence) and say where it is.
   auto fail = [&](const absl::Status& s) {
+    // A cluster that stopped by itself (a child died) explains the failure.
+    const bool died = mesh_half.died();
     const std::string cluster_err = mesh_half.Stop();
     dir->Keep();
-    return absl::Status(
-        s.code(), absl::StrCat(s.message(), mesh_half.died() ? "\ncluster: " + cluster_err : "",
-                               "\n(logs kept in ", dir->path(), ")"));
+    return absl::Status(s.code(), absl::StrCat(s.message(), died ? "\ncluster: " + cluster_err : "",
+                                               "\n(logs kept in ", dir->path(), ")"));
   };
   if (absl::Status s = mesh_half.Start(*coordinator_bin, *agent_bin); !s.ok()) return fail(s);
   result.coordinator = mesh_half.address();

@@ -27,18 +27,22 @@ using ::testing::HasSubstr;
 
 constexpr absl::Duration kRunTimeout = absl::Seconds(150);
 
-struct Run {
+struct BenchRun {
   int wait_status = -1;
   std::vector<std::string> lines;
   std::string text() const { return absl::StrJoin(lines, "\n"); }
 };
 
-// Runs mesh-bench with `args`, reading stdout to the end.
-Run RunBench(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
-  std::vector<std::string> argv = {MESH_BENCH_BIN};
+// Runs mesh-bench with `args` and the environment overrides `env`
+// ("NAME=value", set with env(1) so they replace inherited values), reading
+// its stdout and stderr (merged) to the end.
+BenchRun RunBench(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+  std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$@\" 2>&1", "sh", "/usr/bin/env"};
+  argv.insert(argv.end(), env.begin(), env.end());
+  argv.push_back(MESH_BENCH_BIN);
   argv.insert(argv.end(), args.begin(), args.end());
-  Run run;
-  auto process = Subprocess::Start(argv, env);
+  BenchRun run;
+  auto process = Subprocess::Start(argv);
   EXPECT_TRUE(process.ok()) << process.status();
   if (!process.ok()) return run;
   const absl::Time deadline = absl::Now() + kRunTimeout;
@@ -54,6 +58,14 @@ Run RunBench(const std::vector<std::string>& args, const std::vector<std::string
   EXPECT_TRUE(status.ok()) << status.status();
   if (status.ok()) run.wait_status = *status;
   return run;
+}
+
+void WriteFile(const std::string& path, const std::string& text, bool executable = false) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path) << text;
+  if (executable) {
+    fs::permissions(path, fs::perms::owner_all | fs::perms::group_read | fs::perms::others_read);
+  }
 }
 
 class LaunchBenchSmoke : public ::testing::Test {
@@ -76,7 +88,7 @@ TEST_F(LaunchBenchSmoke, LaunchesJobsThroughARealClusterAndReportsAMedian) {
   fs::create_directories(tmp);
   // TMPDIR: the bench's own temp dir goes there, so the test can see it is
   // removed.
-  const Run run =
+  const BenchRun run =
       RunBench({"--json", json_path, "launch", "--smoke", "--no-torchrun"}, {"TMPDIR=" + tmp});
   ASSERT_TRUE(WIFEXITED(run.wait_status) && WEXITSTATUS(run.wait_status) == 0)
       << "wait status " << run.wait_status << "; output:\n"
@@ -114,10 +126,74 @@ TEST_F(LaunchBenchSmoke, LaunchesJobsThroughARealClusterAndReportsAMedian) {
 }
 
 TEST_F(LaunchBenchSmoke, AMissingBinaryFailsNamingTheFlag) {
-  const Run run =
+  const BenchRun run =
       RunBench({"launch", "--smoke", "--no-torchrun", "--agent-bin", dir_ + "/no-such-agent"});
   ASSERT_TRUE(WIFEXITED(run.wait_status));
   EXPECT_EQ(WEXITSTATUS(run.wait_status), 1);
+  EXPECT_THAT(run.text(), HasSubstr("--agent-bin " + dir_ + "/no-such-agent: not an executable"));
+}
+
+TEST_F(LaunchBenchSmoke, AFailingWorkerFailsTheRunNamingTheJobAndRank) {
+  const std::string tmp = dir_ + "/tmp";
+  fs::create_directories(tmp);
+  const BenchRun run = RunBench(
+      {"launch", "--smoke", "--no-torchrun", "--timeout", "20", "--worker-bin", "/bin/false"},
+      {"TMPDIR=" + tmp});
+  ASSERT_TRUE(WIFEXITED(run.wait_status));
+  EXPECT_EQ(WEXITSTATUS(run.wait_status), 1) << run.text();
+  EXPECT_THAT(run.text(), HasSubstr("ended JOB_STATE_FAILED"));
+  EXPECT_THAT(run.text(), HasSubstr("exited with code 1"));
+  // The logs are kept for reading, and the message says where.
+  EXPECT_THAT(run.text(), HasSubstr("(logs kept in " + tmp + "/mesh-bench-launch-"));
+}
+
+// The torchrun half, end to end, against stand-ins: a `torchrun` on PATH
+// that starts --nproc-per-node Python processes of the script with RANK
+// set, and a `torch` package whose init_process_group returns at once. It
+// checks the plumbing (probe, spawn, time files, ratio), not torch.
+TEST_F(LaunchBenchSmoke, RunsTheTorchrunHalfAndPrintsTheRatio) {
+  WriteFile(dir_ + "/bin/torchrun", R"(#!/usr/bin/env python3
+import os, subprocess, sys
+n, script = 1, None
+for a in sys.argv[1:]:
+    if a.startswith("--nproc-per-node="):
+        n = int(a.split("=", 1)[1])
+    elif not a.startswith("--"):
+        script = a
+procs = [subprocess.Popen([sys.executable, script], env=dict(os.environ, RANK=str(r)))
+         for r in range(n)]
+sys.exit(max(p.wait() for p in procs))
+)",
+            /*executable=*/true);
+  WriteFile(dir_ + "/py/torch/__init__.py", "");
+  WriteFile(dir_ + "/py/torch/distributed/__init__.py", R"(import os
+def init_process_group(backend, timeout=None):
+    assert backend == "gloo"
+def get_rank():
+    return int(os.environ["RANK"])
+def destroy_process_group():
+    pass
+)");
+  const char* path = std::getenv("PATH");
+  const std::string json_path = dir_ + "/launch.json";
+  const BenchRun run =
+      RunBench({"--json", json_path, "launch", "--smoke"},
+               {absl::StrCat("PATH=", dir_, "/bin:", path != nullptr ? path : "/usr/bin:/bin"),
+                "PYTHONPATH=" + dir_ + "/py"});
+  ASSERT_TRUE(WIFEXITED(run.wait_status) && WEXITSTATUS(run.wait_status) == 0)
+      << "wait status " << run.wait_status << "; output:\n"
+      << run.text();
+  EXPECT_THAT(run.text(), HasSubstr("torchrun: median "));
+  EXPECT_THAT(run.text(), HasSubstr("ratio (torchrun / mesh): "));
+  std::ifstream in(json_path);
+  ASSERT_TRUE(in) << json_path;
+  const nlohmann::json json = nlohmann::json::parse(in);
+  ASSERT_EQ(json["torchrun"]["rounds"].size(), 1u);
+  const nlohmann::json& round = json["torchrun"]["rounds"][0];
+  EXPECT_GT(round["launch_s"].get<double>(), 0);
+  EXPECT_LE(round["last_main_s"].get<double>(), round["launch_s"].get<double>());
+  EXPECT_LE(round["launch_s"].get<double>(), round["exited_s"].get<double>());
+  EXPECT_GT(json["ratio"].get<double>(), 0);
 }
 
 TEST(LaunchBenchReport, PrintsRatioAndGoalsWhenTorchrunRan) {
