@@ -28,6 +28,9 @@ done
 # CPU collectives, 2 local processes, TCP and shared memory (docs/collectives.md).
 "$bench" --json "$out_dir/collectives_tcp.json" collectives --nproc 2 -b 64K -e 64M -f 4 -c
 "$bench" --json "$out_dir/collectives_shm.json" collectives --nproc 2 -b 64K -e 64M -f 4 -c --shm
+# Launch: SubmitJob reply -> 8 ranks joined, real coordinator + agent as
+# processes, vs torchrun (skipped without python3-torch) (docs/performance.md).
+"$bench" --json "$out_dir/launch.json" launch --nproc 8 --rounds 5
 # GPU section: prints "skipped" and exits 0 without a CUDA device.
 "$bench" --json "$out_dir/nccl_overhead.json" nccl-overhead
 
