@@ -487,8 +487,9 @@ absl::StatusOr<TorchLaunchRound> TorchRound(const LaunchBenchOptions& options,
   const std::string log = out_dir + ".log";
   const std::vector<std::string> argv = {"torchrun", "--standalone",
                                          absl::StrCat("--nproc-per-node=", options.nproc), script};
-  // One thread per worker, as Mesh's CPU workers get by default; torch would
-  // otherwise start a thread pool per core in every worker.
+  // torchrun sets OMP_NUM_THREADS=1 itself for nproc > 1 (and prints a
+  // warning saying so); setting it up front keeps nproc = 1 alike and the log
+  // quiet.
   const std::vector<std::string> env =
       CurrentEnvironment({"LAUNCH_BENCH_OUT=" + out_dir, "OMP_NUM_THREADS=1"});
 
@@ -624,15 +625,18 @@ absl::StatusOr<LaunchBenchResult> RunLaunchBench(const LaunchBenchOptions& optio
   MeshHalf mesh_half(options, *worker_bin, dir->path());
   // On any failure: stop the cluster, keep the temp dir (its logs are the
   // evidence) and say where it is.
-  auto fail = [&](const absl::Status& s) {
-    // A cluster that stopped by itself (a child died) explains the failure.
-    const bool died = mesh_half.died();
+  auto fail = [&](const absl::Status& s, bool cluster_log = true) {
+    // A cluster that stopped by itself (a child died) explains the failure;
+    // a failed Start has already said so.
+    const bool died = cluster_log && mesh_half.died();
     const std::string cluster_err = mesh_half.Stop();
     dir->Keep();
     return absl::Status(s.code(), absl::StrCat(s.message(), died ? "\ncluster: " + cluster_err : "",
                                                "\n(logs kept in ", dir->path(), ")"));
   };
-  if (absl::Status s = mesh_half.Start(*coordinator_bin, *agent_bin); !s.ok()) return fail(s);
+  if (absl::Status s = mesh_half.Start(*coordinator_bin, *agent_bin); !s.ok()) {
+    return fail(s, /*cluster_log=*/false);
+  }
   result.coordinator = mesh_half.address();
 
   // Warm-up: page cache, the coordinator's and agent's first-job paths,
