@@ -88,7 +88,7 @@ mesh::v1::JobStateEvent ToProto(const JobEventRecord& event) {
 }
 
 JobStateMachine::JobStateMachine(std::string job_id, int max_restarts, absl::Duration deadline,
-                                 std::string pending_reason, Clock& clock)
+                                 std::string pending_reason, const Clock& clock)
     : job_id_(std::move(job_id)), max_restarts_(max_restarts), deadline_(deadline), clock_(clock) {
   MESH_CHECK(max_restarts >= 0, "max_restarts must be >= 0 (ValidateJobSpec)");
   MESH_CHECK(deadline >= absl::ZeroDuration(), "deadline must be >= 0 (ValidateJobSpec)");
@@ -102,7 +102,7 @@ JobStateMachine::JobStateMachine(std::string job_id, int max_restarts, absl::Dur
 
 absl::StatusOr<std::unique_ptr<JobStateMachine>> JobStateMachine::Restore(
     std::string job_id, int max_restarts, absl::Duration deadline, RestoredJobState stored,
-    Clock& clock) {
+    const Clock& clock) {
   const bool known = stored.state == JOB_STATE_PENDING || IsLive(stored.state) ||
                      IsTerminal(stored.state);
   if (!known) {
