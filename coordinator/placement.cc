@@ -255,7 +255,8 @@ absl::StatusOr<Placement> DecodePlacement(const std::string& bytes) {
   try {
     const nlohmann::json json = nlohmann::json::parse(bytes);
     if (json.at("version").get<int>() != 1) {
-      return absl::DataLossError(absl::StrCat("placement: unknown version ", json.at("version").dump()));
+      return absl::DataLossError(
+          absl::StrCat("placement: unknown version ", json.at("version").dump()));
     }
     p.job_id = json.at("job_id").get<std::string>();
     p.nodes = json.at("nodes").get<std::vector<std::string>>();
