@@ -267,13 +267,15 @@ class JobManagerTest : public ::testing::Test {
   // The coordinator process dies and a new one starts on the same store
   // file: a new store connection, Coordination and JobManager; Recover().
   // Agents keep their (now stale) sessions.
-  void RestartCoordinator() {
+  void RestartCoordinator(bool recover = true) {
     manager_.reset();
     coordination_.reset();
     store_.reset();
     OpenStore(dir_->db());
     CreateManager();
-    ASSERT_THAT(manager_->Recover(), IsOk());
+    if (recover) {
+      ASSERT_THAT(manager_->Recover(), IsOk());
+    }
   }
 
   JobManager& manager() { return *manager_; }
@@ -628,6 +630,37 @@ TEST_F(JobManagerTest, ListJobsIsNewestFirstWithoutEventsAndFiltersByState) {
   ASSERT_THAT(filtered->jobs(), SizeIs(2));
   EXPECT_EQ(filtered->jobs(0).id(), third);
   EXPECT_EQ(filtered->jobs(1).id(), second);
+}
+
+TEST_F(JobManagerTest, ListJobsPagesAndFiltersByLabel) {
+  v1::JobSpec labelled = Spec();
+  (*labelled.mutable_labels())["team"] = "ml";
+  const std::string first = Submit(labelled);
+  const std::string second = Submit(Spec());
+  const std::string third = Submit(labelled);
+
+  v1::ListJobsRequest request;
+  request.set_page_size(2);
+  absl::StatusOr<v1::ListJobsResponse> page = manager().ListJobs(request);
+  ASSERT_THAT(page, IsOk());
+  ASSERT_THAT(page->jobs(), SizeIs(2));
+  EXPECT_EQ(page->jobs(0).id(), third);
+  EXPECT_EQ(page->jobs(1).id(), second);
+  ASSERT_FALSE(page->next_page_token().empty());
+  request.set_page_token(page->next_page_token());
+  page = manager().ListJobs(request);
+  ASSERT_THAT(page, IsOk());
+  ASSERT_THAT(page->jobs(), SizeIs(1));
+  EXPECT_EQ(page->jobs(0).id(), first);
+  EXPECT_TRUE(page->next_page_token().empty());
+
+  v1::ListJobsRequest by_label;
+  (*by_label.mutable_labels())["team"] = "ml";
+  absl::StatusOr<v1::ListJobsResponse> ml = manager().ListJobs(by_label);
+  ASSERT_THAT(ml, IsOk());
+  ASSERT_THAT(ml->jobs(), SizeIs(2));
+  EXPECT_EQ(ml->jobs(0).id(), third);
+  EXPECT_EQ(ml->jobs(1).id(), first);
 }
 
 TEST_F(JobManagerTest, ListJobsRejectsABadPageSizeOrToken) {
@@ -1085,6 +1118,20 @@ TEST_F(JobManagerTest, WaitJobOnATerminalJobCompletesAtOnce) {
   ASSERT_TRUE(wait.fired());
   ASSERT_THAT(wait.result(), IsOk());
   EXPECT_EQ(wait.result()->state(), v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(JobManagerTest, WaitJobCallbackMayCallBackIntoTheManager) {
+  const std::string id = Submit(Spec());
+  JobState seen = v1::JOB_STATE_UNSPECIFIED;
+  manager().WaitJob(id, absl::Seconds(30), [&](absl::StatusOr<v1::Job> job) {
+    ASSERT_THAT(job, IsOk());
+    // Runs without the manager's mutex: calling in must not deadlock.
+    absl::StatusOr<v1::Job> again = manager().GetJob(job->id());
+    ASSERT_THAT(again, IsOk());
+    seen = again->state();
+  });
+  ASSERT_THAT(manager().Cancel(id, "done"), IsOk());
+  EXPECT_EQ(seen, v1::JOB_STATE_CANCELLED);
 }
 
 TEST_F(JobManagerTest, WaitJobOnAnUnknownJobIsNotFound) {
@@ -1575,6 +1622,36 @@ TEST_F(JobManagerTest, RecoveredPendingJobIsScheduledWhenNodesRegister) {
   EXPECT_THAT(OrdersWith(a_->orders->messages(), kLaunch), SizeIs(1));
   // New ids never reuse the recovered one.
   EXPECT_NE(Submit(Spec()), id);
+}
+
+TEST_F(JobManagerTest, RecoveredNodesTakeNoNewJobsUntilTheyRegister) {
+  UseFileStore();
+  AddTwoNodes();
+  RestartCoordinator();
+  const std::string id = Submit(Spec(/*nodes=*/1, /*nproc=*/2));
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_PENDING);
+  ASSERT_THAT(Register(*b_), IsOk());
+  ASSERT_THAT(Watch(*b_), IsOk());
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_THAT(job.nodes(), ElementsAre("node-b"));
+}
+
+TEST_F(JobManagerTest, RecoverReportsAnUndecodableJobAndLoadsTheOthers) {
+  UseFileStore();
+  const std::string good = Submit(Spec());
+  NewJob bad;
+  bad.name = "bad";
+  bad.state = "RUNNING";
+  bad.spec = std::string("\x0a\xff\xff", 3);  // A truncated JobSpec.
+  absl::StatusOr<CreateJobResult> created = store_->CreateJob(bad);
+  ASSERT_THAT(created, IsOk());
+  const std::string bad_id = created->job.id;
+
+  RestartCoordinator(/*recover=*/false);
+  EXPECT_THAT(manager().Recover(), StatusIs(absl::StatusCode::kDataLoss, HasSubstr(bad_id)));
+  EXPECT_EQ(StateOf(good), v1::JOB_STATE_PENDING);
+  EXPECT_THAT(manager().GetJob(bad_id), StatusIs(absl::StatusCode::kNotFound));
 }
 
 // ---- Deadline --------------------------------------------------------------------------
