@@ -1217,14 +1217,8 @@ TEST_F(JobManagerTest, WatchJobStateReplaysThenStreamsThenEndsOk) {
   EXPECT_THAT(sink->status(), IsOk());
 }
 
-// IMPLEMENTATION BUG (fails against job_manager.cc as of 816cb09; left in as
-// the bug report): WatchJobStateResponse.job is "the job right after" the
-// event (job.proto), but WatchJobState's replay attaches the job as it is
-// *now* to every replayed event, so a replayed PENDING event arrives with
-// job.state SCHEDULED (or RUNNING, SUCCEEDED...). A client printing
-// "event → job state" shows a wrong state for every replayed line. Fix: set
-// at least state (= event.to) and generation (= event.generation) of the
-// replayed copy, or change the proto comment to say what replay sends.
+// WatchJobStateResponse.job is "the job right after" the event (job.proto),
+// for replayed events too: a replayed PENDING event carries state PENDING.
 TEST_F(JobManagerTest, ReplayedEventsCarryTheJobAsItWasRightAfterThem) {
   AddTwoNodes();
   const std::string id = RunJob();
@@ -1764,16 +1758,8 @@ TEST_F(JobManagerLogsTest, RelaysChunksFromEveryNodeAndEndsAfterEveryEof) {
   manager().UploadEnded(*up_b, absl::OkStatus());
 }
 
-// IMPLEMENTATION BUG (fails against job_manager.cc as of 816cb09; left in as
-// the bug report): when the last eof arrives and the request ends OK,
-// EndLogRequestLocked calls UploadControl::Abort(CANCELLED "the log request
-// has ended") on every upload, including those that delivered every rank to
-// its eof. The contract (job_manager.h UploadControl, job.proto UploadLogs)
-// has the manager end an upload *early*, when its reader went away; an agent
-// that finished normally closes the stream itself and should see OK, not
-// CANCELLED (which it may log or retry as a failed upload). Fix: in
-// EndLogRequestLocked, abort only uploads whose node still has ranks left
-// (request.left[node] non-empty), or skip Abort when `status` is OK.
+// Uploads that delivered every rank end by themselves: when the request ends
+// OK, the manager aborts none of them (only early ends cut uploads short).
 TEST_F(JobManagerLogsTest, FinishedUploadsAreNotAbortedWhenTheRequestEndsOk) {
   ChunkSink* sink = Keep<ChunkSink>();
   ASSERT_THAT(manager().StartLogs(Request({1, 2}), sink), IsOk());
