@@ -10,6 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "cli/admin_client.h"
+#include "cli/job_commands.h"
+#include "cli/cluster.h"
 #include "cli/output.h"
 #include "common/version.h"
 
@@ -140,6 +142,10 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
   create_job->add_option("--dim-names", dim_names, "One name per mesh dim, e.g. dp,tp")
       ->delimiter(',');
 
+  JobCommands jobs(app);
+  // meshctl cluster up: cli/cluster.h.
+  std::unique_ptr<ClusterCommands> cluster = AddClusterCommands(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -159,12 +165,16 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
   const OutputFormat format = *ParseOutputFormat(options.output);  // Checked above.
   if (version->parsed()) return RunVersion(options, client_only, format, out, err);
   if (health->parsed()) return RunHealth(options, service, format, out, err);
+  if (cluster->parsed()) return cluster->Run(out, err);
   if (create_job->parsed()) {
     create.set_job_id(job_id);
     create.set_world_size(world_size);
     for (int64_t size : mesh_shape) create.add_mesh_shape(size);
     for (const std::string& name : dim_names) create.add_mesh_dim_names(name);
     return RunCreateJob(options, create, format, out, err);
+  }
+  if (jobs.Parsed()) {
+    return jobs.Run({options.coordinator, absl::Seconds(options.timeout_s), format}, out, err);
   }
   err << "meshctl: no command given\n";
   return kExitUsage;

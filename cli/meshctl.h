@@ -7,6 +7,9 @@
 //   2  usage error (bad flags or arguments)
 //   3  the coordinator could not be reached (UNAVAILABLE, DEADLINE_EXCEEDED)
 //   4  the coordinator refused the request (any other error status)
+// Commands that wait for a job (submit, wait) exit with its result:
+//   0  SUCCEEDED, 1 FAILED, 5 CANCELLED, 6 the wait timed out (wait --timeout)
+// SIGINT (Ctrl-C) keeps its default action; the shell reports 130.
 #pragma once
 
 #include <ostream>
@@ -18,6 +21,8 @@ inline constexpr int kExitFailed = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitUnreachable = 3;
 inline constexpr int kExitRefused = 4;
+inline constexpr int kExitJobCancelled = 5;
+inline constexpr int kExitWaitTimeout = 6;
 
 // Runs meshctl with `argv` (argv[0] is the program name). Results go to
 // `out`, diagnostics to `err`. Reads MESH_COORDINATOR from the environment.

@@ -192,7 +192,7 @@ absl::StatusOr<JobInfo> Coordination::CreateJob(JobLayout layout, int64_t genera
   if (shut_down_) return UnavailableShutDown();
   if (layout.job_id.empty()) {
     do {
-      layout.job_id = absl::StrCat("job-", next_job_number_++);
+      layout.job_id = absl::StrCat("adhoc-", next_job_number_++);
     } while (jobs_.contains(layout.job_id));
   } else if (!IsValidJobId(layout.job_id)) {
     return absl::InvalidArgumentError(
@@ -223,10 +223,10 @@ absl::Status Coordination::RemoveJob(const std::string& job_id, const std::strin
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
-  EndGenerationLocked(*it->second->current,
-                      absl::AbortedError(absl::StrCat(it->second->current->Name(),
-                                                      " was removed: ", reason)),
-                      /*error=*/nullptr, done);
+  EndGenerationLocked(
+      *it->second->current,
+      absl::AbortedError(absl::StrCat(it->second->current->Name(), " was removed: ", reason)),
+      /*error=*/nullptr, done);
   removed = std::move(it->second);
   jobs_.erase(it);
   return absl::OkStatus();

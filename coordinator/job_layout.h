@@ -17,7 +17,8 @@ inline constexpr int kMaxWorldSize = 1 << 20;
 
 // The layout a job is created with.
 struct JobLayout {
-  // Empty lets CreateJob pick one. [A-Za-z0-9._-]{1,128}.
+  // Empty lets CreateJob pick "adhoc-<n>" (submitted jobs are "job-<n>",
+  // named by the job store). [A-Za-z0-9._-]{1,128}.
   std::string job_id;
   int world_size = 0;
   // Outermost first; empty means {world_size}.

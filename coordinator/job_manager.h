@@ -186,8 +186,7 @@ class JobManager {
   // once if it already is), or DEADLINE_EXCEEDED after `timeout` (<= 0 or
   // above max_wait: max_wait), or NOT_FOUND, or UNAVAILABLE on Shutdown.
   // `done` runs without the manager's mutex, possibly inside this call.
-  void WaitJob(const std::string& job_id, absl::Duration timeout,
-               Callback<mesh::v1::Job> done);
+  void WaitJob(const std::string& job_id, absl::Duration timeout, Callback<mesh::v1::Job> done);
 
   // Streams the job's transitions; with `replay`, first every recorded one.
   // Ends with OK after the terminal transition (at once after the replay
@@ -251,8 +250,7 @@ class JobManager {
   // call), INVALID_ARGUMENT for a rank the request did not ask this node.
   // `control` must stay valid until UploadEnded has returned.
   absl::StatusOr<uint64_t> AttachUpload(const std::string& name, const std::string& session_id,
-                                        const std::string& log_request_id,
-                                        UploadControl* control);
+                                        const std::string& log_request_id, UploadControl* control);
   absl::Status UploadChunk(uint64_t upload, const mesh::v1::LogChunk& chunk);
   void UploadEnded(uint64_t upload, const absl::Status& status);
 
@@ -291,8 +289,7 @@ class JobManager {
   void SendLaunchLocked(Job& job, Node& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendKillLocked(const Job& job, const std::string& node, int64_t generation,
                       const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SendLocked(Node& node, const mesh::v1::Assignment& order)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendLocked(Node& node, const mesh::v1::Assignment& order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailJobLocked(Job& job, mesh::v1::RootCause cause, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishJobLocked(Job& job, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

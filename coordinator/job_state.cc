@@ -88,7 +88,7 @@ mesh::v1::JobStateEvent ToProto(const JobEventRecord& event) {
 }
 
 JobStateMachine::JobStateMachine(std::string job_id, int max_restarts, absl::Duration deadline,
-                                 std::string pending_reason, Clock& clock)
+                                 std::string pending_reason, const Clock& clock)
     : job_id_(std::move(job_id)), max_restarts_(max_restarts), deadline_(deadline), clock_(clock) {
   MESH_CHECK(max_restarts >= 0, "max_restarts must be >= 0 (ValidateJobSpec)");
   MESH_CHECK(deadline >= absl::ZeroDuration(), "deadline must be >= 0 (ValidateJobSpec)");
@@ -100,20 +100,22 @@ JobStateMachine::JobStateMachine(std::string job_id, int max_restarts, absl::Dur
       JobEventRecord{create_time_, JOB_STATE_UNSPECIFIED, JOB_STATE_PENDING, "submitted", 0});
 }
 
-absl::StatusOr<std::unique_ptr<JobStateMachine>> JobStateMachine::Restore(
-    std::string job_id, int max_restarts, absl::Duration deadline, RestoredJobState stored,
-    Clock& clock) {
-  const bool known = stored.state == JOB_STATE_PENDING || IsLive(stored.state) ||
-                     IsTerminal(stored.state);
+absl::StatusOr<std::unique_ptr<JobStateMachine>> JobStateMachine::Restore(std::string job_id,
+                                                                          int max_restarts,
+                                                                          absl::Duration deadline,
+                                                                          RestoredJobState stored,
+                                                                          const Clock& clock) {
+  const bool known =
+      stored.state == JOB_STATE_PENDING || IsLive(stored.state) || IsTerminal(stored.state);
   if (!known) {
-    return absl::InvalidArgumentError(absl::StrCat("job ", job_id, ": cannot restore state ",
-                                                   JobStateName(stored.state)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", job_id, ": cannot restore state ", JobStateName(stored.state)));
   }
   if (stored.generation < 0 || stored.restarts < 0 || stored.restarts > max_restarts ||
       stored.restarts > stored.generation) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job ", job_id, ": cannot restore generation ", stored.generation,
-                     " with ", stored.restarts, " of ", max_restarts, " restarts"));
+    return absl::InvalidArgumentError(absl::StrCat("job ", job_id, ": cannot restore generation ",
+                                                   stored.generation, " with ", stored.restarts,
+                                                   " of ", max_restarts, " restarts"));
   }
   auto machine = std::unique_ptr<JobStateMachine>(
       new JobStateMachine(std::move(job_id), max_restarts, deadline, "", clock));

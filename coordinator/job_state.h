@@ -96,7 +96,7 @@ class JobStateMachine {
   // event. `max_restarts` >= 0 and `deadline` >= 0 (zero: none) come from a
   // valid spec (programmer error otherwise; checked).
   JobStateMachine(std::string job_id, int max_restarts, absl::Duration deadline,
-                  std::string pending_reason, Clock& clock);
+                  std::string pending_reason, const Clock& clock);
 
   // A stored job, exactly as it was: no event is added. Possible errors
   // (INVALID_ARGUMENT, naming the job): an UNSPECIFIED or unknown state, a
@@ -106,7 +106,7 @@ class JobStateMachine {
                                                                   int max_restarts,
                                                                   absl::Duration deadline,
                                                                   RestoredJobState stored,
-                                                                  Clock& clock);
+                                                                  const Clock& clock);
 
   JobStateMachine(const JobStateMachine&) = delete;
   JobStateMachine& operator=(const JobStateMachine&) = delete;
@@ -173,7 +173,7 @@ class JobStateMachine {
   const std::string job_id_;
   const int max_restarts_;
   const absl::Duration deadline_;
-  Clock& clock_;
+  const Clock& clock_;
 
   JobState state_ = ::mesh::v1::JOB_STATE_UNSPECIFIED;
   std::string pending_reason_;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -225,6 +227,72 @@ absl::StatusOr<Placement> PlaceJob(const JobRequest& job, absl::Span<const NodeV
     }
   }
   return placement;
+}
+
+std::string EncodePlacement(const Placement& placement) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const RankPlacement& r : placement.ranks) {
+    ranks.push_back({{"node_rank", r.node_rank}, {"local_rank", r.local_rank}, {"gpus", r.gpus}});
+  }
+  const nlohmann::json json = {
+      {"version", 1},
+      {"job_id", placement.job_id},
+      {"nodes", placement.nodes},
+      {"node_addresses", placement.node_addresses},
+      {"nproc_per_node", placement.nproc_per_node},
+      {"world_size", placement.world_size},
+      {"mesh_shape", placement.mesh_shape},
+      {"mesh_dim_names", placement.mesh_dim_names},
+      {"node_local_dims", placement.node_local_dims},
+      {"topology_warning", placement.topology_warning},
+      {"ranks", ranks},
+  };
+  return json.dump();
+}
+
+absl::StatusOr<Placement> DecodePlacement(const std::string& bytes) {
+  Placement p;
+  try {
+    const nlohmann::json json = nlohmann::json::parse(bytes);
+    if (json.at("version").get<int>() != 1) {
+      return absl::DataLossError(
+          absl::StrCat("placement: unknown version ", json.at("version").dump()));
+    }
+    p.job_id = json.at("job_id").get<std::string>();
+    p.nodes = json.at("nodes").get<std::vector<std::string>>();
+    p.node_addresses = json.at("node_addresses").get<std::vector<std::string>>();
+    p.nproc_per_node = json.at("nproc_per_node").get<int>();
+    p.world_size = json.at("world_size").get<int>();
+    p.mesh_shape = json.at("mesh_shape").get<std::vector<int64_t>>();
+    p.mesh_dim_names = json.at("mesh_dim_names").get<std::vector<std::string>>();
+    p.node_local_dims = json.at("node_local_dims").get<int>();
+    p.topology_warning = json.at("topology_warning").get<std::string>();
+    const nlohmann::json& ranks = json.at("ranks");
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      RankPlacement r;
+      r.rank = static_cast<int>(i);
+      r.node_rank = ranks[i].at("node_rank").get<int>();
+      r.local_rank = ranks[i].at("local_rank").get<int>();
+      r.gpus = ranks[i].at("gpus").get<std::vector<int>>();
+      if (r.node_rank < 0 || r.node_rank >= static_cast<int>(p.nodes.size())) {
+        return absl::DataLossError(absl::StrCat("placement of ", p.job_id, ": rank ", i,
+                                                " has node_rank ", r.node_rank, " of ",
+                                                p.nodes.size(), " nodes"));
+      }
+      r.node = p.nodes[r.node_rank];
+      r.local_world_size = p.nproc_per_node;
+      p.ranks.push_back(std::move(r));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(absl::StrCat("placement: malformed: ", e.what()));
+  }
+  if (p.node_addresses.size() != p.nodes.size() ||
+      static_cast<int>(p.ranks.size()) != p.world_size) {
+    return absl::DataLossError(absl::StrCat("placement of ", p.job_id, ": ", p.nodes.size(),
+                                            " nodes, ", p.node_addresses.size(), " addresses, ",
+                                            p.ranks.size(), " ranks for world ", p.world_size));
+  }
+  return p;
 }
 
 }  // namespace mesh::coordinator

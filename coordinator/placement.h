@@ -130,4 +130,11 @@ std::vector<int> AcceptableNodeCounts(const JobRequest& job);
 // nproc_per_node * gpus_per_proc GPUs.
 absl::StatusOr<Placement> PlaceJob(const JobRequest& job, absl::Span<const NodeView> nodes);
 
+// A placement as bytes for the job store (JSON), and back. DecodePlacement
+// accepts exactly what EncodePlacement writes. Possible errors of Decode:
+// DATA_LOSS naming what is malformed or inconsistent (ranks out of order, a
+// node_rank outside `nodes`).
+std::string EncodePlacement(const Placement& placement);
+absl::StatusOr<Placement> DecodePlacement(const std::string& bytes);
+
 }  // namespace mesh::coordinator

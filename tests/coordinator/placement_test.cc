@@ -271,3 +271,45 @@ TEST(PlacementTest, RejectsNodesThatCannotTakeTheJob) {
 
 }  // namespace
 }  // namespace mesh::coordinator
+
+namespace mesh::coordinator {
+namespace {
+
+TEST(PlacementCodecTest, RoundTripsAGpuPlacement) {
+  std::vector<NodeView> nodes;
+  for (const char* name : {"node-b", "node-a"}) {
+    NodeView node;
+    node.name = name;
+    node.address = std::string("10.0.0.") + name[5];
+    node.slots = 4;
+    node.gpus = {3, 1, 0, 2};
+    nodes.push_back(node);
+  }
+  JobRequest job;
+  job.job_id = "job-9";
+  job.nodes_min = 2;
+  job.nproc_per_node = 2;
+  job.gpus_per_proc = 2;
+  job.mesh_shape = {2, 2};
+  job.mesh_dim_names = {"dp", "tp"};
+  auto placement = PlaceJob(job, nodes);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  auto decoded = DecodePlacement(EncodePlacement(*placement));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, *placement);
+}
+
+TEST(PlacementCodecTest, MalformedBytesAreDataLoss) {
+  EXPECT_EQ(DecodePlacement("not json").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodePlacement("{\"version\": 2}").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodePlacement(R"({"version":1,"job_id":"j","nodes":["a"],"node_addresses":["x"],
+      "nproc_per_node":1,"world_size":1,"mesh_shape":[1],"mesh_dim_names":["w"],
+      "node_local_dims":1,"topology_warning":"","ranks":[{"node_rank":4,"local_rank":0,
+      "gpus":[]}]})")
+                .status()
+                .code(),
+            absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace mesh::coordinator

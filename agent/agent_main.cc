@@ -1,0 +1,243 @@
+#include "agent/agent_main.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "agent/agent.h"
+#include "agent/host_info.h"
+#include "agent/nvml.h"
+#include "agent/process_launcher.h"
+#include "agent/reaper_watchdog.h"
+#include "agent/worker_env.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "common/version.h"
+
+namespace mesh::agent {
+namespace {
+
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "mesh-agent: %s\n", message.c_str());
+  return kAgentExitUsage;
+}
+
+// "host:port" with a non-empty host and a port in 1..65535; the host may be
+// a bracketed IPv6 literal.
+bool ValidEndpoint(const std::string& endpoint, std::string* host) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  int port = 0;
+  if (!absl::SimpleAtoi(endpoint.substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return false;
+  }
+  *host = endpoint.substr(0, colon);
+  return true;
+}
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || absl::StartsWith(host, "127.") || host == "::1" || host == "[::1]";
+}
+
+// Whether --gpus asks for NVML discovery / for none.
+bool GpusAuto(const std::string& gpus) { return absl::AsciiStrToLower(gpus) == "auto"; }
+bool GpusNone(const std::string& gpus) {
+  const std::string lower = absl::AsciiStrToLower(gpus);
+  return lower.empty() || lower == "none";
+}
+
+// Blocks SIGINT and SIGTERM in this thread and every thread started later,
+// so that they reach only the sigwait() below.
+sigset_t BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+}  // namespace
+
+int RunAgentMain(int argc, const char* const* argv) {
+  const char* env_coordinator = std::getenv("MESH_COORDINATOR");
+  std::string coordinator = env_coordinator != nullptr ? env_coordinator : "127.0.0.1:7450";
+  std::string name;
+  std::string address;
+  int slots = 0;
+  std::string gpus = "auto";
+  std::string work_dir;
+  int64_t log_max_bytes = int64_t{64} << 20;
+  double grace_s = 10.0;
+  bool discover = false;
+  std::string config_file;
+  std::string log_format = "text";
+  std::string log_level = "info";
+
+  CLI::App app{"mesh-agent: runs and supervises a node's Mesh workers", "mesh-agent"};
+  app.set_version_flag("--version", kVersion);
+  app.add_option("--config", config_file, "YAML config file (keys are long flag names)")
+      ->envname("MESH_AGENT_CONFIG");
+  app.add_option("--coordinator", coordinator, "Coordinator host:port")
+      ->envname("MESH_COORDINATOR")
+      ->capture_default_str();
+  app.add_option("--name", name, "Node name; default: the host name")->envname("MESH_AGENT_NAME");
+  app.add_option("--address", address,
+                 "Address of this node for other nodes' workers (MASTER_ADDR); default: "
+                 "127.0.0.1 when the coordinator is on loopback, else the host name")
+      ->envname("MESH_AGENT_ADDRESS");
+  app.add_option("--slots", slots, "Worker processes at once; 0: one per CPU")
+      ->envname("MESH_AGENT_SLOTS")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--gpus", gpus, "auto (NVML), none, or a list such as 0,1 or 0-3")
+      ->envname("MESH_AGENT_GPUS")
+      ->capture_default_str();
+  app.add_option("--work-dir", work_dir,
+                 "Directory for job logs; default: $TMPDIR/mesh-agent-<name>")
+      ->envname("MESH_AGENT_WORK_DIR");
+  app.add_option("--log-max-bytes", log_max_bytes,
+                 "Per-rank log cap; beyond it the log rotates to <log>.1")
+      ->envname("MESH_AGENT_LOG_MAX_BYTES")
+      ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--grace", grace_s, "Seconds between SIGTERM and SIGKILL when stopping workers")
+      ->envname("MESH_AGENT_GRACE")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  app.add_flag("--discover", discover, "Print what this host offers as JSON and exit");
+  app.add_option("--log-format", log_format, "text or json")
+      ->envname("MESH_LOG_FORMAT")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->envname("MESH_LOG_LEVEL")
+      ->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; every other parse error is a usage error.
+    return app.exit(e) == 0 ? kAgentExitOk : kAgentExitUsage;
+  }
+  if (!config_file.empty()) {
+    if (absl::Status s = ApplyConfigFile(app, config_file); !s.ok()) {
+      return UsageError(std::string(s.message()));
+    }
+  }
+  std::string coordinator_host;
+  if (!ValidEndpoint(coordinator, &coordinator_host)) {
+    return UsageError(absl::StrCat("--coordinator '", coordinator, "' is not host:port"));
+  }
+  HostOptions host_options;
+  host_options.hostname = name;
+  host_options.slots = slots;
+  if (!GpusAuto(gpus) && !GpusNone(gpus)) host_options.gpus = gpus;
+  absl::StatusOr<HostInfo> host = DiscoverHost(host_options);
+  if (!host.ok()) return UsageError(absl::StrCat("--gpus: ", host.status().message()));
+  auto level = ParseLogLevel(log_level);
+  if (!level.ok()) return UsageError(std::string(level.status().message()));
+
+  if (discover) {
+    if (GpusAuto(gpus)) {
+      auto found = DiscoverNvmlGpus();
+      if (found.ok()) {
+        for (const GpuDevice& gpu : *found) host->gpus.push_back(gpu.index);
+      } else {
+        std::fprintf(stderr, "mesh-agent: NVML: %s\n",
+                     std::string(found.status().message()).c_str());
+      }
+    }
+    std::printf("%s\n", HostInfoToJson(*host).c_str());
+    return kAgentExitOk;
+  }
+
+  AgentConfig config;
+  config.coordinator = coordinator;
+  config.name = host->hostname;
+  config.address = !address.empty()               ? address
+                   : IsLoopback(coordinator_host) ? "127.0.0.1"
+                                                  : host->hostname;
+  config.slots = host->slots;
+  if (work_dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    work_dir =
+        absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/mesh-agent-", config.name);
+  }
+  config.work_dir = work_dir;
+  config.log_max_bytes = log_max_bytes;
+  config.grace = absl::Seconds(grace_s);
+  config.base_env = InheritedBaseEnv();
+
+  LogOptions log_options;
+  log_options.component = "agent";
+  log_options.format = *ParseLogFormat(log_format);  // checked by IsMember
+  log_options.level = *level;
+  log_options.host = config.name;
+  InitLogging(log_options);
+
+  // Before any thread: the watchdog is forked, and a fork copies only the
+  // calling thread. Writes to it after it died must not kill the agent.
+  signal(SIGPIPE, SIG_IGN);
+  const sigset_t shutdown_signals = BlockShutdownSignals();
+  absl::StatusOr<std::unique_ptr<ReaperWatchdog>> watchdog = ReaperWatchdog::Start();
+  if (!watchdog.ok()) {
+    spdlog::critical("cannot start the reaper watchdog: {}", watchdog.status().ToString());
+    return kAgentExitFailed;
+  }
+
+  if (GpusAuto(gpus)) {
+    auto found = DiscoverNvmlGpus();
+    if (found.ok()) {
+      config.gpus = std::move(*found);
+    } else {
+      spdlog::warn("NVML: {}; offering no GPUs", std::string(found.status().message()));
+    }
+  } else {
+    // Explicit ordinals; NVML adds model, UUID and memory when it knows them.
+    auto known = DiscoverNvmlGpus();
+    for (int index : host->gpus) {
+      GpuDevice gpu;
+      gpu.index = index;
+      if (known.ok()) {
+        for (const GpuDevice& k : *known) {
+          if (k.index == index) gpu = k;
+        }
+      }
+      config.gpus.push_back(gpu);
+    }
+  }
+
+  // Declared in teardown order: the agent stops its workers, then the
+  // launcher kills what is left, then the watchdog's pipe closes.
+  PosixProcessLauncher posix_launcher;
+  ReapingLauncher launcher(&posix_launcher, watchdog->get());
+  Agent agent(config, &launcher);
+  if (absl::Status s = agent.Start(); !s.ok()) {
+    spdlog::critical("cannot start: {}", s.ToString());
+    return kAgentExitFailed;
+  }
+  spdlog::info("mesh-agent {} as {} (address {}, {} slots, {} GPUs, work dir {}), coordinator {}",
+               kVersion, config.name, config.address, config.slots, config.gpus.size(),
+               config.work_dir, config.coordinator);
+
+  int signal_number = 0;
+  sigwait(&shutdown_signals, &signal_number);
+  spdlog::info("received {}, stopping workers (grace {})", strsignal(signal_number),
+               absl::FormatDuration(config.grace));
+  agent.Shutdown();
+  spdlog::info("stopped");
+  return kAgentExitOk;
+}
+
+}  // namespace mesh::agent

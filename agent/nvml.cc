@@ -1,0 +1,91 @@
+#include "agent/nvml.h"
+
+#include <dlfcn.h>
+
+#include <array>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace mesh::agent {
+namespace {
+
+// The subset of nvml.h the agent uses. The ABI of these _v2 entry points is
+// stable across driver versions; nvmlReturn_t is an enum whose success value
+// is 0.
+using nvmlReturn_t = int;
+using nvmlDevice_t = struct nvmlDevice_st*;
+struct nvmlMemory_t {
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
+constexpr unsigned kNvmlBufferSize = 96;  // NVML_DEVICE_{UUID,NAME}_V2_BUFFER_SIZE
+
+using InitFn = nvmlReturn_t (*)();
+using ShutdownFn = nvmlReturn_t (*)();
+using GetCountFn = nvmlReturn_t (*)(unsigned*);
+using GetHandleFn = nvmlReturn_t (*)(unsigned, nvmlDevice_t*);
+using GetStringFn = nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned);
+using GetMemoryFn = nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*);
+
+// Closes the library on every return path.
+struct Library {
+  void* handle = nullptr;
+  ~Library() {
+    if (handle != nullptr) dlclose(handle);
+  }
+  template <typename Fn>
+  Fn Get(const char* name) const {
+    return reinterpret_cast<Fn>(dlsym(handle, name));
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<GpuDevice>> DiscoverNvmlGpus(const char* library) {
+  Library lib;
+  lib.handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+  if (lib.handle == nullptr) return std::vector<GpuDevice>{};  // no driver: no GPUs
+
+  auto init = lib.Get<InitFn>("nvmlInit_v2");
+  auto shutdown = lib.Get<ShutdownFn>("nvmlShutdown");
+  auto get_count = lib.Get<GetCountFn>("nvmlDeviceGetCount_v2");
+  auto get_handle = lib.Get<GetHandleFn>("nvmlDeviceGetHandleByIndex_v2");
+  auto get_uuid = lib.Get<GetStringFn>("nvmlDeviceGetUUID");
+  auto get_name = lib.Get<GetStringFn>("nvmlDeviceGetName");
+  auto get_memory = lib.Get<GetMemoryFn>("nvmlDeviceGetMemoryInfo");
+  if (init == nullptr || shutdown == nullptr || get_count == nullptr || get_handle == nullptr ||
+      get_uuid == nullptr || get_name == nullptr || get_memory == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat(library, " lacks an NVML entry point the agent needs (driver too old?)"));
+  }
+  if (nvmlReturn_t rc = init(); rc != 0) {
+    return absl::UnavailableError(absl::StrCat("nvmlInit_v2 failed with NVML error ", rc));
+  }
+  unsigned count = 0;
+  if (nvmlReturn_t rc = get_count(&count); rc != 0) {
+    shutdown();
+    return absl::UnavailableError(
+        absl::StrCat("nvmlDeviceGetCount_v2 failed with NVML error ", rc));
+  }
+  std::vector<GpuDevice> gpus;
+  for (unsigned i = 0; i < count; ++i) {
+    GpuDevice gpu;
+    gpu.index = static_cast<int>(i);
+    nvmlDevice_t device = nullptr;
+    if (get_handle(i, &device) == 0) {
+      std::array<char, kNvmlBufferSize> buffer{};
+      if (get_uuid(device, buffer.data(), buffer.size()) == 0) gpu.uuid = buffer.data();
+      buffer.fill('\0');
+      if (get_name(device, buffer.data(), buffer.size()) == 0) gpu.model = buffer.data();
+      nvmlMemory_t memory{};
+      if (get_memory(device, &memory) == 0) gpu.memory_bytes = static_cast<int64_t>(memory.total);
+    }
+    gpus.push_back(std::move(gpu));
+  }
+  shutdown();
+  return gpus;
+}
+
+}  // namespace mesh::agent

@@ -1,0 +1,58 @@
+// Jobs, nodes and state events as JSON: THE stable schema of meshctl's
+// `-o json` and `-o yaml` output (docs/cli.md documents every key). Tables
+// are built from these values too, so what people read and what scripts
+// parse never disagree.
+//
+// Conventions: enum values drop their prefix ("RUNNING", not
+// "JOB_STATE_RUNNING"); times are RFC 3339 UTC strings with milliseconds
+// ("2024-05-01T12:00:00.000Z"), null when the wire carries 0 (unknown); keys
+// are never omitted, an absent value is null.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "mesh/v1/job.pb.h"
+
+namespace mesh::cli {
+
+// "RUNNING" for JOB_STATE_RUNNING; "UNSPECIFIED" for 0; the number for
+// values this client does not know (a newer server).
+std::string JobStateName(mesh::v1::JobState state);
+// "READY" for NODE_STATE_READY, as JobStateName.
+std::string NodeStateName(mesh::v1::NodeState state);
+// Accepts "running", "RUNNING" or "JOB_STATE_RUNNING"; nullopt otherwise.
+std::optional<mesh::v1::JobState> ParseJobState(absl::string_view text);
+
+bool IsTerminal(mesh::v1::JobState state);
+
+// RFC 3339 UTC with milliseconds; null for 0.
+nlohmann::json TimeToJson(int64_t unix_ms);
+
+// "SIGKILL" for 9; "" for numbers this client has no name for.
+std::string SignalName(int signal);
+
+// One line naming the culprit: the server's RootCause.message when set,
+// else composed, e.g. "rank 3 on node-b (10.0.0.7) killed by signal 9
+// (SIGKILL) in generation 1".
+std::string RootCauseLine(const mesh::v1::RootCause& cause);
+
+// The job object. `detail` adds "spec" (the full normalized spec) and
+// "events" (describe); without it those keys are absent.
+nlohmann::json JobToJson(const mesh::v1::Job& job, bool detail);
+nlohmann::json JobSpecToJson(const mesh::v1::JobSpec& spec);
+nlohmann::json EventToJson(const mesh::v1::JobStateEvent& event);
+nlohmann::json RootCauseToJson(const mesh::v1::RootCause& cause);
+nlohmann::json NodeToJson(const mesh::v1::Node& node);
+
+// "5s", "3m", "2h", "4d": how long ago `unix_ms` was at `now`; "-" for 0.
+std::string Age(int64_t unix_ms, absl::Time now);
+
+}  // namespace mesh::cli

@@ -1,0 +1,782 @@
+// Agent against an in-process fake NodeService (gRPC callback service on
+// 127.0.0.1:0) and a FakeLauncher that never forks.
+#include "agent/agent.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/agent_main.h"
+#include "common/version.h"
+
+namespace mesh::agent {
+namespace {
+
+using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+constexpr absl::Duration kTimeout = absl::Seconds(10);
+
+template <typename F>
+bool WaitUntil(F done, absl::Duration timeout = kTimeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// FakeLauncher: records launches and terminations; exits happen when the
+// test says so (or on Terminate), delivered on its own thread as the real
+// launcher does.
+// ---------------------------------------------------------------------------
+class FakeLauncher final : public ProcessLauncher {
+ public:
+  struct Proc {
+    LaunchSpec spec;
+    ExitCallback on_exit;
+    bool alive = true;
+    std::optional<absl::Duration> terminated;
+  };
+
+  FakeLauncher() : thread_([this] { Deliver(); }) {}
+  ~FakeLauncher() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+
+  absl::StatusOr<pid_t> Launch(const LaunchSpec& spec, ExitCallback on_exit) override {
+    absl::MutexLock lock(&mu_);
+    if (fail_launch_.has_value()) return *fail_launch_;
+    const pid_t pid = next_pid_++;
+    Proc& proc = procs_[pid];
+    proc.spec = spec;
+    proc.on_exit = std::move(on_exit);
+    events_.push_back(absl::StrCat("launch ", pid));
+    return pid;
+  }
+  absl::Status Signal(pid_t pid, int) override {
+    absl::MutexLock lock(&mu_);
+    return procs_.count(pid) ? absl::OkStatus() : absl::NotFoundError("no such pid");
+  }
+  absl::Status Terminate(pid_t pid, absl::Duration grace) override {
+    absl::MutexLock lock(&mu_);
+    auto it = procs_.find(pid);
+    if (it == procs_.end() || !it->second.alive) return absl::NotFoundError("not running");
+    events_.push_back(absl::StrCat("terminate ", pid));
+    it->second.terminated = grace;
+    ExitLocked(pid, -1, SIGTERM);
+    return absl::OkStatus();
+  }
+
+  // Makes `pid` exit with `code` (signal 0) or by `signal`.
+  void Exit(pid_t pid, int code, int signal = 0) {
+    absl::MutexLock lock(&mu_);
+    ExitLocked(pid, code, signal);
+  }
+  void FailLaunches(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    fail_launch_ = status;
+  }
+  std::map<pid_t, Proc> procs() const {
+    absl::MutexLock lock(&mu_);
+    return procs_;
+  }
+  std::vector<std::string> events() const {
+    absl::MutexLock lock(&mu_);
+    return events_;
+  }
+  size_t launched() const {
+    absl::MutexLock lock(&mu_);
+    return procs_.size();
+  }
+
+ private:
+  void ExitLocked(pid_t pid, int code, int signal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Proc& proc = procs_.at(pid);
+    if (!proc.alive) return;
+    proc.alive = false;
+    ExitInfo info;
+    info.pid = pid;
+    info.exit_code = signal == 0 ? code : -1;
+    info.signal = signal;
+    pending_.emplace_back(proc.on_exit, info);
+  }
+  // Runs callbacks outside mu_ and never on a caller's thread (a caller
+  // may hold the supervisor's lock, as with the real launcher).
+  void Deliver() {
+    for (;;) {
+      std::deque<std::pair<ExitCallback, ExitInfo>> batch;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.AwaitWithTimeout(absl::Condition(
+                                 +[](FakeLauncher* f) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                   return f->stopping_ || !f->pending_.empty();
+                                 },
+                                 this),
+                             absl::Milliseconds(50));
+        if (stopping_ && pending_.empty()) return;
+        batch.swap(pending_);
+      }
+      for (auto& [callback, info] : batch) {
+        if (callback) callback(info);
+      }
+    }
+  }
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  pid_t next_pid_ ABSL_GUARDED_BY(mu_) = 1000;
+  std::map<pid_t, Proc> procs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> fail_launch_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<ExitCallback, ExitInfo>> pending_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // last
+};
+
+// ---------------------------------------------------------------------------
+// FakeNodeService: records everything, pushes orders, drops streams.
+// ---------------------------------------------------------------------------
+class FakeNodeService final : public v1::NodeService::CallbackService {
+ public:
+  class Watch;
+
+  grpc::ServerUnaryReactor* RegisterNode(grpc::CallbackServerContext* context,
+                                         const v1::RegisterNodeRequest* request,
+                                         v1::RegisterNodeResponse* response) override {
+    {
+      absl::MutexLock lock(&mu_);
+      registrations_.push_back(*request);
+      session_ = absl::StrCat("session-", registrations_.size());
+      response->set_session_id(session_);
+      response->set_heartbeat_interval_seconds(0.05);
+      response->set_heartbeat_timeout_seconds(5);
+    }
+    return Reply(context, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* NodeHeartbeat(grpc::CallbackServerContext* context,
+                                          const v1::NodeHeartbeatRequest* request,
+                                          v1::NodeHeartbeatResponse*) override {
+    absl::MutexLock lock(&mu_);
+    if (request->session_id() != session_) {
+      return Reply(context, grpc::Status(grpc::StatusCode::ABORTED, "stale session"));
+    }
+    ++heartbeats_;
+    return Reply(context, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ReportWorkersStarted(grpc::CallbackServerContext* context,
+                                                 const v1::ReportWorkersStartedRequest* request,
+                                                 v1::ReportWorkersStartedResponse*) override {
+    absl::MutexLock lock(&mu_);
+    started_.push_back(*request);
+    return Reply(context, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ReportWorkerExit(grpc::CallbackServerContext* context,
+                                             const v1::ReportWorkerExitRequest* request,
+                                             v1::ReportWorkerExitResponse*) override {
+    absl::MutexLock lock(&mu_);
+    ++exit_attempts_;
+    if (!exit_status_.ok()) return Reply(context, exit_status_);
+    exits_.push_back(*request);
+    return Reply(context, grpc::Status::OK);
+  }
+
+  grpc::ServerWriteReactor<v1::Assignment>* WatchAssignments(
+      grpc::CallbackServerContext*, const v1::WatchAssignmentsRequest* request) override;
+
+  grpc::ServerReadReactor<v1::UploadLogsRequest>* UploadLogs(grpc::CallbackServerContext*,
+                                                             v1::UploadLogsResponse*) override;
+
+  // Sends `order` on the open watch stream, waiting for one to be open.
+  bool Push(const v1::Assignment& order);
+  // Ends the open watch stream with `status`.
+  bool Drop(grpc::Status status);
+
+  void SetExitStatus(grpc::Status status) {
+    absl::MutexLock lock(&mu_);
+    exit_status_ = std::move(status);
+  }
+
+  // Snapshots.
+  std::vector<v1::RegisterNodeRequest> registrations() const {
+    absl::MutexLock lock(&mu_);
+    return registrations_;
+  }
+  std::string session() const {
+    absl::MutexLock lock(&mu_);
+    return session_;
+  }
+  int heartbeats() const {
+    absl::MutexLock lock(&mu_);
+    return heartbeats_;
+  }
+  int exit_attempts() const {
+    absl::MutexLock lock(&mu_);
+    return exit_attempts_;
+  }
+  std::vector<v1::ReportWorkersStartedRequest> started() const {
+    absl::MutexLock lock(&mu_);
+    return started_;
+  }
+  std::vector<v1::ReportWorkerExitRequest> exits() const {
+    absl::MutexLock lock(&mu_);
+    return exits_;
+  }
+  std::vector<v1::UploadLogsRequest> upload_messages() const {
+    absl::MutexLock lock(&mu_);
+    return upload_messages_;
+  }
+  int uploads_finished() const {
+    absl::MutexLock lock(&mu_);
+    return uploads_finished_;
+  }
+
+ private:
+  class Upload;
+
+  static grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context,
+                                         grpc::Status status) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(std::move(status));
+    return reactor;
+  }
+
+  mutable absl::Mutex mu_;
+  std::vector<v1::RegisterNodeRequest> registrations_ ABSL_GUARDED_BY(mu_);
+  std::string session_ ABSL_GUARDED_BY(mu_);
+  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  int exit_attempts_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::Status exit_status_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::ReportWorkersStartedRequest> started_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::ReportWorkerExitRequest> exits_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::UploadLogsRequest> upload_messages_ ABSL_GUARDED_BY(mu_);
+  int uploads_finished_ ABSL_GUARDED_BY(mu_) = 0;
+  Watch* watch_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+// One WatchAssignments stream. Its state is guarded by the service's mu_;
+// gRPC runs OnWriteDone/OnDone on its own threads, never inside
+// StartWrite/Finish.
+class FakeNodeService::Watch final : public grpc::ServerWriteReactor<v1::Assignment> {
+ public:
+  explicit Watch(FakeNodeService* service) : service_(service) {}
+
+  void PushLocked(const v1::Assignment& order) {
+    queue_.push_back(order);
+    if (!writing_ && !finished_) {
+      writing_ = true;
+      StartWrite(&queue_.front());
+    }
+  }
+  void FinishLocked(grpc::Status status) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(std::move(status));
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&service_->mu_);
+    queue_.pop_front();
+    writing_ = false;
+    if (!ok) return FinishLocked(grpc::Status(grpc::StatusCode::UNKNOWN, "write failed"));
+    if (!queue_.empty() && !finished_) {
+      writing_ = true;
+      StartWrite(&queue_.front());
+    }
+  }
+  void OnCancel() override {
+    absl::MutexLock lock(&service_->mu_);
+    FinishLocked(grpc::Status::CANCELLED);
+  }
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&service_->mu_);
+      if (service_->watch_ == this) service_->watch_ = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  FakeNodeService* const service_;
+  std::deque<v1::Assignment> queue_;
+  bool writing_ = false;
+  bool finished_ = false;
+};
+
+class FakeNodeService::Upload final : public grpc::ServerReadReactor<v1::UploadLogsRequest> {
+ public:
+  explicit Upload(FakeNodeService* service) : service_(service) { StartRead(&message_); }
+  void OnReadDone(bool ok) override {
+    absl::MutexLock lock(&service_->mu_);
+    if (!ok) {
+      ++service_->uploads_finished_;
+      Finish(grpc::Status::OK);
+      return;
+    }
+    service_->upload_messages_.push_back(message_);
+    StartRead(&message_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  FakeNodeService* const service_;
+  v1::UploadLogsRequest message_;
+};
+
+grpc::ServerWriteReactor<v1::Assignment>* FakeNodeService::WatchAssignments(
+    grpc::CallbackServerContext*, const v1::WatchAssignmentsRequest* request) {
+  auto* watch = new Watch(this);
+  absl::MutexLock lock(&mu_);
+  if (request->session_id() != session_) {
+    watch->FinishLocked(grpc::Status(grpc::StatusCode::ABORTED, "stale session"));
+    return watch;
+  }
+  if (watch_ != nullptr) watch_->FinishLocked(grpc::Status(grpc::StatusCode::ABORTED, "replaced"));
+  watch_ = watch;
+  return watch;
+}
+
+grpc::ServerReadReactor<v1::UploadLogsRequest>* FakeNodeService::UploadLogs(
+    grpc::CallbackServerContext*, v1::UploadLogsResponse*) {
+  return new Upload(this);
+}
+
+bool FakeNodeService::Push(const v1::Assignment& order) {
+  absl::MutexLock lock(&mu_);
+  if (!mu_.AwaitWithTimeout(absl::Condition(
+                                +[](Watch** w) { return *w != nullptr; }, &watch_),
+                            kTimeout)) {
+    return false;
+  }
+  watch_->PushLocked(order);
+  return true;
+}
+
+bool FakeNodeService::Drop(grpc::Status status) {
+  absl::MutexLock lock(&mu_);
+  if (watch_ == nullptr) return false;
+  watch_->FinishLocked(std::move(status));
+  watch_ = nullptr;
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// Fixture.
+// ---------------------------------------------------------------------------
+
+v1::Assignment Launch(const std::string& job, int64_t generation, int nranks, bool gpus = false) {
+  v1::Assignment order;
+  order.set_action(v1::Assignment::ACTION_LAUNCH);
+  order.set_job_id(job);
+  order.set_generation(generation);
+  order.add_command("/opt/train");
+  order.add_command("--steps=10");
+  (*order.mutable_env())["ZED"] = "last";
+  (*order.mutable_env())["ALPHA"] = "first";
+  order.set_world_size(nranks * 2);
+  order.set_node_rank(1);
+  order.set_num_nodes(2);
+  order.set_local_world_size(nranks);
+  order.set_master_addr("10.0.0.1");
+  order.set_master_port(29500);
+  order.set_restart_count(static_cast<int32_t>(generation));
+  order.set_max_restarts(3);
+  order.set_gpu_job(gpus);
+  for (int i = 0; i < nranks; ++i) {
+    v1::RankLaunch* rank = order.add_ranks();
+    rank->set_rank(nranks + i);
+    rank->set_local_rank(i);
+    if (gpus) rank->add_gpus(i);
+  }
+  return order;
+}
+
+v1::Assignment Kill(const std::string& job, int64_t generation, double grace = 0) {
+  v1::Assignment order;
+  order.set_action(v1::Assignment::ACTION_KILL);
+  order.set_job_id(job);
+  order.set_generation(generation);
+  order.set_grace_period_seconds(grace);
+  return order;
+}
+
+bool HasEnv(const LaunchSpec& spec, const std::string& entry) {
+  return std::find(spec.env.begin(), spec.env.end(), entry) != spec.env.end();
+}
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir_template[] = "/tmp/mesh-agent-test-XXXXXX";
+    ASSERT_NE(mkdtemp(dir_template), nullptr);
+    work_dir_ = dir_template;
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(port, 0);
+    config_.coordinator = absl::StrCat("127.0.0.1:", port);
+    config_.name = "node-a";
+    config_.address = "127.0.0.1";
+    config_.slots = 4;
+    config_.gpus = {GpuDevice{0, "GPU-aaaa", "Test GPU", 1 << 30}, GpuDevice{1, "", "", 0}};
+    config_.work_dir = work_dir_;
+    config_.grace = absl::Seconds(1);
+    config_.rpc_timeout = absl::Seconds(2);
+    config_.backoff_initial = absl::Milliseconds(20);
+    config_.backoff_max = absl::Milliseconds(200);
+    config_.log_poll_interval = absl::Milliseconds(10);
+    config_.base_env = {{"PATH", "/usr/bin:/bin"}};
+  }
+  void TearDown() override {
+    if (agent_ != nullptr) agent_->Shutdown();
+    agent_.reset();
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    std::filesystem::remove_all(work_dir_);
+  }
+
+  void StartAgent() {
+    agent_ = std::make_unique<Agent>(config_, &launcher_);
+    ASSERT_TRUE(agent_->Start().ok());
+    ASSERT_TRUE(WaitUntil([&] { return service_.registrations().size() == 1; }));
+  }
+
+  // Launches `order` and waits for its started report; returns the pids by
+  // rank.
+  std::map<int, pid_t> LaunchAndWait(const v1::Assignment& order) {
+    const size_t before = service_.started().size();
+    EXPECT_TRUE(service_.Push(order));
+    EXPECT_TRUE(WaitUntil([&] { return service_.started().size() > before; }));
+    std::map<int, pid_t> pids;
+    auto started = service_.started();
+    if (started.size() <= before) return pids;
+    for (const v1::RunningWorker& w : started.back().workers()) pids[w.rank()] = w.pid();
+    return pids;
+  }
+
+  std::string work_dir_;
+  FakeNodeService service_;
+  std::unique_ptr<grpc::Server> server_;
+  FakeLauncher launcher_;
+  AgentConfig config_;
+  std::unique_ptr<Agent> agent_;  // destroyed before the launcher
+};
+
+TEST_F(AgentTest, RegistersItsSlotsGpusAndVersionThenHeartbeats) {
+  StartAgent();
+  const v1::RegisterNodeRequest reg = service_.registrations().at(0);
+  EXPECT_EQ(reg.name(), "node-a");
+  EXPECT_EQ(reg.address(), "127.0.0.1");
+  EXPECT_EQ(reg.slots(), 4);
+  EXPECT_EQ(reg.agent_version(), kVersion);
+  ASSERT_EQ(reg.gpus_size(), 2);
+  EXPECT_EQ(reg.gpus(0).index(), 0);
+  EXPECT_EQ(reg.gpus(0).uuid(), "GPU-aaaa");
+  EXPECT_EQ(reg.gpus(0).model(), "Test GPU");
+  EXPECT_EQ(reg.gpus(0).memory_bytes(), 1 << 30);
+  EXPECT_EQ(reg.gpus(1).index(), 1);
+  EXPECT_THAT(reg.running(), IsEmpty());
+  EXPECT_TRUE(WaitUntil([&] { return service_.heartbeats() >= 3; }));
+  EXPECT_EQ(agent_->session_id(), "session-1");
+}
+
+TEST_F(AgentTest, LaunchStartsEachRankWithItsEnvironment) {
+  StartAgent();
+  const std::map<int, pid_t> pids = LaunchAndWait(Launch("job-a", 0, 2, /*gpus=*/true));
+  ASSERT_EQ(pids.size(), 2u);
+  const auto procs = launcher_.procs();
+  ASSERT_EQ(procs.size(), 2u);
+  const LaunchSpec& spec = procs.at(pids.at(3)).spec;  // ranks 2 and 3
+  EXPECT_THAT(spec.argv, ElementsAre("/opt/train", "--steps=10"));
+  for (const char* entry :
+       {"RANK=3", "LOCAL_RANK=1", "WORLD_SIZE=4", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=1",
+        "MESH_JOB_ID=job-a", "MESH_GENERATION=0", "MESH_RANK=3", "CUDA_VISIBLE_DEVICES=1",
+        "MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500", "TORCHELASTIC_MAX_RESTARTS=3", "ALPHA=first",
+        "ZED=last", "PATH=/usr/bin:/bin"}) {
+    EXPECT_TRUE(HasEnv(spec, entry)) << entry;
+  }
+  EXPECT_TRUE(HasEnv(spec, "MESH_COORDINATOR=" + config_.coordinator));
+  EXPECT_TRUE(HasEnv(procs.at(pids.at(2)).spec, "CUDA_VISIBLE_DEVICES=0"));
+  const std::string gen_dir = work_dir_ + "/jobs/job-a/gen-0";
+  EXPECT_EQ(spec.stdout_log, gen_dir + "/rank-3.log");
+  EXPECT_EQ(spec.working_dir, gen_dir);
+  EXPECT_EQ(spec.max_log_bytes, config_.log_max_bytes);
+  EXPECT_TRUE(std::filesystem::is_directory(gen_dir));
+
+  const v1::ReportWorkersStartedRequest started = service_.started().at(0);
+  EXPECT_EQ(started.name(), "node-a");
+  EXPECT_EQ(started.session_id(), "session-1");
+  EXPECT_EQ(started.job_id(), "job-a");
+  EXPECT_EQ(started.generation(), 0);
+  EXPECT_EQ(agent_->RunningWorkers().size(), 2u);
+}
+
+TEST_F(AgentTest, DuplicateLaunchIsANoOp) {
+  StartAgent();
+  LaunchAndWait(Launch("job-a", 0, 2));
+  ASSERT_TRUE(service_.Push(Launch("job-a", 0, 2)));
+  // Orders apply in order: once job-b runs, the duplicate was handled.
+  LaunchAndWait(Launch("job-b", 0, 1));
+  EXPECT_EQ(launcher_.launched(), 3u);
+  EXPECT_EQ(service_.started().size(), 2u);
+}
+
+TEST_F(AgentTest, ExitsAreReportedWithCodeOrSignal) {
+  StartAgent();
+  const std::map<int, pid_t> pids = LaunchAndWait(Launch("job-a", 0, 2));
+  ASSERT_EQ(pids.size(), 2u);
+  launcher_.Exit(pids.at(2), 3);
+  launcher_.Exit(pids.at(3), 0, SIGKILL);
+  ASSERT_TRUE(WaitUntil([&] { return service_.exits().size() == 2; }));
+  std::map<int, v1::ReportWorkerExitRequest> by_rank;
+  for (const auto& exit : service_.exits()) by_rank[exit.rank()] = exit;
+  EXPECT_EQ(by_rank.at(2).termination_case(), v1::ReportWorkerExitRequest::kExitCode);
+  EXPECT_EQ(by_rank.at(2).exit_code(), 3);
+  EXPECT_EQ(by_rank.at(3).termination_case(), v1::ReportWorkerExitRequest::kSignal);
+  EXPECT_EQ(by_rank.at(3).signal(), SIGKILL);
+  EXPECT_EQ(by_rank.at(3).job_id(), "job-a");
+  EXPECT_EQ(by_rank.at(3).session_id(), "session-1");
+  EXPECT_GT(by_rank.at(3).time_unix_ms(), 0);
+  EXPECT_TRUE(WaitUntil([&] { return agent_->RunningWorkers().empty(); }));
+}
+
+TEST_F(AgentTest, LaunchFailureIsReportedForEveryRank) {
+  StartAgent();
+  launcher_.FailLaunches(absl::NotFoundError("no such program /opt/train"));
+  ASSERT_TRUE(service_.Push(Launch("job-a", 0, 2)));
+  ASSERT_TRUE(WaitUntil([&] { return service_.exits().size() == 2; }));
+  for (const auto& exit : service_.exits()) {
+    EXPECT_EQ(exit.termination_case(), v1::ReportWorkerExitRequest::kLaunchError);
+    EXPECT_THAT(exit.launch_error(), ::testing::HasSubstr("/opt/train"));
+  }
+  EXPECT_THAT(service_.started(), IsEmpty());
+}
+
+TEST_F(AgentTest, KillStopsTheJobsWorkersWithTheOrdersGrace) {
+  StartAgent();
+  const std::map<int, pid_t> pids = LaunchAndWait(Launch("job-a", 0, 2));
+  ASSERT_TRUE(service_.Push(Kill("job-a", 0, 2.5)));
+  ASSERT_TRUE(WaitUntil([&] { return agent_->RunningWorkers().empty(); }));
+  for (const auto& [rank, pid] : pids) {
+    const auto proc = launcher_.procs().at(pid);
+    ASSERT_TRUE(proc.terminated.has_value()) << rank;
+    EXPECT_EQ(*proc.terminated, absl::Seconds(2.5));
+  }
+  // A relaunch of the killed generation (a replayed order) is a no-op; the
+  // next job's launch shows the order was handled. Stopped workers are not
+  // reported as failures.
+  ASSERT_TRUE(service_.Push(Launch("job-a", 0, 2)));
+  LaunchAndWait(Launch("job-b", 0, 1));
+  EXPECT_EQ(launcher_.launched(), 3u);
+  EXPECT_THAT(service_.exits(), IsEmpty());
+}
+
+TEST_F(AgentTest, LaunchOfTheNextGenerationStopsTheOldOneFirst) {
+  StartAgent();
+  const std::map<int, pid_t> old_pids = LaunchAndWait(Launch("job-a", 0, 2));
+  const std::map<int, pid_t> new_pids = LaunchAndWait(Launch("job-a", 1, 2));
+  ASSERT_EQ(new_pids.size(), 2u);
+  const std::vector<std::string> events = launcher_.events();
+  auto position = [&](const std::string& event) {
+    return std::find(events.begin(), events.end(), event) - events.begin();
+  };
+  for (const auto& [rank, old_pid] : old_pids) {
+    for (const auto& [rank2, new_pid] : new_pids) {
+      EXPECT_LT(position(absl::StrCat("terminate ", old_pid)),
+                position(absl::StrCat("launch ", new_pid)));
+    }
+  }
+  EXPECT_TRUE(HasEnv(launcher_.procs().at(new_pids.at(2)).spec, "MESH_GENERATION=1"));
+  EXPECT_TRUE(HasEnv(launcher_.procs().at(new_pids.at(2)).spec, "TORCHELASTIC_RESTART_COUNT=1"));
+  EXPECT_THAT(service_.exits(), IsEmpty());
+  EXPECT_EQ(agent_->RunningWorkers().size(), 2u);
+}
+
+TEST_F(AgentTest, StreamDropReRegistersKeepsWorkersAndResendsExits) {
+  StartAgent();
+  const std::map<int, pid_t> pids = LaunchAndWait(Launch("job-a", 0, 2));
+  launcher_.Exit(pids.at(3), 1);
+  ASSERT_TRUE(WaitUntil([&] { return service_.exits().size() == 1; }));
+  EXPECT_EQ(service_.exits().at(0).session_id(), "session-1");
+
+  ASSERT_TRUE(service_.Drop(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator restart")));
+  ASSERT_TRUE(WaitUntil([&] { return service_.registrations().size() == 2; }));
+  const v1::RegisterNodeRequest again = service_.registrations().at(1);
+  ASSERT_EQ(again.running_size(), 1);
+  EXPECT_EQ(again.running(0).job_id(), "job-a");
+  EXPECT_EQ(again.running(0).rank(), 2);
+  EXPECT_EQ(again.running(0).pid(), pids.at(2));
+  EXPECT_FALSE(launcher_.procs().at(pids.at(2)).terminated.has_value())
+      << "a re-registration must not stop workers";
+  // The exit record of the current generation is sent again.
+  ASSERT_TRUE(WaitUntil([&] { return service_.exits().size() == 2; }));
+  EXPECT_EQ(service_.exits().at(1).session_id(), "session-2");
+  EXPECT_EQ(service_.exits().at(1).rank(), 3);
+  EXPECT_EQ(service_.exits().at(1).exit_code(), 1);
+  // And the new session takes orders.
+  launcher_.Exit(pids.at(2), 0);
+  ASSERT_TRUE(WaitUntil([&] { return service_.exits().size() == 3; }));
+  EXPECT_EQ(service_.exits().at(2).rank(), 2);
+}
+
+TEST_F(AgentTest, UnacknowledgedExitIsRetriedWithTheNewSession) {
+  StartAgent();
+  const std::map<int, pid_t> pids = LaunchAndWait(Launch("job-a", 0, 1));
+  service_.SetExitStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "busy"));
+  launcher_.Exit(pids.at(1), 7);
+  ASSERT_TRUE(WaitUntil([&] { return service_.exit_attempts() >= 2; }));
+  ASSERT_TRUE(service_.Drop(grpc::Status(grpc::StatusCode::UNAVAILABLE, "restart")));
+  ASSERT_TRUE(WaitUntil([&] { return service_.registrations().size() == 2; }));
+  service_.SetExitStatus(grpc::Status::OK);
+  ASSERT_TRUE(WaitUntil([&] { return !service_.exits().empty(); }));
+  EXPECT_EQ(service_.exits().at(0).exit_code(), 7);
+  EXPECT_EQ(service_.exits().at(0).session_id(), "session-2");
+  // Sent once: the re-send of exit records skips a report still queued.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(service_.exits().size(), 1u);
+}
+
+TEST_F(AgentTest, StaleSessionOnAReportReRegisters) {
+  StartAgent();
+  // A report that gets ABORTED means the session is stale.
+  service_.SetExitStatus(grpc::Status(grpc::StatusCode::ABORTED, "stale session"));
+  const std::map<int, pid_t> pids = LaunchAndWait(Launch("job-a", 0, 1));
+  launcher_.Exit(pids.at(1), 2);
+  ASSERT_TRUE(WaitUntil([&] { return service_.registrations().size() >= 2; }));
+  service_.SetExitStatus(grpc::Status::OK);
+  ASSERT_TRUE(WaitUntil([&] { return !service_.exits().empty(); }));
+  EXPECT_EQ(service_.exits().at(0).exit_code(), 2);
+}
+
+std::string UploadedData(const std::vector<v1::UploadLogsRequest>& messages, int rank) {
+  std::string data;
+  for (const auto& m : messages) {
+    if (m.has_chunk() && m.chunk().rank() == rank) data += m.chunk().data();
+  }
+  return data;
+}
+
+TEST_F(AgentTest, UploadLogsSendsTheLogAndEof) {
+  StartAgent();
+  LaunchAndWait(Launch("job-a", 0, 1));
+  const std::string log = work_dir_ + "/jobs/job-a/gen-0/rank-1.log";
+  std::ofstream(log) << "hello\nworld\n";
+  v1::Assignment order;
+  order.set_action(v1::Assignment::ACTION_UPLOAD_LOGS);
+  order.set_job_id("job-a");
+  order.set_generation(0);
+  order.set_log_request_id("req-1");
+  ASSERT_TRUE(service_.Push(order));
+  ASSERT_TRUE(WaitUntil([&] { return service_.uploads_finished() == 1; }));
+  auto messages = service_.upload_messages();
+  ASSERT_FALSE(messages.empty());
+  EXPECT_EQ(messages[0].name(), "node-a");
+  EXPECT_EQ(messages[0].session_id(), "session-1");
+  EXPECT_EQ(messages[0].job_id(), "job-a");
+  EXPECT_EQ(messages[0].log_request_id(), "req-1");
+  EXPECT_EQ(UploadedData(messages, 1), "hello\nworld\n");
+  ASSERT_TRUE(messages.back().has_chunk());
+  EXPECT_TRUE(messages.back().chunk().eof());
+  EXPECT_FALSE(messages.back().chunk().missing());
+  EXPECT_EQ(messages.back().chunk().offset(), 12);
+
+  // Tail of one line, and a rank this node has no log for.
+  order.set_log_request_id("req-2");
+  order.set_log_tail(1);
+  order.add_log_ranks(1);
+  order.add_log_ranks(5);
+  ASSERT_TRUE(service_.Push(order));
+  ASSERT_TRUE(WaitUntil([&] { return service_.uploads_finished() == 2; }));
+  messages = service_.upload_messages();
+  std::vector<v1::UploadLogsRequest> second;
+  bool in_second = false;
+  for (const auto& m : messages) {
+    if (m.log_request_id() == "req-2") in_second = true;
+    if (in_second) second.push_back(m);
+  }
+  EXPECT_EQ(UploadedData(second, 1), "world\n");
+  ASSERT_TRUE(second.back().has_chunk());
+  EXPECT_EQ(second.back().chunk().rank(), 5);
+  EXPECT_TRUE(second.back().chunk().eof());
+  EXPECT_TRUE(second.back().chunk().missing());
+}
+
+TEST_F(AgentTest, FollowedUploadEndsAfterTheWorkerExits) {
+  StartAgent();
+  const std::map<int, pid_t> pids = LaunchAndWait(Launch("job-a", 0, 1));
+  const std::string log = work_dir_ + "/jobs/job-a/gen-0/rank-1.log";
+  std::ofstream(log) << "a\n";
+  v1::Assignment order;
+  order.set_action(v1::Assignment::ACTION_UPLOAD_LOGS);
+  order.set_job_id("job-a");
+  order.set_generation(0);
+  order.set_log_request_id("req-f");
+  order.set_log_follow(true);
+  ASSERT_TRUE(service_.Push(order));
+  ASSERT_TRUE(WaitUntil([&] { return UploadedData(service_.upload_messages(), 1) == "a\n"; }));
+  std::ofstream(log, std::ios::app) << "b\npartial";
+  ASSERT_TRUE(WaitUntil([&] { return UploadedData(service_.upload_messages(), 1) == "a\nb\n"; }));
+  EXPECT_EQ(service_.uploads_finished(), 0) << "still following a running worker";
+  launcher_.Exit(pids.at(1), 0);
+  ASSERT_TRUE(WaitUntil([&] { return service_.uploads_finished() == 1; }));
+  const auto messages = service_.upload_messages();
+  EXPECT_EQ(UploadedData(messages, 1), "a\nb\npartial");
+  ASSERT_TRUE(messages.back().has_chunk());
+  EXPECT_TRUE(messages.back().chunk().eof());
+}
+
+TEST_F(AgentTest, ShutdownStopsEveryWorker) {
+  StartAgent();
+  const std::map<int, pid_t> pids = LaunchAndWait(Launch("job-a", 0, 2));
+  agent_->Shutdown();
+  for (const auto& [rank, pid] : pids) {
+    EXPECT_TRUE(launcher_.procs().at(pid).terminated.has_value()) << rank;
+  }
+  EXPECT_THAT(service_.exits(), IsEmpty());
+}
+
+TEST(AgentMainTest, BadFlagsExitTwo) {
+  const std::vector<std::vector<const char*>> cases = {
+      {"mesh-agent", "--no-such-flag"},
+      {"mesh-agent", "--slots", "-1"},
+      {"mesh-agent", "--gpus", "0,x"},
+      {"mesh-agent", "--gpus", "3-1"},
+      {"mesh-agent", "--coordinator", "no-port"},
+      {"mesh-agent", "--coordinator", "host:99999"},
+      {"mesh-agent", "--grace", "-1"},
+      {"mesh-agent", "--log-format", "xml"},
+      {"mesh-agent", "--config", "/nonexistent/agent.yaml"},
+  };
+  for (const auto& argv : cases) {
+    EXPECT_EQ(RunAgentMain(static_cast<int>(argv.size()), argv.data()), kAgentExitUsage)
+        << argv[1] << " " << (argv.size() > 2 ? argv[2] : "");
+  }
+  const std::vector<const char*> discover = {"mesh-agent", "--discover", "--gpus",
+                                             "none",       "--slots",    "3"};
+  EXPECT_EQ(RunAgentMain(static_cast<int>(discover.size()), discover.data()), kAgentExitOk);
+}
+
+}  // namespace
+}  // namespace mesh::agent

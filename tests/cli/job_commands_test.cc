@@ -1,0 +1,674 @@
+// meshctl's job commands run in-process against FakeJobService on
+// 127.0.0.1:0: what they send, what they print, and how they exit.
+#include <stdlib.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "cli/admin_client.h"
+#include "cli/job_client.h"
+#include "cli/job_json.h"
+#include "cli/meshctl.h"
+#include "tests/cli/fake_job_service.h"
+
+namespace mesh::cli {
+namespace {
+
+using ::mesh::cli::testing::FakeJobServer;
+using ::mesh::cli::testing::LogScript;
+using ::mesh::v1::Job;
+using ::mesh::v1::JobState;
+using ::mesh::v1::LogChunk;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::Pair;
+using ::testing::UnorderedElementsAre;
+
+struct Result {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+Result Meshctl(std::vector<std::string> args) {
+  args.insert(args.begin(), "meshctl");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  const int code = RunMeshctl(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {code, out.str(), err.str()};
+}
+
+Job MakeJob(const std::string& id, JobState state, int64_t generation = 0) {
+  Job job;
+  job.set_id(id);
+  job.set_state(state);
+  job.set_generation(generation);
+  job.set_restarts(static_cast<int32_t>(generation));
+  job.mutable_spec()->set_name("train");
+  job.mutable_spec()->add_command("python");
+  job.mutable_spec()->add_command("train.py");
+  job.mutable_spec()->set_nproc_per_node(4);
+  job.mutable_spec()->set_max_restarts(2);
+  job.mutable_spec()->mutable_nodes()->set_min(2);
+  job.mutable_spec()->mutable_nodes()->set_max(2);
+  job.mutable_spec()->add_mesh_shape(2);
+  job.mutable_spec()->add_mesh_shape(4);
+  job.mutable_spec()->add_mesh_dim_names("dp");
+  job.mutable_spec()->add_mesh_dim_names("tp");
+  (*job.mutable_spec()->mutable_labels())["team"] = "research";
+  job.set_create_time_unix_ms(1700000000000);
+  job.set_update_time_unix_ms(1700000000500);
+  if (state != mesh::v1::JOB_STATE_PENDING) {
+    job.add_nodes("node-a");
+    job.add_nodes("node-b");
+  }
+  return job;
+}
+
+LogChunk Chunk(int32_t rank, const std::string& data, int64_t offset = 0, bool eof = false,
+               int64_t generation = 0) {
+  LogChunk chunk;
+  chunk.set_rank(rank);
+  chunk.set_generation(generation);
+  chunk.set_stream(LogChunk::STREAM_STDOUT);
+  chunk.set_data(data);
+  chunk.set_offset(offset);
+  chunk.set_eof(eof);
+  return chunk;
+}
+
+class JobCommandsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    unsetenv("MESH_COORDINATOR");
+    ASSERT_TRUE(server_.ok());
+  }
+
+  // meshctl --coordinator <fake> --timeout 5 ARGS...
+  Result Run(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--coordinator", server_.address(), "--timeout", "5"});
+    return Meshctl(std::move(args));
+  }
+
+  // The job `id` answers GetJob with `states` in turn (the last one stays).
+  void ScriptJob(const std::vector<Job>& states) {
+    auto fake = server_.service().Lock();
+    for (const Job& job : states) fake->jobs[job.id()].push_back(job);
+  }
+
+  FakeJobServer server_;
+};
+
+// ---------------------------------------------------------------------------
+// submit
+// ---------------------------------------------------------------------------
+
+TEST_F(JobCommandsTest, SubmitMergesFileFlagsAndArgvIntoTheSpec) {
+  const std::string path = ::testing::TempDir() + "/submit_job.yaml";
+  {
+    std::ofstream file(path);
+    file << "name: from-file\nlabels: {team: research}\ncommand: [file-command]\n"
+            "env: {A: '1', B: '2'}\nnodes: 2\nnproc_per_node: 8\nmax_restarts: 1\n";
+  }
+  server_.service().Lock()->submit_response.emplace();
+  *server_.service().Lock()->submit_response->mutable_job() =
+      MakeJob("job-1", mesh::v1::JOB_STATE_PENDING);
+
+  const Result r =
+      Run({"submit",      "-f",         path,         "--name",       "from-flag",
+           "--env",       "B=3",        "--env",      "C=x=y",        "--label",
+           "run=7",       "--nodes",    "1:4",        "--mesh-shape", "2,-1",
+           "--dim-names", "dp,tp",      "--deadline", "10m",          "--idempotency-key",
+           "k1",          "--parsable", "--",         "python",       "train.py",
+           "--lr",        "0.1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out, "job-1\n");  // --parsable: the id and nothing else.
+
+  auto fake = server_.service().Lock();
+  ASSERT_EQ(fake->submits.size(), 1u);
+  const mesh::v1::JobSpec& spec = fake->submits[0].spec();
+  EXPECT_EQ(spec.name(), "from-flag");
+  EXPECT_THAT(spec.command(), ElementsAre("python", "train.py", "--lr", "0.1"));
+  EXPECT_THAT(spec.env(), UnorderedElementsAre(Pair("A", "1"), Pair("B", "3"), Pair("C", "x=y")));
+  EXPECT_THAT(spec.labels(), UnorderedElementsAre(Pair("team", "research"), Pair("run", "7")));
+  EXPECT_EQ(spec.nodes().min(), 1);
+  EXPECT_EQ(spec.nodes().max(), 4);
+  EXPECT_EQ(spec.nproc_per_node(), 8);  // From the file: no flag overrode it.
+  EXPECT_EQ(spec.max_restarts(), 1);
+  EXPECT_THAT(spec.mesh_shape(), ElementsAre(2, -1));
+  EXPECT_THAT(spec.mesh_dim_names(), ElementsAre("dp", "tp"));
+  EXPECT_EQ(spec.deadline_seconds(), 600);
+  EXPECT_EQ(spec.idempotency_key(), "k1");
+  EXPECT_TRUE(fake->log_requests.empty());  // --parsable neither follows nor waits.
+  EXPECT_TRUE(fake->waits.empty());
+}
+
+TEST_F(JobCommandsTest, SubmitWithoutAFileDefaultsToOneNodeOneProcess) {
+  server_.service().Lock()->submit_response.emplace();
+  *server_.service().Lock()->submit_response->mutable_job() =
+      MakeJob("job-1", mesh::v1::JOB_STATE_PENDING);
+  const Result r = Run({"submit", "--no-wait", "--", "/bin/echo", "hi"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out, "job-1\n");
+  auto fake = server_.service().Lock();
+  ASSERT_EQ(fake->submits.size(), 1u);
+  EXPECT_EQ(fake->submits[0].spec().nodes().min(), 1);
+  EXPECT_EQ(fake->submits[0].spec().nproc_per_node(), 1);
+  EXPECT_THAT(fake->submits[0].spec().command(), ElementsAre("/bin/echo", "hi"));
+}
+
+TEST_F(JobCommandsTest, SubmitNoWaitJsonIsTheJobObject) {
+  server_.service().Lock()->submit_response.emplace();
+  *server_.service().Lock()->submit_response->mutable_job() =
+      MakeJob("job-1", mesh::v1::JOB_STATE_PENDING);
+  const Result r = Run({"-o", "json", "submit", "--no-wait", "--", "x"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const auto json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json["id"], "job-1");
+  EXPECT_EQ(json["state"], "PENDING");
+  EXPECT_EQ(json["deduplicated"], false);
+  EXPECT_TRUE(json["world_size"].is_null());  // Not placed yet.
+}
+
+TEST_F(JobCommandsTest, SubmitWithoutACommandIsAUsageErrorAndSendsNothing) {
+  const Result r = Run({"submit", "--name", "x"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("no command"));
+  EXPECT_TRUE(server_.service().Lock()->submits.empty());
+}
+
+TEST_F(JobCommandsTest, SubmitWithBadClientSideInputIsAUsageError) {
+  EXPECT_EQ(Run({"submit", "--nodes", "two", "--", "x"}).code, kExitUsage);
+  EXPECT_EQ(Run({"submit", "--deadline", "soon", "--", "x"}).code, kExitUsage);
+  EXPECT_EQ(Run({"submit", "--mesh-shape", "2,a", "--", "x"}).code, kExitUsage);
+  EXPECT_EQ(Run({"submit", "--label", "novalue", "--", "x"}).code, kExitUsage);
+  const Result env = Run({"submit", "--env", "LD_PRELOAD=/x.so", "--", "x"});
+  EXPECT_EQ(env.code, kExitUsage);
+  EXPECT_THAT(env.err, HasSubstr("env[\"LD_PRELOAD\"]"));
+  const Result file = Run({"submit", "-f", "/nonexistent/job.yaml", "--", "x"});
+  EXPECT_EQ(file.code, kExitUsage);
+  EXPECT_THAT(file.err, HasSubstr("/nonexistent/job.yaml"));
+  EXPECT_TRUE(server_.service().Lock()->submits.empty());
+}
+
+TEST_F(JobCommandsTest, SubmitRefusedByTheServerExits4WithItsMessage) {
+  server_.service().Lock()->submit_error =
+      grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "spec.nodes: min 4 is greater than max 2");
+  const Result r = Run({"submit", "--nodes", "4:2", "--", "x"});
+  EXPECT_EQ(r.code, kExitRefused);
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT: spec.nodes: min 4 is greater than max 2"));
+}
+
+struct ResultCase {
+  JobState state;
+  int exit_code;
+};
+
+class SubmitResultTest : public JobCommandsTest,
+                         public ::testing::WithParamInterface<ResultCase> {};
+
+TEST_P(SubmitResultTest, FollowsLogsThenExitsWithTheJobsResult) {
+  Job final_job = MakeJob("job-1", GetParam().state);
+  if (GetParam().state == mesh::v1::JOB_STATE_FAILED) {
+    final_job.mutable_root_cause()->set_rank(3);
+    final_job.mutable_root_cause()->set_node("node-b");
+    final_job.mutable_root_cause()->set_signal(9);
+  }
+  {
+    auto fake = server_.service().Lock();
+    fake->submit_response.emplace();
+    *fake->submit_response->mutable_job() = MakeJob("job-1", mesh::v1::JOB_STATE_PENDING);
+    fake->log_scripts.push_back(
+        LogScript{{Chunk(0, "hello\n"), Chunk(1, "world\n", 0, /*eof=*/true)}});
+  }
+  ScriptJob({MakeJob("job-1", mesh::v1::JOB_STATE_RUNNING), final_job});
+
+  const Result r = Run({"submit", "--", "python", "train.py"});
+  EXPECT_EQ(r.code, GetParam().exit_code) << r.err;
+  EXPECT_EQ(r.out, "[rank 0] hello\n[rank 1] world\n");
+  EXPECT_THAT(r.err, HasSubstr("job job-1 " + JobStateName(GetParam().state)));
+  if (GetParam().state == mesh::v1::JOB_STATE_FAILED) {
+    EXPECT_THAT(r.err, HasSubstr("rank 3 on node-b killed by signal 9 (SIGKILL)"));
+  }
+  auto fake = server_.service().Lock();
+  ASSERT_EQ(fake->log_requests.size(), 1u);
+  EXPECT_TRUE(fake->log_requests[0].follow());
+  EXPECT_EQ(fake->log_requests[0].generation(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(EachResult, SubmitResultTest,
+                         ::testing::Values(ResultCase{mesh::v1::JOB_STATE_SUCCEEDED, kExitOk},
+                                           ResultCase{mesh::v1::JOB_STATE_FAILED, kExitFailed},
+                                           ResultCase{mesh::v1::JOB_STATE_CANCELLED,
+                                                      kExitJobCancelled}));
+
+TEST_F(JobCommandsTest, SubmitNoLogsWaitsForTheResult) {
+  {
+    auto fake = server_.service().Lock();
+    fake->submit_response.emplace();
+    *fake->submit_response->mutable_job() = MakeJob("job-1", mesh::v1::JOB_STATE_PENDING);
+    fake->wait_result = MakeJob("job-1", mesh::v1::JOB_STATE_FAILED);
+  }
+  const Result r = Run({"submit", "--no-logs", "--", "x"});
+  EXPECT_EQ(r.code, kExitFailed) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_TRUE(server_.service().Lock()->log_requests.empty());
+  EXPECT_EQ(server_.service().Lock()->waits.size(), 1u);
+}
+
+// ---------------------------------------------------------------------------
+// logs
+// ---------------------------------------------------------------------------
+
+TEST_F(JobCommandsTest, LogsPrefixRanksAndBufferPartialLines) {
+  server_.service().Lock()->log_scripts.push_back(LogScript{{
+      Chunk(0, "a\npar", 0), Chunk(1, "x\n", 0), Chunk(0, "tial\n", 5),
+      Chunk(1, "last", 2, /*eof=*/true),  // A finished rank's final line without '\n'.
+      Chunk(0, "tail", 10),               // Still partial when the stream ends.
+  }});
+  const Result r = Run({"logs", "job-1", "--rank", "0,1", "--tail", "5"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out, "[rank 0] a\n[rank 1] x\n[rank 0] partial\n[rank 1] last\n[rank 0] tail\n");
+  auto fake = server_.service().Lock();
+  ASSERT_EQ(fake->log_requests.size(), 1u);
+  EXPECT_THAT(fake->log_requests[0].ranks(), ElementsAre(0, 1));
+  EXPECT_EQ(fake->log_requests[0].tail(), 5);
+  EXPECT_EQ(fake->log_requests[0].generation(), -1);
+  EXPECT_FALSE(fake->log_requests[0].follow());
+}
+
+TEST_F(JobCommandsTest, LogsWithoutPrefixAndMissingRanks) {
+  LogChunk missing;
+  missing.set_rank(2);
+  missing.set_eof(true);
+  missing.set_missing(true);
+  server_.service().Lock()->log_scripts.push_back(
+      LogScript{{Chunk(0, "one\ntwo\n", 0, true), missing}});
+  const Result r = Run({"logs", "job-1", "--no-prefix", "--generation", "3"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out, "one\ntwo\n");
+  EXPECT_THAT(r.err, HasSubstr("no log for rank 2"));
+  EXPECT_EQ(server_.service().Lock()->log_requests[0].generation(), 3);
+}
+
+TEST_F(JobCommandsTest, LogsOfAnUnplacedJobIsRefused) {
+  server_.service().Lock()->log_scripts.push_back(
+      LogScript{{}, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "job-1 not placed yet")});
+  const Result r = Run({"logs", "job-1"});
+  EXPECT_EQ(r.code, kExitRefused);
+  EXPECT_THAT(r.err, HasSubstr("not placed yet"));
+}
+
+TEST_F(JobCommandsTest, FollowCrossesAGenerationChange) {
+  {
+    auto fake = server_.service().Lock();
+    fake->log_scripts.push_back(LogScript{{Chunk(0, "gen0\n", 0, true, 0)}});
+    fake->log_scripts.push_back(LogScript{{Chunk(0, "gen1\n", 0, true, 1)}});
+  }
+  Job restarted = MakeJob("job-1", mesh::v1::JOB_STATE_RUNNING, 1);
+  ScriptJob({MakeJob("job-1", mesh::v1::JOB_STATE_RUNNING, 0), restarted,
+             MakeJob("job-1", mesh::v1::JOB_STATE_SUCCEEDED, 1)});
+  const Result r = Run({"logs", "-f", "job-1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out, "[rank 0] gen0\n[rank 0] gen1\n");
+  EXPECT_THAT(r.err, HasSubstr("--- generation 1 (restart 1) ---"));
+  auto fake = server_.service().Lock();
+  ASSERT_EQ(fake->log_requests.size(), 2u);
+  EXPECT_EQ(fake->log_requests[0].generation(), 0);
+  EXPECT_EQ(fake->log_requests[1].generation(), 1);
+  EXPECT_TRUE(fake->log_requests[1].follow());
+}
+
+TEST_F(JobCommandsTest, FollowResumesADroppedStreamWithoutRepeats) {
+  {
+    auto fake = server_.service().Lock();
+    // The first stream ends early; the second replays from the start.
+    fake->log_scripts.push_back(LogScript{{Chunk(0, "a\nb\n", 0)}});
+    fake->log_scripts.push_back(LogScript{{Chunk(0, "a\nb\nc\n", 0, true)}});
+  }
+  ScriptJob({MakeJob("job-1", mesh::v1::JOB_STATE_RUNNING),
+             MakeJob("job-1", mesh::v1::JOB_STATE_RUNNING),
+             MakeJob("job-1", mesh::v1::JOB_STATE_SUCCEEDED)});
+  const Result r = Run({"logs", "-f", "job-1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out, "[rank 0] a\n[rank 0] b\n[rank 0] c\n");
+  EXPECT_EQ(server_.service().Lock()->log_requests.size(), 2u);
+}
+
+TEST_F(JobCommandsTest, FollowWaitsForPlacement) {
+  {
+    auto fake = server_.service().Lock();
+    fake->log_scripts.push_back(
+        LogScript{{}, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "not placed")});
+    fake->log_scripts.push_back(LogScript{{Chunk(0, "up\n", 0, true)}});
+    mesh::v1::WatchJobStateResponse scheduled;
+    scheduled.mutable_event()->set_from(mesh::v1::JOB_STATE_PENDING);
+    scheduled.mutable_event()->set_to(mesh::v1::JOB_STATE_SCHEDULED);
+    fake->watch_events.push_back(scheduled);
+  }
+  ScriptJob({MakeJob("job-1", mesh::v1::JOB_STATE_PENDING),
+             MakeJob("job-1", mesh::v1::JOB_STATE_SCHEDULED),
+             MakeJob("job-1", mesh::v1::JOB_STATE_SUCCEEDED)});
+  const Result r = Run({"logs", "-f", "job-1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out, "[rank 0] up\n");
+  auto fake = server_.service().Lock();
+  ASSERT_EQ(fake->watches.size(), 1u);
+  EXPECT_TRUE(fake->watches[0].replay());
+}
+
+// ---------------------------------------------------------------------------
+// list, status, describe, nodes
+// ---------------------------------------------------------------------------
+
+TEST_F(JobCommandsTest, ListSendsFiltersAndPrintsTheJsonShape) {
+  {
+    auto fake = server_.service().Lock();
+    mesh::v1::ListJobsResponse page;
+    *page.add_jobs() = MakeJob("job-2", mesh::v1::JOB_STATE_RUNNING);
+    page.set_next_page_token("t2");
+    fake->pages[""] = page;
+  }
+  const Result r = Run({"-o", "json", "list", "--state", "running", "--state", "pending,failed",
+                        "-l", "team=research", "--limit", "5"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const auto json = nlohmann::json::parse(r.out);
+  ASSERT_EQ(json["jobs"].size(), 1u);
+  EXPECT_EQ(json["jobs"][0]["id"], "job-2");
+  EXPECT_EQ(json["jobs"][0]["state"], "RUNNING");
+  EXPECT_EQ(json["jobs"][0]["world_size"], 8);
+  EXPECT_FALSE(json["jobs"][0].contains("events"));
+  EXPECT_EQ(json["next_page_token"], "t2");
+  auto fake = server_.service().Lock();
+  ASSERT_EQ(fake->lists.size(), 1u);
+  EXPECT_THAT(fake->lists[0].states(),
+              ElementsAre(mesh::v1::JOB_STATE_RUNNING, mesh::v1::JOB_STATE_PENDING,
+                          mesh::v1::JOB_STATE_FAILED));
+  EXPECT_THAT(fake->lists[0].labels(), UnorderedElementsAre(Pair("team", "research")));
+  EXPECT_EQ(fake->lists[0].page_size(), 5);
+}
+
+TEST_F(JobCommandsTest, ListAllFollowsPagesAndTableHasTheColumns) {
+  {
+    auto fake = server_.service().Lock();
+    mesh::v1::ListJobsResponse first, second;
+    *first.add_jobs() = MakeJob("job-2", mesh::v1::JOB_STATE_RUNNING);
+    first.set_next_page_token("t2");
+    *second.add_jobs() = MakeJob("job-1", mesh::v1::JOB_STATE_PENDING);
+    fake->pages[""] = first;
+    fake->pages["t2"] = second;
+  }
+  const Result json = Run({"-o", "json", "list", "--all"});
+  ASSERT_EQ(json.code, kExitOk) << json.err;
+  const auto parsed = nlohmann::json::parse(json.out);
+  ASSERT_EQ(parsed["jobs"].size(), 2u);
+  EXPECT_EQ(parsed["jobs"][1]["id"], "job-1");
+  EXPECT_EQ(parsed["next_page_token"], "");
+
+  const Result table = Run({"list", "--all"});
+  ASSERT_EQ(table.code, kExitOk) << table.err;
+  EXPECT_THAT(table.out, ::testing::StartsWith("ID "));
+  for (const char* column : {"NAME", "STATE", "GEN", "RESTARTS", "NODES", "AGE"}) {
+    EXPECT_THAT(table.out, HasSubstr(column));
+  }
+  EXPECT_THAT(table.out, HasSubstr("node-a,node-b"));
+}
+
+TEST_F(JobCommandsTest, ListWithABadStateIsAUsageError) {
+  const Result r = Run({"list", "--state", "sleeping"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("sleeping"));
+}
+
+TEST_F(JobCommandsTest, StatusAndDescribeJson) {
+  Job job = MakeJob("job-1", mesh::v1::JOB_STATE_FAILED, 1);
+  job.mutable_root_cause()->set_rank(3);
+  job.mutable_root_cause()->set_node("node-b");
+  job.mutable_root_cause()->set_host("10.0.0.7");
+  job.mutable_root_cause()->set_generation(1);
+  job.mutable_root_cause()->set_exit_code(2);
+  auto* event = job.add_events();
+  event->set_time_unix_ms(1700000000000);
+  event->set_from(mesh::v1::JOB_STATE_UNSPECIFIED);
+  event->set_to(mesh::v1::JOB_STATE_PENDING);
+  event->set_reason("submitted");
+  ScriptJob({job});
+
+  const Result status = Run({"-o", "json", "status", "job-1"});
+  ASSERT_EQ(status.code, kExitOk) << status.err;
+  const auto s = nlohmann::json::parse(status.out);
+  for (const char* key : {"id", "name", "state", "pending_reason", "generation", "restarts",
+                          "max_restarts", "nodes", "world_size", "create_time", "update_time",
+                          "labels", "command", "mesh_shape", "mesh_dim_names", "root_cause"}) {
+    EXPECT_TRUE(s.contains(key)) << key;
+  }
+  EXPECT_FALSE(s.contains("events"));
+  EXPECT_FALSE(s.contains("spec"));
+  EXPECT_EQ(s["state"], "FAILED");
+  EXPECT_EQ(s["create_time"], "2023-11-14T22:13:20.000Z");
+  EXPECT_EQ(s["nodes"], nlohmann::json({"node-a", "node-b"}));
+  EXPECT_EQ(s["mesh_shape"], nlohmann::json({2, 4}));
+  EXPECT_EQ(s["root_cause"]["rank"], 3);
+  EXPECT_EQ(s["root_cause"]["exit_code"], 2);
+  EXPECT_TRUE(s["root_cause"]["signal"].is_null());
+  EXPECT_EQ(s["root_cause"]["message"],
+            "rank 3 on node-b (10.0.0.7) exited with code 2 in generation 1");
+
+  const Result describe = Run({"-o", "json", "describe", "job-1"});
+  ASSERT_EQ(describe.code, kExitOk) << describe.err;
+  const auto d = nlohmann::json::parse(describe.out);
+  ASSERT_EQ(d["events"].size(), 1u);
+  EXPECT_EQ(d["events"][0]["to"], "PENDING");
+  EXPECT_EQ(d["events"][0]["from"], "UNSPECIFIED");
+  EXPECT_EQ(d["events"][0]["reason"], "submitted");
+  EXPECT_EQ(d["events"][0]["time"], "2023-11-14T22:13:20.000Z");
+  EXPECT_EQ(d["spec"]["nproc_per_node"], 4);
+  EXPECT_EQ(d["spec"]["nodes"]["min"], 2);
+}
+
+TEST_F(JobCommandsTest, DescribeTableShowsTheRootCauseInOneLine) {
+  Job job = MakeJob("job-1", mesh::v1::JOB_STATE_FAILED, 1);
+  job.mutable_root_cause()->set_rank(3);
+  job.mutable_root_cause()->set_node("node-b");
+  job.mutable_root_cause()->set_generation(1);
+  job.mutable_root_cause()->set_signal(9);
+  ScriptJob({job});
+  const Result r = Run({"describe", "job-1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("rank 3 on node-b killed by signal 9 (SIGKILL) in generation 1"));
+  EXPECT_THAT(r.out, HasSubstr("python train.py"));
+  EXPECT_THAT(r.out, HasSubstr("Events:"));
+}
+
+TEST_F(JobCommandsTest, UnknownJobIsRefused) {
+  const Result r = Run({"status", "nope"});
+  EXPECT_EQ(r.code, kExitRefused);
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+}
+
+TEST_F(JobCommandsTest, NodesJsonAndTable) {
+  {
+    auto fake = server_.service().Lock();
+    auto* node = fake->nodes.add_nodes();
+    node->set_name("node-a");
+    node->set_address("10.0.0.5");
+    node->set_state(mesh::v1::NODE_STATE_READY);
+    node->set_slots(8);
+    node->set_free_slots(4);
+    node->set_free_gpus(1);
+    node->add_gpus()->set_index(0);
+    node->add_gpus()->set_index(1);
+    node->add_jobs("job-1");
+    node->set_last_seen_unix_ms(1700000000000);
+  }
+  const Result json = Run({"-o", "json", "nodes"});
+  ASSERT_EQ(json.code, kExitOk) << json.err;
+  const auto parsed = nlohmann::json::parse(json.out);
+  ASSERT_EQ(parsed["nodes"].size(), 1u);
+  const auto& node = parsed["nodes"][0];
+  EXPECT_EQ(node["name"], "node-a");
+  EXPECT_EQ(node["state"], "READY");
+  EXPECT_EQ(node["free_slots"], 4);
+  EXPECT_EQ(node["gpus"].size(), 2u);
+  EXPECT_EQ(node["jobs"], nlohmann::json({"job-1"}));
+  EXPECT_EQ(node["last_seen"], "2023-11-14T22:13:20.000Z");
+
+  const Result table = Run({"nodes"});
+  ASSERT_EQ(table.code, kExitOk) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("NAME    STATE  ADDRESS   SLOTS  FREE  GPUS  JOBS   LAST-SEEN"));
+  EXPECT_THAT(table.out, HasSubstr("node-a  READY  10.0.0.5  8      4     1/2   job-1"));
+}
+
+// ---------------------------------------------------------------------------
+// cancel, wait
+// ---------------------------------------------------------------------------
+
+TEST_F(JobCommandsTest, CancelSendsTheReason) {
+  const Result r = Run({"cancel", "job-1", "--reason", "wrong data"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out, "job job-1 CANCELLED\n");
+  auto fake = server_.service().Lock();
+  ASSERT_EQ(fake->cancels.size(), 1u);
+  EXPECT_EQ(fake->cancels[0].job_id(), "job-1");
+  EXPECT_EQ(fake->cancels[0].reason(), "wrong data");
+}
+
+TEST_F(JobCommandsTest, CancelOfAFinishedJobSaysSo) {
+  server_.service().Lock()->cancel_result = MakeJob("job-1", mesh::v1::JOB_STATE_SUCCEEDED);
+  const Result r = Run({"-o", "json", "cancel", "job-1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["state"], "SUCCEEDED");
+  EXPECT_THAT(r.err, HasSubstr("nothing to cancel"));
+}
+
+TEST_F(JobCommandsTest, WaitExitsWithTheResult) {
+  server_.service().Lock()->wait_result = MakeJob("job-1", mesh::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(Run({"wait", "job-1"}).code, kExitOk);
+  server_.service().Lock()->wait_result = MakeJob("job-1", mesh::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Run({"wait", "job-1"}).code, kExitFailed);
+  server_.service().Lock()->wait_result = MakeJob("job-1", mesh::v1::JOB_STATE_CANCELLED);
+  const Result r = Run({"-o", "json", "wait", "job-1"});
+  EXPECT_EQ(r.code, kExitJobCancelled);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["state"], "CANCELLED");
+}
+
+TEST_F(JobCommandsTest, WaitReissuesUntilItsTimeoutThenExits6) {
+  {
+    auto fake = server_.service().Lock();
+    fake->wait_hold_cap = absl::Milliseconds(300);  // The server's maximum wait.
+  }
+  ScriptJob({MakeJob("job-1", mesh::v1::JOB_STATE_RUNNING)});
+  const absl::Time start = absl::Now();
+  const Result r = Run({"wait", "job-1", "--timeout", "1s"});
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(r.code, kExitWaitTimeout) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("not finished after 1s"));
+  EXPECT_THAT(r.err, HasSubstr("RUNNING"));
+  EXPECT_GE(took, absl::Milliseconds(900));
+  EXPECT_LT(took, absl::Seconds(4));
+  auto fake = server_.service().Lock();
+  EXPECT_GE(fake->waits.size(), 3u);
+  EXPECT_LE(fake->waits[0].timeout_seconds(), 1.0);
+  EXPECT_GT(fake->waits[0].timeout_seconds(), 0.0);
+}
+
+// ---------------------------------------------------------------------------
+// usage and reachability
+// ---------------------------------------------------------------------------
+
+TEST_F(JobCommandsTest, UsageErrorsExit2) {
+  EXPECT_EQ(Run({"status"}).code, kExitUsage);
+  EXPECT_EQ(Run({"describe"}).code, kExitUsage);
+  EXPECT_EQ(Run({"logs"}).code, kExitUsage);
+  EXPECT_EQ(Run({"logs", "job-1", "--rank", "-1"}).code, kExitUsage);
+  EXPECT_EQ(Run({"cancel"}).code, kExitUsage);
+  EXPECT_EQ(Run({"wait"}).code, kExitUsage);
+  EXPECT_EQ(Run({"wait", "job-1", "--timeout", "soon"}).code, kExitUsage);
+  EXPECT_EQ(Run({"list", "--limit", "5000"}).code, kExitUsage);
+  EXPECT_EQ(Run({"list", "-l", "novalue"}).code, kExitUsage);
+  auto fake = server_.service().Lock();
+  EXPECT_EQ(fake->get_job_calls, 0);
+  EXPECT_TRUE(fake->waits.empty());
+  EXPECT_TRUE(fake->lists.empty());
+}
+
+TEST_F(JobCommandsTest, UnreachableCoordinatorExits3) {
+  const std::string address = server_.address();
+  server_.Stop();
+  for (std::vector<std::string> command : {std::vector<std::string>{"status", "job-1"},
+                                           {"list"},
+                                           {"nodes"},
+                                           {"logs", "-f", "job-1"},
+                                           {"wait", "job-1", "--timeout", "5s"},
+                                           {"submit", "--", "x"}}) {
+    command.insert(command.begin(), {"--coordinator", address, "--timeout", "1"});
+    const Result r = Meshctl(command);
+    EXPECT_EQ(r.code, kExitUnreachable) << command[4] << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr(address));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// JobClient streams stop on request.
+// ---------------------------------------------------------------------------
+
+TEST_F(JobCommandsTest, GetLogsStopsWhenTheCallbackSaysSo) {
+  server_.service().Lock()->log_scripts.push_back(
+      LogScript{{Chunk(0, "a\n"), Chunk(0, "b\n", 2)}, grpc::Status::OK, /*hold_open=*/true});
+  JobClient client(MakeChannel(server_.address()));
+  mesh::v1::GetLogsRequest request;
+  request.set_job_id("job-1");
+  int chunks = 0;
+  const absl::Status status = client.GetLogs(
+      request,
+      [&](const LogChunk&) {
+        ++chunks;
+        return false;
+      },
+      nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(chunks, 1);
+}
+
+TEST_F(JobCommandsTest, GetLogsEndsWhenCancelledFromAnotherThread) {
+  server_.service().Lock()->log_scripts.push_back(
+      LogScript{{Chunk(0, "a\n")}, grpc::Status::OK, /*hold_open=*/true});
+  JobClient client(MakeChannel(server_.address()));
+  mesh::v1::GetLogsRequest request;
+  request.set_job_id("job-1");
+  StreamCanceller canceller;
+  absl::Notification first;
+  std::thread stopper([&] {
+    // Bounded: the first chunk arrives at once from the in-process fake.
+    if (first.WaitForNotificationWithTimeout(absl::Seconds(10))) canceller.Cancel();
+  });
+  const absl::Status status = client.GetLogs(
+      request,
+      [&](const LogChunk&) {
+        if (!first.HasBeenNotified()) first.Notify();
+        return true;
+      },
+      &canceller);
+  stopper.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
+  // Sticky: a stream started after Cancel ends at once.
+  EXPECT_EQ(client
+                .GetLogs(
+                    request, [](const LogChunk&) { return true; }, &canceller)
+                .code(),
+            absl::StatusCode::kCancelled);
+}
+
+}  // namespace
+}  // namespace mesh::cli

@@ -1,0 +1,176 @@
+// Job spec files and the value syntaxes submit's flags share with them.
+#include "cli/job_spec_file.h"
+
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace mesh::cli {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+using ::testing::UnorderedElementsAre;
+
+constexpr const char* kYaml = R"(# A two-node HSDP job.
+name: train-7b
+labels:
+  team: research
+  run: "7"
+command: [python, train.py, --lr, "0.1"]
+env:
+  NCCL_DEBUG: INFO
+  BATCH: 32
+working_dir: /data/runs
+nodes: "1:4"
+nproc_per_node: 8
+gpus_per_proc: 1
+mesh_shape: [2, -1]
+mesh_dim_names: [dp, tp]
+max_restarts: 3
+deadline: 10m
+idempotency_key: nightly-2024-05-01
+)";
+
+void ExpectFullSpec(const mesh::v1::JobSpec& spec) {
+  EXPECT_EQ(spec.name(), "train-7b");
+  EXPECT_THAT(spec.labels(), UnorderedElementsAre(Pair("team", "research"), Pair("run", "7")));
+  EXPECT_THAT(spec.command(), ElementsAre("python", "train.py", "--lr", "0.1"));
+  EXPECT_THAT(spec.env(), UnorderedElementsAre(Pair("NCCL_DEBUG", "INFO"), Pair("BATCH", "32")));
+  EXPECT_EQ(spec.working_dir(), "/data/runs");
+  EXPECT_EQ(spec.nodes().min(), 1);
+  EXPECT_EQ(spec.nodes().max(), 4);
+  EXPECT_EQ(spec.nproc_per_node(), 8);
+  EXPECT_EQ(spec.gpus_per_proc(), 1);
+  EXPECT_THAT(spec.mesh_shape(), ElementsAre(2, -1));
+  EXPECT_THAT(spec.mesh_dim_names(), ElementsAre("dp", "tp"));
+  EXPECT_EQ(spec.max_restarts(), 3);
+  EXPECT_EQ(spec.deadline_seconds(), 600);
+  EXPECT_EQ(spec.idempotency_key(), "nightly-2024-05-01");
+}
+
+TEST(JobSpecFileTest, ParsesEveryFieldFromYaml) {
+  auto spec = ParseJobSpec(kYaml, "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ExpectFullSpec(*spec);
+}
+
+TEST(JobSpecFileTest, ParsesEveryFieldFromJsonIncludingTabs) {
+  const std::string json =
+      "{\n\t\"name\": \"train-7b\",\n\t\"labels\": {\"team\": \"research\", \"run\": \"7\"},\n"
+      "\t\"command\": [\"python\", \"train.py\", \"--lr\", \"0.1\"],\n"
+      "\t\"env\": {\"NCCL_DEBUG\": \"INFO\", \"BATCH\": 32},\n"
+      "\t\"working_dir\": \"/data/runs\", \"nodes\": {\"min\": 1, \"max\": 4},\n"
+      "\t\"nproc_per_node\": 8, \"gpus_per_proc\": 1, \"mesh_shape\": [2, -1],\n"
+      "\t\"mesh_dim_names\": [\"dp\", \"tp\"], \"max_restarts\": 3, \"deadline\": 600,\n"
+      "\t\"idempotency_key\": \"nightly-2024-05-01\"\n}\n";
+  auto spec = ParseJobSpec(json, "job.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ExpectFullSpec(*spec);
+}
+
+TEST(JobSpecFileTest, NodesAsAPlainCount) {
+  auto spec = ParseJobSpec("nodes: 2\ncommand: [x]\n", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->nodes().min(), 2);
+  EXPECT_EQ(spec->nodes().max(), 2);
+}
+
+TEST(JobSpecFileTest, UnknownKeyIsAnErrorWithItsLine) {
+  auto spec = ParseJobSpec("name: a\ncommand: [x]\nnprocs: 4\n", "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("job.yaml:3:1"));
+  EXPECT_THAT(spec.status().message(), HasSubstr("unknown key \"nprocs\""));
+  EXPECT_THAT(spec.status().message(), HasSubstr("nproc_per_node"));  // Lists the known keys.
+}
+
+struct BadCase {
+  std::string text;
+  std::string where;  // "FILE:LINE:COL: KEY" prefix expected in the message.
+  std::string why;
+};
+
+class BadFieldTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadFieldTest, NamesFileLineAndField) {
+  auto spec = ParseJobSpec(GetParam().text, "job.yaml");
+  ASSERT_FALSE(spec.ok()) << GetParam().text;
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr(GetParam().where));
+  EXPECT_THAT(spec.status().message(), HasSubstr(GetParam().why));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EachField, BadFieldTest,
+    ::testing::Values(
+        BadCase{"command: [x]\nnodes: two\n", "job.yaml:2:8: nodes", "expected N or"},
+        BadCase{"nodes: 1:x\n", "job.yaml:1:8: nodes", "MIN:MAX"},
+        BadCase{"nodes: {min: 1, most: 2}\n", "job.yaml:1:17: nodes", "unknown key \"most\""},
+        BadCase{"nproc_per_node: eight\n", "job.yaml:1:17: nproc_per_node", "expected an integer"},
+        BadCase{"gpus_per_proc: [1]\n", "job.yaml:1:16: gpus_per_proc", "got a list"},
+        BadCase{"max_restarts: 1.5\n", "job.yaml:1:15: max_restarts", "expected an integer"},
+        BadCase{"command: python train.py\n", "job.yaml:1:10: command", "got a string"},
+        BadCase{"command: [python, [a]]\n", "job.yaml:1:19: command[1]", "expected a string"},
+        BadCase{"mesh_shape: [2, x]\n", "job.yaml:1:17: mesh_shape[1]", "expected an integer"},
+        BadCase{"mesh_shape: 4\n", "job.yaml:1:13: mesh_shape", "list of integers"},
+        BadCase{"mesh_dim_names: dp\n", "job.yaml:1:17: mesh_dim_names", "list of strings"},
+        BadCase{"env: [A=1]\n", "job.yaml:1:6: env", "expected a mapping"},
+        BadCase{"env:\n  A:\n", "job.yaml:2:3: env[\"A\"]", "nothing (null)"},
+        BadCase{"labels: x\n", "job.yaml:1:9: labels", "expected a mapping"},
+        BadCase{"name: [a]\n", "job.yaml:1:7: name", "expected a string"},
+        BadCase{"deadline: soon\n", "job.yaml:1:11: deadline", "expected a duration"},
+        BadCase{"deadline: -5s\n", "job.yaml:1:11: deadline", "negative"},
+        BadCase{"name: a\nname: b\n", "job.yaml:2:1: name", "duplicate key"},
+        BadCase{"- a\n- b\n", "job.yaml:1:1", "expected a mapping of job fields"},
+        BadCase{"", "job.yaml", "expected a mapping of job fields"},
+        BadCase{"name: [unclosed\n", "job.yaml:", "not valid YAML or JSON"}));
+
+TEST(JobSpecFileTest, MissingFileIsNotFoundNamingIt) {
+  auto spec = ReadJobSpecFile("/nonexistent/job.yaml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(spec.status().message(), HasSubstr("/nonexistent/job.yaml"));
+}
+
+TEST(JobSpecFileTest, ValueSyntaxes) {
+  EXPECT_EQ(*ParseDurationSeconds("90s"), 90);
+  EXPECT_EQ(*ParseDurationSeconds("10m"), 600);
+  EXPECT_EQ(*ParseDurationSeconds("1h30m"), 5400);
+  EXPECT_EQ(*ParseDurationSeconds("90"), 90);
+  EXPECT_EQ(*ParseDurationSeconds("1.5"), 2);  // Rounded up: never shorter than asked.
+  EXPECT_EQ(*ParseDurationSeconds("0"), 0);
+  EXPECT_FALSE(ParseDurationSeconds("-1").ok());
+  EXPECT_FALSE(ParseDurationSeconds("inf").ok());
+  EXPECT_FALSE(ParseDurationSeconds("").ok());
+
+  EXPECT_EQ(ParseNodeCount("3")->max(), 3);
+  EXPECT_EQ(ParseNodeCount("2:5")->min(), 2);
+  EXPECT_EQ(ParseNodeCount("2:5")->max(), 5);
+  EXPECT_FALSE(ParseNodeCount("2:").ok());
+  EXPECT_FALSE(ParseNodeCount("1:2:3").ok());
+
+  EXPECT_THAT(*ParseMeshShape("2,-1"), ElementsAre(2, -1));
+  EXPECT_FALSE(ParseMeshShape("2,,2").ok());
+
+  EXPECT_EQ(ParseKeyValue("A=b=c")->second, "b=c");
+  EXPECT_EQ(ParseKeyValue("A=")->second, "");
+  EXPECT_FALSE(ParseKeyValue("=x").ok());
+  EXPECT_FALSE(ParseKeyValue("A").ok());
+}
+
+TEST(JobSpecFileTest, EnvNamesAreCheckedWithTheWorkersRule) {
+  mesh::v1::JobSpec spec;
+  (*spec.mutable_env())["OK_NAME"] = "1";
+  EXPECT_TRUE(CheckEnvNames(spec).ok());
+  (*spec.mutable_env())["RANK"] = "1";
+  (*spec.mutable_env())["LD_PRELOAD"] = "x.so";
+  const absl::Status status = CheckEnvNames(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("env[\"LD_PRELOAD\"]"));  // First in byte order.
+}
+
+}  // namespace
+}  // namespace mesh::cli
