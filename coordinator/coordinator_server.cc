@@ -73,35 +73,6 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenStore(const std::string& state_dir
   return JobStore::Open((fs::path(state_dir) / "coordinator.db").string(), clock);
 }
 
-// Logs what Recover loaded: how many jobs (and how many of them live) and
-// nodes.
-void LogRecovered(const JobManager& jobs) {
-  int64_t total = 0;
-  int64_t live = 0;
-  mesh::v1::ListJobsRequest request;
-  request.set_page_size(JobStore::kMaxPageSize);
-  // Bounded: each page advances the token, and the store has finitely many.
-  while (true) {
-    auto page = jobs.ListJobs(request);
-    if (!page.ok()) {
-      spdlog::warn("cannot count recovered jobs: {}", page.status().ToString());
-      return;
-    }
-    for (const mesh::v1::Job& job : page->jobs()) {
-      ++total;
-      if (job.state() != mesh::v1::JOB_STATE_SUCCEEDED &&
-          job.state() != mesh::v1::JOB_STATE_FAILED &&
-          job.state() != mesh::v1::JOB_STATE_CANCELLED) {
-        ++live;
-      }
-    }
-    if (page->next_page_token().empty()) break;
-    request.set_page_token(page->next_page_token());
-  }
-  spdlog::info("recovered {} jobs ({} not finished) and {} nodes", total, live,
-               jobs.ListNodes().size());
-}
-
 }  // namespace
 
 CoordinatorServer::CoordinatorServer(const CoordinatorConfig& config, const Clock* clock,
@@ -131,13 +102,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (!store.ok()) return store.status();
   std::unique_ptr<CoordinatorServer> server(
       new CoordinatorServer(config, clock, *std::move(store)));
+  // Recover logs how many jobs and nodes it loaded.
   if (absl::Status status = server->jobs_.Recover(); !status.ok()) {
     // DATA_LOSS names the one job that could not be decoded; the others are
     // loaded, and refusing to start would take them all offline.
     if (status.code() != absl::StatusCode::kDataLoss) return status;
     spdlog::error("recovery: {}", status.ToString());
   }
-  LogRecovered(server->jobs_);
 
   grpc::ServerBuilder builder;
   const std::string listen = JoinHostPort(config.listen_host, config.port);

@@ -147,7 +147,10 @@ TEST_F(NodeServiceTest, GetLogsIsRelayedFromTheAgentsUpload) {
   ASSERT_TRUE(upload->writer->Write(Message(*order, 0, "bye\n", true)));
   ASSERT_TRUE(upload->writer->WritesDone());
   grpc::Status uploaded = upload->writer->Finish();
-  EXPECT_TRUE(uploaded.ok()) << uploaded.error_message();
+  // The manager ends the request, and aborts its uploads, as soon as the
+  // last eof arrives, which may beat the agent's half-close (OK).
+  EXPECT_TRUE(uploaded.ok() || uploaded.error_code() == grpc::StatusCode::CANCELLED)
+      << uploaded.error_message();
 
   auto status = logs->Status();
   ASSERT_TRUE(status.has_value());
