@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
   app.add_option("--kill-grace", kill_grace_s,
                  "Seconds between SIGTERM and SIGKILL when workers are killed")
       ->envname("MESH_KILL_GRACE")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
   app.add_option("--log-attach-timeout", log_attach_timeout_s,
                  "Seconds a node gets to start uploading logs for a GetLogs call")

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,19 @@ class JobServiceTest : public JobRpcTest {
     grpc::Status status = jobs_->ListJobs(Context().get(), request, &response);
     EXPECT_TRUE(status.ok()) << status.error_message();
     return response;
+  }
+
+  // A watch known to be in place: it replays the recorded transitions and
+  // has delivered the one into `state` (the job's current state).
+  std::unique_ptr<StreamReader<WatchJobStateResponse>> WatchFrom(const std::string& id,
+                                                                 JobState state) {
+    auto watch = WatchState(id, /*replay=*/true);
+    std::optional<WatchJobStateResponse> event;
+    do {
+      event = watch->Next();
+    } while (event.has_value() && event->event().to() != state);
+    EXPECT_TRUE(event.has_value()) << "no transition to " << JobState_Name(state);
+    return watch;
   }
 
   // Starts WaitJob asynchronously; `done` is notified with its outcome.
@@ -180,7 +194,7 @@ TEST_F(JobServiceTest, CancelSendsKillAndEndsTheWatch) {
   auto launch = agent->orders->Next();
   ASSERT_TRUE(launch.has_value());
   ASSERT_EQ(launch->action(), Assignment::ACTION_LAUNCH);
-  auto watch = WatchState(job->id(), /*replay=*/false);
+  auto watch = WatchFrom(job->id(), JOB_STATE_SCHEDULED);
 
   CancelJobRequest request;
   request.set_job_id(job->id());
@@ -219,7 +233,7 @@ TEST_F(JobServiceTest, FailedRankRestartsAtTheNextGenerationKillThenLaunch) {
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_EQ(agent->orders->Next()->action(), Assignment::ACTION_LAUNCH);
   ASSERT_TRUE(Started(*agent, job->id(), 0, {0, 1}).ok());
-  auto watch = WatchState(job->id(), /*replay=*/false);
+  auto watch = WatchFrom(job->id(), JOB_STATE_RUNNING);
 
   ASSERT_TRUE(Exited(*agent, job->id(), 0, 1, 3).ok());
 
