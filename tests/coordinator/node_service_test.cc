@@ -182,6 +182,19 @@ TEST_F(NodeServiceTest, ReaderThatLeavesEndsTheUpload) {
       << "the server never ended the upload: " << uploaded.error_message();
 }
 
+TEST_F(NodeServiceTest, GetLogsOfAJobNeverPlacedIsFailedPrecondition) {
+  auto job = Submit(Spec(1, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto logs = GetLogs(job->id());
+  auto status = logs->Status();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status->error_message();
+  auto unknown = GetLogs("job-404");
+  status = unknown->Status();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
 TEST_F(NodeServiceTest, UploadForAnUnknownRequestFails) {
   StartJob();
   auto upload = OpenUpload();
