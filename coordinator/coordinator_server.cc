@@ -5,8 +5,17 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
 #include <utility>
+
+#include <spdlog/spdlog.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -32,6 +41,7 @@ absl::Status Validate(const CoordinatorConfig& config) {
         absl::StrCat("port ", config.port, " is out of range 0..65535"));
   }
   if (absl::Status s = ValidateOptions(config.coordination); !s.ok()) return s;
+  if (absl::Status s = ValidateJobManagerOptions(config.jobs); !s.ok()) return s;
   if (config.max_message_bytes < 4096) {
     return absl::InvalidArgumentError(absl::StrCat("max message size ", config.max_message_bytes,
                                                    " is below the 4096-byte minimum"));
@@ -39,15 +49,44 @@ absl::Status Validate(const CoordinatorConfig& config) {
   return absl::OkStatus();
 }
 
+// Opens <state_dir>/coordinator.db, creating state_dir (mode 0700: the
+// database holds every job's command and environment) when missing; or an
+// in-memory store when state_dir is empty.
+absl::StatusOr<std::unique_ptr<JobStore>> OpenStore(const std::string& state_dir,
+                                                    const Clock* clock) {
+  if (state_dir.empty()) return JobStore::Open(":memory:", clock);
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::file_status status = fs::status(state_dir, error);
+  if (!fs::exists(status)) {
+    const fs::path parent = fs::path(state_dir).parent_path();
+    if (!parent.empty()) fs::create_directories(parent, error);
+    if (::mkdir(state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create state directory '", state_dir, "': ", std::strerror(errno)));
+    }
+    spdlog::info("created state directory {}", state_dir);
+  } else if (!fs::is_directory(status)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("state directory '", state_dir, "' exists and is not a directory"));
+  }
+  return JobStore::Open((fs::path(state_dir) / "coordinator.db").string(), clock);
+}
+
 }  // namespace
 
-CoordinatorServer::CoordinatorServer(const CoordinatorConfig& config)
+CoordinatorServer::CoordinatorServer(const CoordinatorConfig& config, const Clock* clock,
+                                     std::unique_ptr<JobStore> store)
     : config_(config),
-      clock_(config.clock != nullptr ? config.clock : Clock::Real()),
+      clock_(clock),
       server_info_(clock_),
       coordination_(clock_, config.coordination),
+      store_(std::move(store)),
+      jobs_(clock_, store_.get(), &coordination_, config.jobs),
       admin_service_(&server_info_, &coordination_),
-      worker_service_(&coordination_) {}
+      worker_service_(&coordination_),
+      job_service_(&jobs_),
+      node_service_(&jobs_) {}
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const CoordinatorConfig& config) {
@@ -58,7 +97,19 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
-  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer(config));
+  const Clock* clock = config.clock != nullptr ? config.clock : Clock::Real();
+  auto store = OpenStore(config.state_dir, clock);
+  if (!store.ok()) return store.status();
+  std::unique_ptr<CoordinatorServer> server(
+      new CoordinatorServer(config, clock, *std::move(store)));
+  // Recover logs how many jobs and nodes it loaded.
+  if (absl::Status status = server->jobs_.Recover(); !status.ok()) {
+    // DATA_LOSS names the one job that could not be decoded; the others are
+    // loaded, and refusing to start would take them all offline.
+    if (status.code() != absl::StatusCode::kDataLoss) return status;
+    spdlog::error("recovery: {}", status.ToString());
+  }
+
   grpc::ServerBuilder builder;
   const std::string listen = JoinHostPort(config.listen_host, config.port);
   // Plaintext for now; TLS/mTLS arrive with the security work (docs/deployment.md).
@@ -81,6 +132,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.RegisterService(&server->admin_service_);
   builder.RegisterService(&server->worker_service_);
+  builder.RegisterService(&server->job_service_);
+  builder.RegisterService(&server->node_service_);
 
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
@@ -91,16 +144,35 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   health->SetServingStatus(true);
   health->SetServingStatus(mesh::v1::AdminService::service_full_name(), true);
   health->SetServingStatus(mesh::v1::WorkerService::service_full_name(), true);
+  health->SetServingStatus(mesh::v1::JobService::service_full_name(), true);
+  health->SetServingStatus(mesh::v1::NodeService::service_full_name(), true);
   if (config.run_ticker) {
     CoordinatorServer* self = server.get();
-    self->ticker_ = std::thread([self] {
-      const absl::Duration interval = self->coordination_.TickInterval();
-      while (!self->stop_ticker_.WaitForNotificationWithTimeout(interval)) {
-        self->coordination_.Tick();
-      }
-    });
+    self->ticker_ = std::thread([self] { self->RunTicker(); });
   }
   return server;
+}
+
+void CoordinatorServer::RunTicker() {
+  // The managers' intervals differ; wake at the smaller one and tick each
+  // that is due. Real time, like the waits: with a FakeClock the ticker is
+  // off and tests tick by hand.
+  const absl::Duration coordination_interval = coordination_.TickInterval();
+  const absl::Duration jobs_interval = jobs_.TickInterval();
+  const absl::Duration wake = std::min(coordination_interval, jobs_interval);
+  absl::Time next_coordination = absl::Now() + coordination_interval;
+  absl::Time next_jobs = absl::Now() + jobs_interval;
+  while (!stop_ticker_.WaitForNotificationWithTimeout(wake)) {
+    const absl::Time now = absl::Now();
+    if (now >= next_coordination) {
+      coordination_.Tick();
+      next_coordination = now + coordination_interval;
+    }
+    if (now >= next_jobs) {
+      jobs_.Tick();
+      next_jobs = now + jobs_interval;
+    }
+  }
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(absl::ZeroDuration()); }
@@ -119,8 +191,10 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
     if (shut_down_) return;
     shut_down_ = true;
   }
-  // Pending waits end first, with UNAVAILABLE, so that no reactor is left
-  // waiting on the managers when gRPC drains.
+  // Pending waits and streams end first, with UNAVAILABLE, so that no
+  // reactor is left waiting on the managers when gRPC drains. Jobs first:
+  // it calls into Coordination (RemoveJob), never the other way round.
+  jobs_.Shutdown();
   coordination_.Shutdown();
   stop_ticker_.Notify();
   if (ticker_.joinable()) ticker_.join();

@@ -5,9 +5,14 @@
 //
 //   Start() ──▶ SERVING ──Shutdown(grace)──▶ STOPPED
 //
-// Start binds the listening port (port 0 picks a free one; port() returns
-// the one that was bound), registers every service plus grpc.health.v1 and
-// server reflection, and returns once the server accepts calls.
+// Start opens the job store (config.state_dir; in memory when empty),
+// recovers the jobs and nodes stored there (JobManager::Recover), binds the
+// listening port (port 0 picks a free one; port() returns the one that was
+// bound), registers every service plus grpc.health.v1 and server reflection,
+// and returns once the server accepts calls.
+//
+// Services: AdminService and WorkerService over Coordination; JobService and
+// NodeService over JobManager (which creates placed jobs in Coordination).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +30,10 @@
 #include "common/clock.h"
 #include "coordinator/admin_service.h"
 #include "coordinator/coordination.h"
+#include "coordinator/job_manager.h"
+#include "coordinator/job_service.h"
+#include "coordinator/job_store.h"
+#include "coordinator/node_service.h"
 #include "coordinator/server_info.h"
 #include "coordinator/worker_service.h"
 
@@ -41,16 +50,28 @@ struct CoordinatorConfig {
   int max_message_bytes = 16 * 1024 * 1024;
   // Heartbeats, waits and KV limits of the worker-facing service.
   CoordinationOptions coordination;
+  // Directory of the durable state (<state_dir>/coordinator.db), created
+  // with mode 0700 when missing. Empty: an in-memory store, so nothing
+  // survives a restart (tests and throwaway clusters only).
+  std::string state_dir;
+  // Spec limits, scheduling, node liveness and kill grace of JobService and
+  // NodeService. Must pass ValidateJobManagerOptions.
+  JobManagerOptions jobs;
   // Time source for all managers; null means the real clock. Must outlive
   // the server.
   const Clock* clock = nullptr;
-  // Run Coordination::Tick on a background thread (deadlines, liveness).
+  // Run Coordination::Tick and JobManager::Tick on a background thread
+  // (deadlines, liveness), each about every its TickInterval().
   // Tests with a FakeClock turn it off and call Tick themselves.
   bool run_ticker = true;
 };
 
 // Possible errors of Start: INVALID_ARGUMENT for a bad config,
-// UNAVAILABLE when the address cannot be bound.
+// UNAVAILABLE when the address cannot be bound; FAILED_PRECONDITION when the
+// state directory cannot be created or used, and the store's errors
+// (JobStore::Open, JobManager::Recover; DATA_LOSS for a corrupt database).
+// A stored job that cannot be decoded is logged and skipped (its id is never
+// reused); the others are served.
 //
 // Thread safety: all public methods are thread-safe.
 class CoordinatorServer {
@@ -68,7 +89,8 @@ class CoordinatorServer {
   // "host:port" that a client on this machine can dial.
   std::string address() const;
 
-  // Ends every pending wait with UNAVAILABLE, marks the health service
+  // Ends every pending wait and stream (Coordination's and the
+  // JobManager's) with UNAVAILABLE, marks the health service
   // NOT_SERVING, stops accepting calls, lets in-flight calls finish for up
   // to `grace`, then cancels the rest. Idempotent.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
@@ -78,9 +100,16 @@ class CoordinatorServer {
 
   // The worker-facing logic, for tests and in-process tools.
   Coordination& coordination() { return coordination_; }
+  // Jobs and nodes, for tests (e.g. Tick with a FakeClock).
+  JobManager& jobs() { return jobs_; }
 
  private:
-  explicit CoordinatorServer(const CoordinatorConfig& config);
+  CoordinatorServer(const CoordinatorConfig& config, const Clock* clock,
+                    std::unique_ptr<JobStore> store);
+
+  // Runs each manager's Tick about every its TickInterval() until
+  // stop_ticker_.
+  void RunTicker();
 
   const CoordinatorConfig config_;
   const Clock* const clock_;
@@ -89,15 +118,19 @@ class CoordinatorServer {
   // server_ (declared last) has stopped calling into them.
   ServerInfo server_info_;
   Coordination coordination_;
+  const std::unique_ptr<JobStore> store_;
+  JobManager jobs_;  // Uses store_ and coordination_.
 
   // gRPC adapters over the managers above.
   AdminServiceImpl admin_service_;
   WorkerServiceImpl worker_service_;
+  JobServiceImpl job_service_;
+  NodeServiceImpl node_service_;
 
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
 
-  // Calls coordination_.Tick() every TickInterval() until stop_ticker_.
+  // Calls coordination_.Tick() and jobs_.Tick(); see RunTicker.
   absl::Notification stop_ticker_;
   std::thread ticker_;
 

@@ -907,11 +907,19 @@ absl::StatusOr<uint64_t> JobManager::WatchJobState(const std::string& job_id, bo
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
   const uint64_t handle = next_handle_++;
   if (replay) {
+    // Each replayed event carries the job as it was right after it, as far
+    // as the event says (state, pending reason, generation); the rest is as
+    // it is now.
     const mesh::v1::Job proto = JobProtoLocked(*job, /*with_events=*/false);
     for (const JobEventRecord& event : job->machine->events()) {
       mesh::v1::WatchJobStateResponse message;
       *message.mutable_event() = ToProto(event);
-      *message.mutable_job() = proto;
+      mesh::v1::Job& then = *message.mutable_job();
+      then = proto;
+      then.set_state(event.to);
+      then.set_generation(event.generation);
+      then.set_update_time_unix_ms(absl::ToUnixMillis(event.time));
+      if (event.to != JOB_STATE_PENDING) then.clear_pending_reason();
       sink->Send(message);
     }
   }
@@ -1032,6 +1040,10 @@ void JobManager::EndLogRequestLocked(LogRequest& request, const absl::Status& st
     request.sink = nullptr;
   }
   for (const auto& [node, upload_handle] : request.uploads) {
+    // An upload that delivered every rank ends by itself; only the others
+    // are cut short.
+    auto left = request.left.find(node);
+    if (left == request.left.end() || left->second.empty()) continue;
     auto it = uploads_.find(upload_handle);
     if (it != uploads_.end() && it->second->control != nullptr) {
       it->second->control->Abort(absl::CancelledError("the log request has ended"));

@@ -48,6 +48,11 @@ int main(int argc, char** argv) {
   double heartbeat_timeout_s = absl::ToDoubleSeconds(coordination.heartbeat_timeout);
   double default_wait_s = absl::ToDoubleSeconds(coordination.default_wait);
   double max_wait_s = absl::ToDoubleSeconds(coordination.max_wait);
+  mesh::coordinator::JobManagerOptions& jobs = config.jobs;
+  double node_heartbeat_interval_s = absl::ToDoubleSeconds(jobs.node_heartbeat_interval);
+  double node_heartbeat_timeout_s = absl::ToDoubleSeconds(jobs.node_heartbeat_timeout);
+  double kill_grace_s = absl::ToDoubleSeconds(jobs.kill_grace);
+  double log_attach_timeout_s = absl::ToDoubleSeconds(jobs.log_attach_timeout);
 
   CLI::App app{"mesh-coordinator: the Mesh cluster coordinator", "mesh-coordinator"};
   app.set_version_flag("--version", mesh::kVersion);
@@ -109,6 +114,53 @@ int main(int argc, char** argv) {
       ->envname("MESH_KV_MAX_KEYS")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--state-dir", config.state_dir,
+                 "Directory of the durable job and node database (created 0700); empty keeps "
+                 "state in memory, lost on restart")
+      ->envname("MESH_STATE_DIR");
+  app.add_option("--working-dir-root", jobs.spec_limits.working_dir_root,
+                 "Absolute directory every job's working_dir must be within")
+      ->envname("MESH_WORKING_DIR_ROOT")
+      ->capture_default_str();
+  app.add_option("--node-heartbeat-interval", node_heartbeat_interval_s,
+                 "Seconds between an agent's heartbeats (told to agents when they register)")
+      ->envname("MESH_NODE_HEARTBEAT_INTERVAL")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--node-heartbeat-timeout", node_heartbeat_timeout_s,
+                 "Seconds of silence after which a node is LOST and its jobs restart or fail")
+      ->envname("MESH_NODE_HEARTBEAT_TIMEOUT")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--kill-grace", kill_grace_s,
+                 "Seconds between SIGTERM and SIGKILL when workers are killed")
+      ->envname("MESH_KILL_GRACE")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  app.add_option("--log-attach-timeout", log_attach_timeout_s,
+                 "Seconds a node gets to start uploading logs for a GetLogs call")
+      ->envname("MESH_LOG_ATTACH_TIMEOUT")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--scheduler-backfill", jobs.scheduler.backfill,
+               "Let queued jobs start ahead of a blocked earlier one when they fit")
+      ->envname("MESH_SCHEDULER_BACKFILL")
+      ->capture_default_str();
+  app.add_option("--max-world-size", jobs.spec_limits.max_world_size,
+                 "Largest world size (nodes x nproc_per_node) a job may ask for")
+      ->envname("MESH_MAX_WORLD_SIZE")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-env-bytes", jobs.spec_limits.max_env_bytes,
+                 "Bytes of a job's environment names and values together")
+      ->envname("MESH_MAX_ENV_BYTES")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-argv-bytes", jobs.spec_limits.max_argv_bytes,
+                 "Bytes of a job's command and arguments together")
+      ->envname("MESH_MAX_ARGV_BYTES")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--log-format", log_format, "text or json")
       ->envname("MESH_LOG_FORMAT")
       ->check(CLI::IsMember({"text", "json"}))
@@ -138,6 +190,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mesh-coordinator: %s\n", std::string(status.message()).c_str());
     return 2;
   }
+  jobs.node_heartbeat_interval = absl::Seconds(node_heartbeat_interval_s);
+  jobs.node_heartbeat_timeout = absl::Seconds(node_heartbeat_timeout_s);
+  jobs.kill_grace = absl::Seconds(kill_grace_s);
+  jobs.log_attach_timeout = absl::Seconds(log_attach_timeout_s);
+  // One cap for every wait a request asks for, WaitJob's included.
+  jobs.max_wait = coordination.max_wait;
+  if (absl::Status status = mesh::coordinator::ValidateJobManagerOptions(jobs); !status.ok()) {
+    std::fprintf(stderr, "mesh-coordinator: %s\n", std::string(status.message()).c_str());
+    return 2;
+  }
 
   mesh::LogOptions log_options;
   log_options.component = "coordinator";
@@ -155,6 +217,14 @@ int main(int argc, char** argv) {
   // coordinator's CPU with tens of thousands of pending calls (gRPC's own
   // mutexes are absl::Mutex). It is a debugging aid; the tests keep it on.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+
+  if (config.state_dir.empty()) {
+    spdlog::warn(
+        "no --state-dir: jobs and nodes are kept in memory only and are lost when the "
+        "coordinator stops");
+  } else {
+    spdlog::info("durable state in {}/coordinator.db", config.state_dir);
+  }
 
   const sigset_t shutdown_signals = BlockShutdownSignals();
 

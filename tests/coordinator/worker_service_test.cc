@@ -217,9 +217,9 @@ TEST_F(WorkerServiceTest, ShutdownEndsPendingJoinsAndWatchesWithUnavailable) {
   WatchJobRequest watch;
   *watch.mutable_context() = Rank(1);
   auto reader = stub_->WatchJob(&watch_ctx, watch);
-  JobEvent event;
+  mesh::v1::JobEvent event;  // Not coordinator::JobEvent (job_store.h).
   ASSERT_TRUE(reader->Read(&event));
-  EXPECT_EQ(event.kind(), JobEvent::WATCHING);
+  EXPECT_EQ(event.kind(), mesh::v1::JobEvent::WATCHING);
 
   ASSERT_EQ(server_->coordination().PendingWaits(), 3u);
   // Shutdown ends both joins and the watch with UNAVAILABLE.

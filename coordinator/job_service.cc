@@ -1,0 +1,122 @@
+#include "coordinator/job_service.h"
+
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "absl/time/time.h"
+#include "common/grpc_status.h"
+#include "coordinator/sink_write_reactor.h"
+
+namespace mesh::coordinator {
+namespace {
+
+using namespace mesh::v1;  // NOLINT: the adapter names every message type.
+
+// The smaller of the request's timeout and what is left of the client's
+// deadline; zero (the manager's max_wait) when neither is set.
+absl::Duration EffectiveTimeout(const grpc::CallbackServerContext* ctx, double timeout_seconds) {
+  absl::Duration timeout =
+      timeout_seconds > 0 ? absl::Seconds(timeout_seconds) : absl::ZeroDuration();
+  const auto deadline = ctx->deadline();
+  if (deadline != std::chrono::system_clock::time_point::max()) {
+    absl::Duration left = absl::FromChrono(deadline - std::chrono::system_clock::now());
+    // An already-expired deadline must not turn into "the server default".
+    if (left <= absl::ZeroDuration()) left = absl::Nanoseconds(1);
+    if (timeout == absl::ZeroDuration() || left < timeout) timeout = left;
+  }
+  return timeout;
+}
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+class JobStateReactor final : public SinkWriteReactor<WatchJobStateResponse> {
+ public:
+  explicit JobStateReactor(JobManager* jobs) : jobs_(jobs) {}
+
+ private:
+  void Release(uint64_t handle) override { jobs_->UnwatchJobState(handle); }
+  JobManager* const jobs_;
+};
+
+class LogReactor final : public SinkWriteReactor<LogChunk> {
+ public:
+  explicit LogReactor(JobManager* jobs)
+      : SinkWriteReactor(JobServiceImpl::kMaxQueuedLogBytes,
+                         absl::ResourceExhaustedError("reader too slow; use --tail")),
+        jobs_(jobs) {}
+
+ private:
+  void Release(uint64_t handle) override { jobs_->CancelLogs(handle); }
+  JobManager* const jobs_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(Ctx* ctx, const SubmitJobRequest* request,
+                                                    SubmitJobResponse* response) {
+  auto submitted = jobs_->Submit(request->spec());
+  if (submitted.ok()) *response = *std::move(submitted);
+  return Finish(ctx, submitted.status());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::GetJob(Ctx* ctx, const GetJobRequest* request,
+                                                 GetJobResponse* response) {
+  auto job = jobs_->GetJob(request->job_id());
+  if (job.ok()) *response->mutable_job() = *std::move(job);
+  return Finish(ctx, job.status());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(Ctx* ctx, const ListJobsRequest* request,
+                                                   ListJobsResponse* response) {
+  auto page = jobs_->ListJobs(*request);
+  if (page.ok()) *response = *std::move(page);
+  return Finish(ctx, page.status());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(Ctx* ctx, const CancelJobRequest* request,
+                                                    CancelJobResponse* response) {
+  auto job = jobs_->Cancel(request->job_id(), request->reason());
+  if (job.ok()) *response->mutable_job() = *std::move(job);
+  return Finish(ctx, job.status());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::WaitJob(Ctx* ctx, const WaitJobRequest* request,
+                                                  WaitJobResponse* response) {
+  // The default reactor stays alive until Finish, which the callback calls
+  // exactly once (the manager guarantees it, Shutdown included).
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  jobs_->WaitJob(request->job_id(), EffectiveTimeout(ctx, request->timeout_seconds()),
+                 [reactor, response](absl::StatusOr<Job> job) {
+                   if (job.ok()) *response->mutable_job() = *std::move(job);
+                   reactor->Finish(ToGrpcStatus(job.status()));
+                 });
+  return reactor;
+}
+
+grpc::ServerWriteReactor<WatchJobStateResponse>* JobServiceImpl::WatchJobState(
+    Ctx*, const WatchJobStateRequest* request) {
+  auto* reactor = new JobStateReactor(jobs_);
+  reactor->Begin([&](JobStateSink* sink) {
+    return jobs_->WatchJobState(request->job_id(), request->replay(), sink);
+  });
+  return reactor;
+}
+
+grpc::ServerWriteReactor<LogChunk>* JobServiceImpl::GetLogs(Ctx*, const GetLogsRequest* request) {
+  auto* reactor = new LogReactor(jobs_);
+  reactor->Begin([&](LogSink* sink) { return jobs_->StartLogs(*request, sink); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListNodes(Ctx* ctx, const ListNodesRequest*,
+                                                    ListNodesResponse* response) {
+  for (Node& node : jobs_->ListNodes()) *response->add_nodes() = std::move(node);
+  return Finish(ctx, absl::OkStatus());
+}
+
+}  // namespace mesh::coordinator
