@@ -21,6 +21,7 @@
 #include "bench/ping_bench.h"
 #include "bench/rendezvous_bench.h"
 #include "bench/waiters_bench.h"
+#include "common/logging.h"
 
 namespace {
 
@@ -278,6 +279,11 @@ int main(int argc, char** argv) {
       "--coordinator runs from another process; prints its address, stops on SIGINT/SIGTERM");
 
   CLI11_PARSE(app, argc, argv);
+  // Logs (an in-process coordinator's included) go to stderr: stdout is the
+  // report, and `serve`'s first line is its address.
+  mesh::LogOptions log_options;
+  log_options.component = "mesh-bench";
+  mesh::InitLogging(log_options);
 
   if (nccl_cmd->parsed()) {
     if (smoke) {
