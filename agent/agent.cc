@@ -534,16 +534,16 @@ void Agent::OutboxLoop() {
 
 void Agent::Dispatch(const v1::Assignment& order) {
   switch (order.action()) {
+    // Uploads queue behind the orders before them too: an upload sent right
+    // after a LAUNCH must find the launched ranks' log files.
     case v1::Assignment::ACTION_LAUNCH:
-    case v1::Assignment::ACTION_KILL: {
+    case v1::Assignment::ACTION_KILL:
+    case v1::Assignment::ACTION_UPLOAD_LOGS: {
       absl::MutexLock lock(&mu_);
       orders_.push_back(order);
       changed_.SignalAll();
       return;
     }
-    case v1::Assignment::ACTION_UPLOAD_LOGS:
-      StartUpload(order);
-      return;
     default:
       spdlog::warn("ignoring order with unknown action {} for job {}",
                    static_cast<int>(order.action()), order.job_id());
@@ -567,10 +567,16 @@ void Agent::OrderLoop() {
       }
     }
     if (order.has_value()) {
-      if (order->action() == v1::Assignment::ACTION_LAUNCH) {
-        ApplyLaunch(*order);
-      } else {
-        ApplyKill(*order);
+      switch (order->action()) {
+        case v1::Assignment::ACTION_LAUNCH:
+          ApplyLaunch(*order);
+          break;
+        case v1::Assignment::ACTION_KILL:
+          ApplyKill(*order);
+          break;
+        default:
+          StartUpload(*order);  // Returns at once: the upload has its own thread.
+          break;
       }
     }
     CollectFinishedGenerations();

@@ -23,7 +23,8 @@
 // (PR_SET_PDEATHSIG is per thread). An order for a (job, generation) at or
 // below one already launched or killed is a no-op. LAUNCH of a newer
 // generation first stops the older one and waits for its workers to exit
-// (at most grace + 5 s). UPLOAD_LOGS runs on its own bounded thread.
+// (at most grace + 5 s). UPLOAD_LOGS is ordered the same way (so it finds the
+// log files of a LAUNCH just before it), then runs on its own bounded thread.
 //
 // Thread safety: Start and Shutdown from one thread; everything else is
 // internal. Ownership: the launcher is borrowed and must outlive the Agent.

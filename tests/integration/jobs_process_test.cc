@@ -118,11 +118,10 @@ class JobsProcessTest : public ::testing::Test {
   }
 
   void StartCoordinator(int port) {
-    auto process = Subprocess::Start({MESH_COORDINATOR_BIN, "--listen", "127.0.0.1", "--port",
-                                      absl::StrCat(port), "--state-dir", dir_ + "/state",
-                                      "--node-heartbeat-interval", "0.2",
-                                      "--node-heartbeat-timeout", "2", "--kill-grace", "1",
-                                      "--shutdown-grace", "0.5"});
+    auto process = Subprocess::Start(
+        {MESH_COORDINATOR_BIN, "--listen", "127.0.0.1", "--port", absl::StrCat(port), "--state-dir",
+         dir_ + "/state", "--node-heartbeat-interval", "0.2", "--node-heartbeat-timeout", "2",
+         "--kill-grace", "1", "--shutdown-grace", "0.5"});
     ASSERT_TRUE(process.ok()) << process.status();
     auto line = process->ReadLine(kStartTimeout);
     ASSERT_TRUE(line.ok()) << line.status();
@@ -134,10 +133,10 @@ class JobsProcessTest : public ::testing::Test {
   }
 
   void StartAgent(int i) {
-    auto process = Subprocess::Start(
-        {MESH_AGENT_BIN, "--coordinator", address_, "--name", absl::StrCat("node-", i),
-         "--address", "127.0.0.1", "--slots", "2", "--gpus", "none", "--work-dir",
-         absl::StrCat(dir_, "/agent-", i), "--grace", "1"});
+    auto process = Subprocess::Start({MESH_AGENT_BIN, "--coordinator", address_, "--name",
+                                      absl::StrCat("node-", i), "--address", "127.0.0.1", "--slots",
+                                      "2", "--gpus", "none", "--work-dir",
+                                      absl::StrCat(dir_, "/agent-", i), "--grace", "1"});
     ASSERT_TRUE(process.ok()) << process.status();
     if (static_cast<int>(agents_.size()) <= i) agents_.resize(i + 1);
     agents_[i] = std::make_unique<Subprocess>(*std::move(process));
@@ -231,8 +230,8 @@ class JobsProcessTest : public ::testing::Test {
   std::string dir_;
   std::string address_;
   // Tags this test's workers so /proc scans find only them.
-  std::string marker_ = absl::StrCat("jobs-process-test-", getpid(), "-",
-                                     absl::ToUnixNanos(absl::Now()));
+  std::string marker_ =
+      absl::StrCat("jobs-process-test-", getpid(), "-", absl::ToUnixNanos(absl::Now()));
   std::unique_ptr<Subprocess> coordinator_;
   std::vector<std::unique_ptr<Subprocess>> agents_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -292,8 +291,8 @@ TEST_F(JobsProcessTest, SigkilledWorkerRestartsTheJobWhichThenSucceeds) {
 }
 
 TEST_F(JobsProcessTest, ExhaustedRestartsFailNamingTheRankAndSignal) {
-  const std::string id = Submit(
-      ShellJob("if [ \"$RANK\" = 2 ]; then kill -9 $$; fi; sleep 30", /*max_restarts=*/1));
+  const std::string id =
+      Submit(ShellJob("if [ \"$RANK\" = 2 ]; then kill -9 $$; fi; sleep 30", /*max_restarts=*/1));
   auto [code, out] = Meshctl({"wait", id, "--timeout", "60"});
   EXPECT_EQ(code, 1) << out;  // FAILED.
   const auto job = Get(id);
@@ -323,8 +322,8 @@ TEST_F(JobsProcessTest, CancelLeavesNoProcessBehind) {
 
 TEST_F(JobsProcessTest, CoordinatorKill9AndRestartKeepsTheJobAndAgentsReconnect) {
   const std::string release = dir_ + "/release";
-  const std::string id = Submit(ShellJob(absl::StrCat(
-      "while [ ! -e '", release, "' ]; do sleep 0.1; done; echo done $RANK")));
+  const std::string id = Submit(ShellJob(
+      absl::StrCat("while [ ! -e '", release, "' ]; do sleep 0.1; done; echo done $RANK")));
   ASSERT_TRUE(WaitForState(id, mesh::v1::JOB_STATE_RUNNING, absl::Seconds(20)));
   const int port = std::stoi(address_.substr(address_.rfind(':') + 1));
 
@@ -381,8 +380,9 @@ TEST_F(JobsProcessTest, InvalidSpecIsRejectedAndNothingIsStored) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("LD_PRELOAD"));
 
+  // Through meshctl: refused by the coordinator (exit 4), the field named.
   auto [code, out] = Meshctl({"submit", "--nodes", "0", "--", "/bin/true"});
-  EXPECT_EQ(code, 2) << out;  // A usage error, caught before sending.
+  EXPECT_EQ(code, 4) << out;
 
   // Nothing stored, even across a restart.
   const int port = std::stoi(address_.substr(address_.rfind(':') + 1));
