@@ -690,6 +690,7 @@ void Agent::ApplyLaunch(const v1::Assignment& order) {
     assignment.local_world_size = order.local_world_size();
     assignment.node_rank = order.node_rank();
     assignment.num_nodes = order.num_nodes();
+    assignment.node_name = config_.name;
     assignment.master_addr = order.master_addr();
     assignment.master_port = order.master_port();
     assignment.restart_count = order.restart_count();

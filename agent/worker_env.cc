@@ -114,6 +114,7 @@ absl::StatusOr<std::vector<std::string>> BuildWorkerEnv(
   env["MESH_LOCAL_RANK"] = absl::StrCat(a.local_rank);
   env["MESH_LOCAL_WORLD_SIZE"] = absl::StrCat(a.local_world_size);
   env["MESH_NODE_RANK"] = absl::StrCat(a.node_rank);
+  if (!a.node_name.empty()) env["MESH_NODE_NAME"] = a.node_name;
   if (!a.auth_token.empty()) env["MESH_AUTH_TOKEN"] = a.auth_token;
 
   env["RANK"] = absl::StrCat(a.rank);

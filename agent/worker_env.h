@@ -32,6 +32,9 @@ struct WorkerAssignment {
   int local_world_size = 1;
   int node_rank = 0;
   int num_nodes = 1;
+  // The agent's node name (MESH_NODE_NAME): what the coordinator groups
+  // ranks by, so two agents on one machine are two nodes. Omitted when empty.
+  std::string node_name;
   // Omitted when empty. Never appears in error messages.
   std::string auth_token;
   // The torchrun rendezvous endpoint (rank 0's host and a free port there),

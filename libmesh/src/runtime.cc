@@ -488,7 +488,16 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Init(RuntimeOptions options) {
 absl::Status Runtime::Start() {
   info_.job_id = config_.job_id;
   info_.generation = config_.generation;
-  info_.host = options_.host.empty() ? Hostname() : options_.host;
+  // The node this rank runs on: what the coordinator groups ranks by. The
+  // agent names it (MESH_NODE_NAME), so two agents on one machine are two
+  // nodes; without an agent it is the host name.
+  info_.host = options_.host;
+  if (info_.host.empty() && options_.env) {
+    if (std::optional<std::string> node = options_.env("MESH_NODE_NAME"); node.has_value()) {
+      info_.host = *node;
+    }
+  }
+  if (info_.host.empty()) info_.host = Hostname();
   info_.incarnation = RandomIncarnation();
   const std::string who =
       absl::StrCat("rank ", config_.rank, " of job ", config_.job_id, " generation ",

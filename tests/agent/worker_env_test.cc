@@ -24,6 +24,7 @@ WorkerAssignment TwoByTwoRank3() {
   a.local_world_size = 2;
   a.node_rank = 1;
   a.num_nodes = 2;
+  a.node_name = "node-b";
   a.master_addr = "10.0.0.1";
   a.master_port = 29500;
   a.restart_count = 2;
@@ -52,6 +53,7 @@ TEST(BuildWorkerEnv, CpuJobExactEnvironment) {
                         "MESH_JOB_ID=job-42",
                         "MESH_LOCAL_RANK=1",
                         "MESH_LOCAL_WORLD_SIZE=2",
+                        "MESH_NODE_NAME=node-b",
                         "MESH_NODE_RANK=1",
                         "MESH_RANK=3",
                         "MESH_WORLD_SIZE=4",

@@ -252,10 +252,12 @@ TEST_F(RuntimeE2eTest, ExampleWorkersRunFromTheEnvironment) {
         {MESH_ALLREDUCE_2D_BIN, "--gloo-host", "127.0.0.1", "--elements", "4096"},
         {absl::StrCat("MESH_COORDINATOR=", server_->address()), "MESH_JOB_ID=e2e",
          "MESH_GENERATION=0", absl::StrCat("MESH_RANK=", r),
-         // One host (this one, by its name), as the agent would say.
-         absl::StrCat("MESH_WORLD_SIZE=", kWorld), absl::StrCat("MESH_LOCAL_RANK=", r),
-         absl::StrCat("MESH_LOCAL_WORLD_SIZE=", kWorld), "MESH_NODE_RANK=0",
-         "MESH_AUTH_TOKEN=example-token"});
+         // Two nodes on this one machine, as two agents would say: the node
+         // name, not the host name, is what the coordinator groups ranks by
+         // (the cross-check of the local ranks fails otherwise).
+         absl::StrCat("MESH_WORLD_SIZE=", kWorld), absl::StrCat("MESH_LOCAL_RANK=", r % 2),
+         "MESH_LOCAL_WORLD_SIZE=2", absl::StrCat("MESH_NODE_RANK=", r / 2),
+         absl::StrCat("MESH_NODE_NAME=node-", r / 2), "MESH_AUTH_TOKEN=example-token"});
     ASSERT_TRUE(worker.ok()) << worker.status();
     workers.push_back(*std::move(worker));
   }

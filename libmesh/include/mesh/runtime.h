@@ -17,6 +17,8 @@
 //   MESH_LOCAL_RANK        rank among the host's workers       optional, cross-checked
 //   MESH_LOCAL_WORLD_SIZE  number of workers on the host       optional, cross-checked
 //   MESH_NODE_RANK         index of the host                   optional, cross-checked
+//   MESH_NODE_NAME         the node, as the coordinator groups optional; default: the
+//                          ranks (the agent's name)                host name
 //   MESH_AUTH_TOKEN        sent as "authorization: Bearer <t>" optional
 //
 // A field set in RuntimeOptions wins over its variable. Then Init:
@@ -186,7 +188,8 @@ struct RuntimeOptions {
   // must then be set), which is what tests running ranks as threads want.
   EnvLookup env = ProcessEnv;
 
-  // Sent in the Join; empty means gethostname().
+  // Sent in the Join: the node this rank runs on, which the coordinator
+  // groups ranks by. Empty means MESH_NODE_NAME, else gethostname().
   std::string host;
   // The device this rank drives, for the coordinator's records: "cpu" or
   // "cuda" and the ordinal (-1 for cpu).
