@@ -925,39 +925,72 @@ void Agent::RunUpload(const v1::Assignment& order) {
     return stopping_;
   };
 
-  bool ok = true;
+  // Every selected rank is read round-robin, so a follow shows all ranks as
+  // they write, not one rank after another.
+  struct RankLog {
+    int rank = 0;
+    std::unique_ptr<LogTail> tail;  // Null: no log (sent as missing).
+    bool done = false;
+  };
+  std::vector<RankLog> logs;
   for (int rank : ranks) {
-    v1::LogChunk eof;
-    eof.set_rank(rank);
-    eof.set_generation(generation);
-    eof.set_eof(true);
+    RankLog log;
+    log.rank = rank;
     absl::StatusOr<std::unique_ptr<LogTail>> tail =
         IsSafeJobId(job_id) ? LogTail::Open(LogPath(job_id, generation, rank), order.log_tail())
                             : absl::NotFoundError("bad job id");
-    if (!tail.ok()) {
-      if (!absl::IsNotFound(tail.status()))
-        spdlog::warn("log upload: {}", std::string(tail.status().message()));
-      eof.set_missing(true);
-      if (!(ok = send(&eof))) break;
-      continue;
+    if (tail.ok()) {
+      log.tail = *std::move(tail);
+    } else if (!absl::IsNotFound(tail.status())) {
+      spdlog::warn("log upload: {}", std::string(tail.status().message()));
     }
-    absl::Time last_write = absl::Now();
-    for (;;) {
-      if (stopping()) {
-        ok = false;
-        break;
+    logs.push_back(std::move(log));
+  }
+  auto send_eof = [&](RankLog& log) {
+    log.done = true;
+    v1::LogChunk eof;
+    eof.set_rank(log.rank);
+    eof.set_generation(generation);
+    eof.set_eof(true);
+    if (log.tail == nullptr) {
+      eof.set_missing(true);
+    } else {
+      eof.set_offset(log.tail->offset());
+    }
+    return send(&eof);
+  };
+
+  bool ok = true;
+  absl::Time last_write = absl::Now();
+  size_t left = logs.size();
+  while (ok && left > 0) {
+    if (stopping()) {
+      ok = false;
+      break;
+    }
+    bool progressed = false;
+    for (RankLog& log : logs) {
+      if (log.done) continue;
+      if (log.tail == nullptr) {
+        ok = send_eof(log);
+        --left;
+        if (!ok) break;
+        continue;
       }
       // Checked before reading: the launcher reports an exit only after the
       // worker's output is in the file, so reading after this sees it all.
-      const bool finished = !follow || RankFinished(job_id, generation, rank);
-      absl::StatusOr<LogPiece> piece = (*tail)->Read(kMaxChunkData, finished);
+      const bool finished = !follow || RankFinished(job_id, generation, log.rank);
+      absl::StatusOr<LogPiece> piece = log.tail->Read(kMaxChunkData, finished);
       if (!piece.ok()) {
         spdlog::warn("log upload: {}", std::string(piece.status().message()));
-        break;
+        ok = send_eof(log);
+        --left;
+        if (!ok) break;
+        continue;
       }
       if (!piece->data.empty()) {
         v1::LogChunk chunk;
-        chunk.set_rank(rank);
+        chunk.set_rank(log.rank);
         chunk.set_generation(generation);
         chunk.set_stream(v1::LogChunk::STREAM_STDOUT);
         chunk.set_data(std::move(piece->data));
@@ -965,19 +998,21 @@ void Agent::RunUpload(const v1::Assignment& order) {
         chunk.set_truncated(piece->truncated);
         if (!(ok = send(&chunk))) break;
         last_write = absl::Now();
-        if (!follow && (*tail)->past_open_end()) break;
+        progressed = true;
+        if (follow || !log.tail->past_open_end()) continue;
+      } else if (follow && !(finished && log.tail->at_end())) {
         continue;
       }
-      if (!follow || (finished && (*tail)->at_end())) break;
-      if (absl::Now() - last_write >= kUploadKeepalive) {
-        if (!(ok = send(nullptr))) break;
-        last_write = absl::Now();
-      }
-      SleepUnlessStopping(config_.log_poll_interval);
+      ok = send_eof(log);
+      --left;
+      if (!ok) break;
     }
-    if (!ok) break;
-    eof.set_offset((*tail)->offset());
-    if (!(ok = send(&eof))) break;
+    if (!ok || left == 0 || progressed) continue;
+    if (absl::Now() - last_write >= kUploadKeepalive) {
+      if (!(ok = send(nullptr))) break;
+      last_write = absl::Now();
+    }
+    SleepUnlessStopping(config_.log_poll_interval);
   }
   if (ok && !header_sent) ok = send(nullptr);  // no ranks: the header alone
   if (ok) writer->WritesDone();

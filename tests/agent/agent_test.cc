@@ -747,6 +747,37 @@ TEST_F(AgentTest, FollowedUploadEndsAfterTheWorkerExits) {
   EXPECT_TRUE(messages.back().chunk().eof());
 }
 
+// A follow shows every rank as it writes, not one rank after another: rank
+// 3's output arrives while rank 2 still runs.
+TEST_F(AgentTest, FollowedUploadInterleavesRunningRanks) {
+  StartAgent();
+  const std::map<int, pid_t> pids = LaunchAndWait(Launch("job-a", 0, 2));
+  const std::string dir = work_dir_ + "/jobs/job-a/gen-0/";
+  std::ofstream(dir + "rank-2.log") << "two\n";
+  std::ofstream(dir + "rank-3.log") << "three\n";
+  v1::Assignment order;
+  order.set_action(v1::Assignment::ACTION_UPLOAD_LOGS);
+  order.set_job_id("job-a");
+  order.set_generation(0);
+  order.set_log_request_id("req-i");
+  order.set_log_follow(true);
+  ASSERT_TRUE(service_.Push(order));
+  ASSERT_TRUE(WaitUntil([&] {
+    const auto messages = service_.upload_messages();
+    return UploadedData(messages, 2) == "two\n" && UploadedData(messages, 3) == "three\n";
+  }));
+  EXPECT_EQ(service_.uploads_finished(), 0) << "both ranks still run";
+  std::ofstream(dir + "rank-3.log", std::ios::app) << "more\n";
+  ASSERT_TRUE(
+      WaitUntil([&] { return UploadedData(service_.upload_messages(), 3) == "three\nmore\n"; }));
+  launcher_.Exit(pids.at(2), 0);
+  launcher_.Exit(pids.at(3), 0);
+  ASSERT_TRUE(WaitUntil([&] { return service_.uploads_finished() == 1; }));
+  int eofs = 0;
+  for (const auto& m : service_.upload_messages()) eofs += m.has_chunk() && m.chunk().eof();
+  EXPECT_EQ(eofs, 2);
+}
+
 TEST_F(AgentTest, ShutdownStopsEveryWorker) {
   StartAgent();
   const std::map<int, pid_t> pids = LaunchAndWait(Launch("job-a", 0, 2));
