@@ -45,6 +45,8 @@ class Coordination::Completions {
   Completions(const Completions&) = delete;
   ~Completions() { Run(); }
 
+  void Add(absl::AnyInvocable<void() &&> fn) { fns_.push_back(std::move(fn)); }
+
   template <typename T>
   void Complete(Callback<T>& cb, absl::StatusOr<T> result) {
     fns_.push_back([cb = std::move(cb), result = std::move(result)]() mutable {
@@ -626,8 +628,18 @@ void Coordination::FailGenerationLocked(Generation& gen, JobError error, Complet
                               : std::string("failed: ");
   error.message = absl::StrCat(gen.Name(), ": ", who, error.reason);
   gen.error = std::move(error);
+  if (failure_listener_) {
+    done.Add([listener = failure_listener_, job_id = gen.job_id, failure = *gen.error] {
+      listener(job_id, failure);
+    });
+  }
   // Watchers get the structured error; every pending wait gets ABORTED.
   EndGenerationLocked(gen, absl::AbortedError(gen.error->message), &*gen.error, done);
+}
+
+void Coordination::SetFailureListener(FailureListener listener) {
+  absl::MutexLock lock(&mu_);
+  failure_listener_ = std::move(listener);
 }
 
 absl::StatusOr<std::optional<JobError>> Coordination::Heartbeat(const Caller& caller) {

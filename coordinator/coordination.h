@@ -54,6 +54,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -146,6 +147,10 @@ using DoneCallback = absl::AnyInvocable<void(absl::Status) &&>;
 // UNAVAILABLE on shutdown, or ABORTED when the generation is superseded.
 using WatchCallback = absl::AnyInvocable<void(absl::StatusOr<JobError>) &&>;
 
+// Told of every generation that fails (a rank's missed heartbeats, a
+// ReportError), once per generation, after the lock is released.
+using FailureListener = std::function<void(const std::string& job_id, const JobError& error)>;
+
 class Coordination {
  public:
   // `clock` must outlive this object. `options` must pass ValidateOptions
@@ -171,6 +176,11 @@ class Coordination {
   // generation ends with ABORTED naming `reason`, and later calls for it get
   // NOT_FOUND. Errors: NOT_FOUND.
   absl::Status RemoveJob(const std::string& job_id, const std::string& reason);
+
+  // Registers the one FailureListener (replacing any earlier one). It runs on
+  // the thread that detected the failure (Tick, a ReportError call), with no
+  // lock held; it may call back into Coordination.
+  void SetFailureListener(FailureListener listener);
 
   // Errors: NOT_FOUND.
   absl::StatusOr<JobInfo> GetJob(const std::string& job_id) const;
@@ -352,6 +362,7 @@ class Coordination {
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  FailureListener failure_listener_ ABSL_GUARDED_BY(mu_);
   uint64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
   // Every pending wait and watch of every job; scoped by generation. Empty
   // once Shutdown has run, so its destruction after jobs_ (reverse order of

@@ -229,9 +229,38 @@ JobManager::JobManager(const Clock* clock, JobStore* store, Coordination* coordi
              "JobManager needs a clock, a store and a coordination");
   const absl::Status valid = ValidateJobManagerOptions(options_);
   MESH_CHECK(valid.ok(), std::string(valid.message()).c_str());
+  coordination_->SetFailureListener([this](const std::string& job_id, const JobError& error) {
+    GenerationFailed(job_id, error);
+  });
 }
 
-JobManager::~JobManager() { Shutdown(); }
+JobManager::~JobManager() {
+  coordination_->SetFailureListener(nullptr);
+  Shutdown();
+}
+
+void JobManager::GenerationFailed(const std::string& job_id, const JobError& error) {
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    Job* job = FindJobLocked(job_id);
+    if (job == nullptr || !job->holds || error.generation != job->generation()) return;
+    RootCause cause;
+    cause.set_rank(error.rank);
+    if (error.rank >= 0 && error.rank < job->placement->world_size) {
+      cause.set_node(job->placement->ranks[error.rank].node);
+    }
+    cause.set_host(error.host);
+    cause.set_generation(error.generation);
+    cause.set_message(error.rank >= 0 ? absl::StrCat("rank ", error.rank, " (node ", cause.node(),
+                                                     ") failed: ", error.reason)
+                                      : error.message);
+    FailJobLocked(*job, std::move(cause), effects);
+    while (effects.TakeReschedule()) ScheduleLocked(effects);
+  }
+  effects.Run();
+}
 
 absl::Duration JobManager::TickInterval() const {
   return std::min(absl::Milliseconds(100), options_.node_heartbeat_interval);

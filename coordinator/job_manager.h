@@ -27,6 +27,10 @@
 //     each live job on it fails as above, the node named in the cause
 //     (rank -1). A restart that needs a lost node goes back to PENDING and
 //     is placed again.
+//   Rendezvous failure: Coordination fails a generation when a joined rank
+//     misses its heartbeats or reports an error (a hung worker exits
+//     nothing); the manager hears of it through Coordination's failure
+//     listener and fails the job the same way, that rank as the root cause.
 //   Cancel: CANCELLED, KILL to every node of the placement.
 //   Any terminal state: KILL to every node of the placement (the agents
 //     forget the job; log files stay), resources released, the job removed
@@ -147,7 +151,9 @@ struct JobManagerStats {
 class JobManager {
  public:
   // `clock`, `store` and `coordination` must outlive the manager.
-  // `options` must pass ValidateJobManagerOptions (checked).
+  // `options` must pass ValidateJobManagerOptions (checked). The manager is
+  // `coordination`'s failure listener until it is destroyed; destroy it only
+  // once nothing drives `coordination` any more (no Tick, no RPC).
   JobManager(const Clock* clock, JobStore* store, Coordination* coordination,
              JobManagerOptions options);
   ~JobManager();
@@ -275,7 +281,8 @@ class JobManager {
   struct Waiter;
   class Effects;
 
-  // ... see job_manager.cc.
+  // Coordination's failure listener.
+  void GenerationFailed(const std::string& job_id, const JobError& error);
   Job* FindJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const Job* FindJobLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Node*> SessionNodeLocked(const std::string& name, const std::string& session_id)

@@ -840,6 +840,32 @@ TEST_F(JobManagerTest, AllRanksExitingZeroSucceedsKillsAndReleases) {
 
 // ---- Failures and restarts --------------------------------------------------------
 
+// A worker that hangs exits nothing; the rendezvous notices (here: the rank
+// reports an error) and the job restarts with that rank as the root cause.
+TEST_F(JobManagerTest, RendezvousFailureRestartsTheJobNamingTheRank) {
+  AddTwoNodes();
+  const std::string id = RunJob(SpecWithRestarts(1));
+  for (int rank = 0; rank < 4; ++rank) {
+    JoinArgs join;
+    join.caller = Caller{id, 0, rank, 100u + rank};
+    join.host = rank < 2 ? "node-a" : "node-b";
+    coordination_->Join(std::move(join), [](absl::StatusOr<JoinResult>) {});
+  }
+  ASSERT_THAT(coordination_->ReportError(Caller{id, 0, 3, 103}, "CUDA error: an illegal access"),
+              IsOk());
+
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(job.generation(), 1);
+  ASSERT_TRUE(job.has_root_cause());
+  EXPECT_EQ(job.root_cause().rank(), 3);
+  EXPECT_EQ(job.root_cause().node(), "node-b");
+  EXPECT_THAT(job.root_cause().message(), HasSubstr("illegal access"));
+  // The failed generation's workers are killed, the next one launched.
+  EXPECT_THAT(ActionsOf(b_->orders->messages()),
+              ElementsAre(Pair(kLaunch, 0), Pair(kKill, 0), Pair(kLaunch, 1)));
+}
+
 TEST_F(JobManagerTest, FailedRankRestartsTheJobKillThenLaunch) {
   AddTwoNodes();
   const std::string id = RunJob(SpecWithRestarts(1));
