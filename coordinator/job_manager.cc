@@ -126,7 +126,17 @@ struct JobManager::Job {
   bool holds = false;  // The placement is held in scheduler_.
   // Per rank of the current generation, while placed.
   std::vector<Rank> ranks;
+  // For each kUnaccounted rank, when it is declared gone; the earliest of
+  // them in unaccounted_deadline (InfiniteFuture: none).
+  std::vector<absl::Time> gone_at;
   absl::Time unaccounted_deadline = absl::InfiniteFuture();
+
+  void MarkUnaccounted(int rank, absl::Time deadline) {
+    if (gone_at.size() != ranks.size()) gone_at.assign(ranks.size(), absl::InfiniteFuture());
+    if (ranks[rank] != Rank::kUnaccounted) gone_at[rank] = deadline;
+    ranks[rank] = Rank::kUnaccounted;
+    unaccounted_deadline = std::min(unaccounted_deadline, gone_at[rank]);
+  }
   std::map<uint64_t, JobStateSink*> watchers;
 
   JobState state() const { return machine->state(); }
@@ -229,13 +239,26 @@ JobManager::JobManager(const Clock* clock, JobStore* store, Coordination* coordi
              "JobManager needs a clock, a store and a coordination");
   const absl::Status valid = ValidateJobManagerOptions(options_);
   MESH_CHECK(valid.ok(), std::string(valid.message()).c_str());
-  coordination_->SetFailureListener([this](const std::string& job_id, const JobError& error) {
-    GenerationFailed(job_id, error);
-  });
+  // A listener call already under way on another thread when this manager
+  // is destroyed finishes first (the token's mutex); later ones do nothing.
+  listener_token_ = std::make_shared<ListenerToken>();
+  {
+    absl::MutexLock lock(&listener_token_->mu);
+    listener_token_->manager = this;
+  }
+  coordination_->SetFailureListener(
+      [token = listener_token_](const std::string& job_id, const JobError& error) {
+        absl::MutexLock lock(&token->mu);
+        if (token->manager != nullptr) token->manager->GenerationFailed(job_id, error);
+      });
 }
 
 JobManager::~JobManager() {
   coordination_->SetFailureListener(nullptr);
+  {
+    absl::MutexLock lock(&listener_token_->mu);
+    listener_token_->manager = nullptr;
+  }
   Shutdown();
 }
 
@@ -312,7 +335,7 @@ mesh::v1::Job JobManager::JobProtoLocked(const Job& job, bool with_events) const
   return proto;
 }
 
-absl::Status JobManager::PersistLocked(Job& job) {
+JobUpdate JobManager::UpdateOfLocked(const Job& job) const {
   const JobStateMachine& machine = *job.machine;
   JobUpdate update;
   update.expected_version = job.version;
@@ -323,7 +346,12 @@ absl::Status JobManager::PersistLocked(Job& job) {
   update.root_cause = machine.has_root_cause() ? machine.root_cause().SerializeAsString() : "";
   update.placement = job.placement.has_value() ? EncodePlacement(*job.placement) : "";
   update.reason = machine.events().empty() ? "" : machine.events().back().reason;
-  absl::StatusOr<JobRecord> stored = store_->UpdateJob(job.id, update);
+  return update;
+}
+
+absl::Status JobManager::PersistLocked(Job& job) {
+  const JobStateMachine& machine = *job.machine;
+  absl::StatusOr<JobRecord> stored = store_->UpdateJob(job.id, UpdateOfLocked(job));
   if (!stored.ok()) {
     ++stats_.store_failures;
     spdlog::error("job {}: cannot store state {}: {}", job.id, JobStateName(machine.state()),
@@ -355,6 +383,17 @@ void JobManager::NotifyWatchersLocked(Job& job) {
   if (terminal) job.watchers.clear();
 }
 
+// SCHEDULED → RUNNING once every rank runs (or has already exited 0).
+void JobManager::MaybeStartLocked(Job& job, Effects& effects) {
+  if (job.state() != JOB_STATE_SCHEDULED) return;
+  const bool all = std::all_of(job.ranks.begin(), job.ranks.end(), [](Job::Rank r) {
+    return r == Job::Rank::kRunning || r == Job::Rank::kSucceeded;
+  });
+  if (!all) return;
+  (void)job.machine->Start(absl::StrCat("all ", job.ranks.size(), " ranks are running"));
+  AfterTransitionLocked(job, effects);
+}
+
 // Persists and announces the transition just made.
 void JobManager::AfterTransitionLocked(Job& job, Effects& effects) {
   (void)PersistLocked(job);  // Logged and counted; see "Durability".
@@ -363,20 +402,32 @@ void JobManager::AfterTransitionLocked(Job& job, Effects& effects) {
 }
 
 void JobManager::SendLocked(Node& node, const Assignment& order) {
-  if (node.sink != nullptr) node.sink->Send(order);
+  if (node.sink != nullptr) {
+    node.sink->Send(order);
+  } else if (!node.session_id.empty() && order.action() == Assignment::ACTION_KILL) {
+    // Registered, stream not (yet) open: deliver when it opens. LAUNCH is
+    // recomputed then, and a node without a session is told what to kill
+    // when it registers again.
+    node.pending.push_back(order);
+  }
+}
+
+Assignment JobManager::KillOrder(const std::string& job_id, int64_t generation,
+                                 const std::string& reason) const {
+  Assignment order;
+  order.set_action(Assignment::ACTION_KILL);
+  order.set_job_id(job_id);
+  order.set_generation(generation);
+  order.set_grace_period_seconds(absl::ToDoubleSeconds(options_.kill_grace));
+  order.set_reason(reason);
+  return order;
 }
 
 void JobManager::SendKillLocked(const Job& job, const std::string& node_name, int64_t generation,
                                 const std::string& reason) {
   auto it = nodes_.find(node_name);
   if (it == nodes_.end()) return;
-  Assignment order;
-  order.set_action(Assignment::ACTION_KILL);
-  order.set_job_id(job.id);
-  order.set_generation(generation);
-  order.set_grace_period_seconds(absl::ToDoubleSeconds(options_.kill_grace));
-  order.set_reason(reason);
-  SendLocked(*it->second, order);
+  SendLocked(*it->second, KillOrder(job.id, generation, reason));
 }
 
 void JobManager::SendLaunchLocked(Job& job, Node& node) {
@@ -421,7 +472,7 @@ void JobManager::LaunchLocked(Job& job, Effects& effects) {
   if (info.ok() && info->generation != job.generation()) {
     if (info->generation < job.generation() && info->layout.world_size == placement.world_size) {
       while (info.ok() && info->generation < job.generation()) {
-        (void)coordination_->BumpGeneration(job.id, "the job restarted");
+        if (!coordination_->BumpGeneration(job.id, "the job restarted").ok()) break;
         info = coordination_->GetJob(job.id);
       }
     } else {
@@ -746,8 +797,9 @@ absl::Status JobManager::Recover() {
         continue;
       }
       LaunchLocked(*job, effects);  // Creates the rendezvous; no node is connected yet.
-      job->ranks.assign(job->placement->world_size, Job::Rank::kUnaccounted);
-      job->unaccounted_deadline = now + options_.node_heartbeat_timeout;
+      for (int rank = 0; rank < job->placement->world_size; ++rank) {
+        job->MarkUnaccounted(rank, now + options_.node_heartbeat_timeout);
+      }
     }
     spdlog::info("recovered {} jobs ({} placed) and {} nodes from {}", jobs_.size(), placed,
                  nodes_.size(), store_->path());
@@ -882,8 +934,8 @@ absl::StatusOr<mesh::v1::Job> JobManager::Cancel(const std::string& job_id,
     if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
     if (IsTerminal(job->state())) return JobProtoLocked(*job, /*with_events=*/true);
     // Commit first: the cancel is acknowledged only once it is durable.
-    JobUpdate update;
-    update.expected_version = job->version;
+    // The whole current state, as PersistLocked writes it, but CANCELLED.
+    JobUpdate update = UpdateOfLocked(*job);
     update.state = JobStateName(JOB_STATE_CANCELLED);
     update.pending_reason = "";
     update.reason = reason.empty() ? "cancelled" : absl::StrCat("cancelled: ", reason);
@@ -1243,13 +1295,8 @@ absl::StatusOr<mesh::v1::RegisterNodeResponse> JobManager::RegisterNode(
         continue;
       }
       if (killed.insert({worker.job_id(), worker.generation()}).second) {
-        Assignment order;
-        order.set_action(Assignment::ACTION_KILL);
-        order.set_job_id(worker.job_id());
-        order.set_generation(worker.generation());
-        order.set_grace_period_seconds(absl::ToDoubleSeconds(options_.kill_grace));
-        order.set_reason("not placed on this node any more");
-        node.pending.push_back(std::move(order));
+        node.pending.push_back(
+            KillOrder(worker.job_id(), worker.generation(), "not placed on this node any more"));
       }
     }
     for (auto& [id, job] : jobs_) {
@@ -1263,18 +1310,13 @@ absl::StatusOr<mesh::v1::RegisterNodeResponse> JobManager::RegisterNode(
             if (status != Job::Rank::kSucceeded) status = Job::Rank::kRunning;
           } else if (status == Job::Rank::kRunning || status == Job::Rank::kUnaccounted) {
             // Gone, or exited with a report still on its way: wait for it.
-            status = Job::Rank::kUnaccounted;
-            job->unaccounted_deadline =
-                std::min(job->unaccounted_deadline, now + options_.node_heartbeat_timeout);
+            job->MarkUnaccounted(rank.rank, now + options_.node_heartbeat_timeout);
           }
         }
         all_running =
             all_running && (status == Job::Rank::kRunning || status == Job::Rank::kSucceeded);
       }
-      if (all_running && job->state() == JOB_STATE_SCHEDULED) {
-        (void)job->machine->Start("every rank is running");
-        AfterTransitionLocked(*job, effects);
-      }
+      if (all_running) MaybeStartLocked(*job, effects);
     }
     effects.Reschedule();
     while (effects.TakeReschedule()) ScheduleLocked(effects);
@@ -1356,13 +1398,7 @@ absl::Status JobManager::ReportWorkersStarted(
       Job::Rank& status = job->ranks[worker.rank()];
       if (status != Job::Rank::kSucceeded) status = Job::Rank::kRunning;
     }
-    const bool all = std::all_of(job->ranks.begin(), job->ranks.end(), [](Job::Rank r) {
-      return r == Job::Rank::kRunning || r == Job::Rank::kSucceeded;
-    });
-    if (all && job->state() == JOB_STATE_SCHEDULED) {
-      (void)job->machine->Start(absl::StrCat("all ", job->ranks.size(), " ranks are running"));
-      AfterTransitionLocked(*job, effects);
-    }
+    MaybeStartLocked(*job, effects);
     while (effects.TakeReschedule()) ScheduleLocked(effects);
   }
   effects.Run();
@@ -1495,9 +1531,14 @@ void JobManager::Tick() {
     }
     for (auto& [id, job] : jobs_) {
       if (job->holds && job->unaccounted_deadline <= now) {
+        // Only ranks whose own deadline passed; the others keep theirs.
         job->unaccounted_deadline = absl::InfiniteFuture();
         for (size_t rank = 0; rank < job->ranks.size(); ++rank) {
           if (job->ranks[rank] != Job::Rank::kUnaccounted) continue;
+          if (job->gone_at[rank] > now) {
+            job->unaccounted_deadline = std::min(job->unaccounted_deadline, job->gone_at[rank]);
+            continue;
+          }
           const RankPlacement& placed = job->placement->ranks[rank];
           RootCause cause;
           cause.set_rank(static_cast<int>(rank));

@@ -108,7 +108,9 @@ struct JobManagerOptions {
   // Cap on a WaitJob timeout (and the wait used when none is given).
   absl::Duration max_wait = absl::Hours(1);
   // A node told to upload logs must open its UploadLogs stream within this.
-  absl::Duration log_attach_timeout = absl::Seconds(10);
+  // Longer than kill_grace: an agent applies orders in order, and an upload
+  // queued behind a restart waits for the old workers to stop.
+  absl::Duration log_attach_timeout = absl::Seconds(30);
 };
 
 // Possible errors: INVALID_ARGUMENT naming the bad field.
@@ -283,6 +285,16 @@ class JobManager {
 
   // Coordination's failure listener.
   void GenerationFailed(const std::string& job_id, const JobError& error);
+  struct ListenerToken {
+    absl::Mutex mu;
+    JobManager* manager ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  std::shared_ptr<ListenerToken> listener_token_;
+
+  mesh::v1::Assignment KillOrder(const std::string& job_id, int64_t generation,
+                                 const std::string& reason) const;
+  JobUpdate UpdateOfLocked(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeStartLocked(Job& job, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Job* FindJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const Job* FindJobLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Node*> SessionNodeLocked(const std::string& name, const std::string& session_id)

@@ -1632,6 +1632,41 @@ TEST_F(JobManagerTest, RecoveredJobFailsWhenAnAgentNeverReturns) {
   EXPECT_EQ(ActionsOf(a_->orders->messages()).back(), std::make_pair(kKill, int64_t{0}));
 }
 
+// Each rank has its own window to be accounted for after its node registers
+// again without it: node-b re-registering later gets its own full window, not
+// what is left of node-a's.
+TEST_F(JobManagerTest, UnaccountedRanksEachGetTheirOwnWindow) {
+  AddTwoNodes();
+  const std::string id = RunJob(SpecWithRestarts(0));
+  // node-a's agent reconnects without rank 1 (its exit report is on its way).
+  ASSERT_THAT(Register(*a_, {Worker(id, 0, 0)}), IsOk());
+  ASSERT_THAT(Watch(*a_), IsOk());
+  AdvanceWithHeartbeats(kHeartbeatTimeout / 2, {a_, b_});
+  // node-b's reconnects later without rank 3; rank 1's report arrives.
+  ASSERT_THAT(Register(*b_, {Worker(id, 0, 2)}), IsOk());
+  ASSERT_THAT(Watch(*b_), IsOk());
+  ASSERT_THAT(Exited(*a_, id, 0, 1, 0), IsOk());
+  // Past node-a's window, inside node-b's: nothing is judged yet.
+  AdvanceWithHeartbeats(kHeartbeatTimeout / 2 + absl::Seconds(1), {a_, b_});
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_RUNNING);
+  // Rank 3 never shows up: its own window ends, and the job fails naming it.
+  AdvanceWithHeartbeats(kHeartbeatTimeout / 2, {a_, b_});
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job.root_cause().rank(), 3);
+}
+
+// A KILL for a node that registered but has not opened its order stream yet
+// is delivered when the stream opens.
+TEST_F(JobManagerTest, KillIsDeliveredWhenTheStreamOpensLater) {
+  AddTwoNodes();
+  const std::string id = RunJob();
+  manager().UnwatchAssignments(b_->watch);
+  ASSERT_THAT(manager().Cancel(id, "stop"), IsOk());
+  ASSERT_THAT(Watch(*b_), IsOk());
+  EXPECT_THAT(ActionsOf(b_->orders->messages()), ElementsAre(Pair(kKill, 0)));
+}
+
 TEST_F(JobManagerTest, RecoveredPendingJobIsScheduledWhenNodesRegister) {
   UseFileStore();
   const std::string id = Submit(Spec());
