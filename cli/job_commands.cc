@@ -404,6 +404,7 @@ absl::StatusOr<Job> FollowLogs(const JobCommandContext& context, JobClient& clie
     }
     if (options.generation >= 0) {
       if (status.ok() || IsTerminal(job->state())) return job;
+      absl::SleepFor(absl::Seconds(1));  // Unreachable logs: ask again, never spinning.
       continue;
     }
     if (job->generation() > generation) {
@@ -414,10 +415,22 @@ absl::StatusOr<Job> FollowLogs(const JobCommandContext& context, JobClient& clie
       continue;
     }
     if (IsTerminal(job->state())) return job;
-    // The stream ended before the job did (e.g. the coordinator restarted
-    // the relay), or the job is placed but its logs are not reachable yet:
-    // ask again after a pause, so this never spins; the printer skips what
-    // it already showed.
+    if (status.ok()) {
+      // Every selected rank of this generation has ended, but the job has
+      // not (other ranks run on). Wait for it to restart or end instead of
+      // fetching the same logs again.
+      absl::Status watched = client.WatchJobState(
+          job_id, /*replay=*/true,
+          [&](const mesh::v1::WatchJobStateResponse& response) {
+            const auto& event = response.event();
+            return event.generation() <= generation && !IsTerminal(event.to());
+          },
+          nullptr);
+      if (watched.ok() || absl::IsCancelled(watched)) continue;
+    }
+    // The stream broke off, or the job is placed but its logs are not
+    // reachable yet: ask again after a pause, so this never spins; the
+    // printer skips what it already showed.
     absl::SleepFor(absl::Milliseconds(200));
   }
 }
