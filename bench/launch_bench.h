@@ -19,7 +19,7 @@
 // torchrun half (skipped, with a reason, when python3 cannot import torch
 // or torchrun is not on PATH). Each round:
 //
-//   t0 ── spawn torchrun --standalone --nproc-per-node N launch_worker.py
+//   t0 ── spawn torchrun --standalone --nproc_per_node N launch_worker.py
 //     each worker: import torch; init_process_group("gloo") ── t_r
 //   launch = max_r(t_r) - t0            (then torchrun exits 0)
 //

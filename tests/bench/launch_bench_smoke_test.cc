@@ -156,7 +156,7 @@ TEST_F(LaunchBenchSmoke, RunsTheTorchrunHalfAndPrintsTheRatio) {
 import os, subprocess, sys
 n, script = 1, None
 for a in sys.argv[1:]:
-    if a.startswith("--nproc-per-node="):
+    if a.startswith("--nproc_per_node="):
         n = int(a.split("=", 1)[1])
     elif not a.startswith("--"):
         script = a
