@@ -22,10 +22,15 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/worker_supervisor.h"
+#include "tests/util/proc.h"
 #include "tests/util/subprocess.h"
 
 namespace mesh::agent {
 namespace {
+
+using ::mesh::testing::IsAlive;
+using ::mesh::testing::LiveProcessesInGroup;
+using ::mesh::testing::WaitUntil;
 
 using ::testing::ElementsAreArray;
 using ::testing::EndsWith;
@@ -56,48 +61,6 @@ struct AgentHelperMode {
     std::_Exit(0);
   }
 } agent_helper_mode;
-
-// Live (non-zombie) processes whose process group is `pgid`, from /proc.
-std::vector<pid_t> LiveProcessesInGroup(pid_t pgid) {
-  std::vector<pid_t> found;
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return found;
-  while (dirent* entry = readdir(proc)) {
-    int pid = 0;
-    if (!absl::SimpleAtoi(entry->d_name, &pid)) continue;
-    std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t paren = stat.rfind(')');
-    if (paren == std::string::npos) continue;
-    // After "pid (comm) ": state ppid pgrp session ...
-    std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
-    if (fields.size() < 4) continue;
-    if (fields[0] == "Z" || fields[0] == "X") continue;
-    int group = 0;
-    if (absl::SimpleAtoi(fields[2], &group) && group == pgid) found.push_back(pid);
-  }
-  closedir(proc);
-  return found;
-}
-
-bool IsAlive(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t paren = stat.rfind(')');
-  return paren != std::string::npos && stat.size() > paren + 2 && stat[paren + 2] != 'Z' &&
-         stat[paren + 2] != 'X';
-}
-
-// Polls `done` every 20 ms until it holds or `timeout` passes.
-template <typename F>
-bool WaitUntil(F done, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return true;
-}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);

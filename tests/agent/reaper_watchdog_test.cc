@@ -19,10 +19,15 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "agent/process_launcher.h"
+#include "tests/util/proc.h"
 #include "tests/util/subprocess.h"
 
 namespace mesh::agent {
 namespace {
+
+using ::mesh::testing::IsAlive;
+using ::mesh::testing::LiveProcessesInGroup;
+using ::mesh::testing::WaitUntil;
 
 constexpr absl::Duration kTimeout = absl::Seconds(10);
 constexpr char kHelperVar[] = "MESH_REAPER_TEST_AGENT";
@@ -62,24 +67,6 @@ struct AgentHelperMode {
     std::_Exit(0);
   }
 } agent_helper_mode;
-
-bool IsAlive(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t paren = stat.rfind(')');
-  return paren != std::string::npos && stat.size() > paren + 2 && stat[paren + 2] != 'Z' &&
-         stat[paren + 2] != 'X';
-}
-
-template <typename F>
-bool WaitUntil(F done, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return true;
-}
 
 // The pid the worker script wrote, once it is there.
 pid_t ReadPidFile(const std::string& path) {

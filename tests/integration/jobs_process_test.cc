@@ -8,7 +8,6 @@
 // behind; kill -9 of the coordinator and a restart keep the job and the
 // agents reconnect; kill -9 of an agent takes its workers with it and the
 // job fails naming the node; an invalid spec is rejected and nothing stored.
-#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -36,6 +35,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "mesh/v1/job.grpc.pb.h"
+#include "tests/util/proc.h"
 #include "tests/util/subprocess.h"
 
 namespace mesh {
@@ -60,45 +60,10 @@ std::string MakeTempDir() {
   return dir == nullptr ? "/tmp" : dir;
 }
 
-// Pids of live processes whose environment holds every one of `needles`
-// (entries "NAME=value"). Zombies are skipped: they run nothing.
-std::vector<pid_t> ProcessesWithEnv(const std::vector<std::string>& needles) {
-  std::vector<pid_t> found;
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return found;
-  while (dirent* entry = readdir(proc)) {
-    int pid = 0;
-    if (!absl::SimpleAtoi(entry->d_name, &pid)) continue;
-    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-    std::string stat_line;
-    std::getline(stat, stat_line);
-    const size_t paren = stat_line.rfind(')');
-    if (paren == std::string::npos || paren + 2 >= stat_line.size() ||
-        stat_line[paren + 2] == 'Z') {
-      continue;
-    }
-    std::ifstream environ_file(absl::StrCat("/proc/", pid, "/environ"), std::ios::binary);
-    std::string environ_text((std::istreambuf_iterator<char>(environ_file)),
-                             std::istreambuf_iterator<char>());
-    std::set<std::string> entries;
-    for (absl::string_view e : absl::StrSplit(environ_text, '\0')) entries.emplace(e);
-    bool all = true;
-    for (const std::string& needle : needles) all = all && entries.contains(needle);
-    if (all) found.push_back(pid);
-  }
-  closedir(proc);
-  return found;
-}
-
-// Waits until `condition` holds, polling every 50 ms, for at most `timeout`.
+// Waits until `condition` holds, for at most `timeout`.
 template <typename Condition>
 bool Eventually(absl::Duration timeout, Condition condition) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (condition()) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return condition();
+  return ::mesh::testing::WaitUntil(condition, timeout);
 }
 
 class JobsProcessTest : public ::testing::Test {
@@ -224,7 +189,7 @@ class JobsProcessTest : public ::testing::Test {
   }
 
   std::vector<pid_t> JobProcesses(const std::string& job_id) {
-    return ProcessesWithEnv({"MARKER=" + marker_, "MESH_JOB_ID=" + job_id});
+    return ::mesh::testing::LiveProcessesWithEnv({"MARKER=" + marker_, "MESH_JOB_ID=" + job_id});
   }
 
   std::string dir_;
@@ -353,7 +318,8 @@ TEST_F(JobsProcessTest, Kill9OfAnAgentTakesItsWorkersAndFailsTheJobNamingTheNode
   const std::string id = Submit(ShellJob("sleep 300 & sleep 300"));
   ASSERT_TRUE(WaitForState(id, mesh::v1::JOB_STATE_RUNNING, absl::Seconds(20)));
   auto on_node1 = [&] {
-    return ProcessesWithEnv({"MARKER=" + marker_, "MESH_JOB_ID=" + id, "GROUP_RANK=1"});
+    return ::mesh::testing::LiveProcessesWithEnv(
+        {"MARKER=" + marker_, "MESH_JOB_ID=" + id, "GROUP_RANK=1"});
   };
   ASSERT_TRUE(Eventually(absl::Seconds(10), [&] { return on_node1().size() >= 4; }));
 

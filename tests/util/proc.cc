@@ -1,0 +1,77 @@
+#include "tests/util/proc.h"
+
+#include <dirent.h>
+
+#include <fstream>
+#include <iterator>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace mesh::testing {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The fields of /proc/<pid>/stat after "pid (comm) ": state ppid pgrp ...
+// Empty when the process is gone.
+std::vector<std::string> StatFields(pid_t pid) {
+  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return {};
+  return absl::StrSplit(stat.substr(paren + 2), ' ');
+}
+
+bool IsLiveState(const std::vector<std::string>& fields) {
+  return !fields.empty() && fields[0] != "Z" && fields[0] != "X";
+}
+
+std::vector<pid_t> AllPids() {
+  std::vector<pid_t> pids;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return pids;
+  while (dirent* entry = readdir(proc)) {
+    int pid = 0;
+    if (absl::SimpleAtoi(entry->d_name, &pid)) pids.push_back(pid);
+  }
+  closedir(proc);
+  return pids;
+}
+
+}  // namespace
+
+bool IsAlive(pid_t pid) { return IsLiveState(StatFields(pid)); }
+
+std::vector<pid_t> LiveProcessesInGroup(pid_t pgid) {
+  std::vector<pid_t> found;
+  for (pid_t pid : AllPids()) {
+    const std::vector<std::string> fields = StatFields(pid);
+    int group = 0;
+    if (IsLiveState(fields) && fields.size() >= 3 && absl::SimpleAtoi(fields[2], &group) &&
+        group == pgid) {
+      found.push_back(pid);
+    }
+  }
+  return found;
+}
+
+std::vector<pid_t> LiveProcessesWithEnv(const std::vector<std::string>& entries) {
+  std::vector<pid_t> found;
+  for (pid_t pid : AllPids()) {
+    if (!IsAlive(pid)) continue;
+    const std::string environ = ReadFile(absl::StrCat("/proc/", pid, "/environ"));
+    std::set<std::string, std::less<>> have;
+    for (absl::string_view entry : absl::StrSplit(environ, '\0')) have.emplace(entry);
+    bool all = true;
+    for (const std::string& entry : entries) all = all && have.contains(entry);
+    if (all) found.push_back(pid);
+  }
+  return found;
+}
+
+}  // namespace mesh::testing

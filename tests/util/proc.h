@@ -1,0 +1,39 @@
+// Test helpers that look at processes through /proc, and a polling wait.
+// For integration tests that must prove processes are gone (or alive)
+// without relying on the code under test.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace mesh::testing {
+
+// Whether `pid` exists and is neither a zombie nor dead (/proc/<pid>/stat).
+bool IsAlive(pid_t pid);
+
+// Live processes whose process group is `pgid`.
+std::vector<pid_t> LiveProcessesInGroup(pid_t pgid);
+
+// Live processes whose environment holds every entry of `entries`
+// ("NAME=value"). Processes of other users are skipped (their environment is
+// unreadable).
+std::vector<pid_t> LiveProcessesWithEnv(const std::vector<std::string>& entries);
+
+// Polls `done` every 20 ms until it returns true (then true) or `timeout`
+// has passed (then false, after one last try).
+template <typename F>
+bool WaitUntil(F done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > deadline) return done();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+}  // namespace mesh::testing
