@@ -127,23 +127,6 @@ int ExitCodeForResult(JobState state) {
   }
 }
 
-// Aligned columns, two spaces apart; the last column is not padded.
-void RenderRows(const std::vector<std::vector<std::string>>& rows, std::ostream& out) {
-  std::vector<size_t> widths;
-  for (const auto& row : rows) {
-    widths.resize(std::max(widths.size(), row.size()), 0);
-    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      line += row[i];
-      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
-    }
-    out << line << "\n";
-  }
-}
-
 std::string OrDash(const std::string& text) { return text.empty() ? "-" : text; }
 
 // Argv for people: arguments with spaces or quotes are single-quoted.

@@ -19,22 +19,6 @@ std::string Cell(const nlohmann::json& value) {
   return value.dump();
 }
 
-void RenderRows(const std::vector<std::vector<std::string>>& rows, std::ostream& out) {
-  std::vector<size_t> widths;
-  for (const auto& row : rows) {
-    widths.resize(std::max(widths.size(), row.size()), 0);
-    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      line += row[i];
-      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
-    }
-    out << line << "\n";
-  }
-}
-
 YAML::Node ToYaml(const nlohmann::json& value) {
   YAML::Node node;
   switch (value.type()) {
@@ -68,6 +52,22 @@ YAML::Node ToYaml(const nlohmann::json& value) {
 }
 
 }  // namespace
+
+void RenderRows(const std::vector<std::vector<std::string>>& rows, std::ostream& out) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    widths.resize(std::max(widths.size(), row.size()), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
+    }
+    out << line << "\n";
+  }
+}
 
 absl::StatusOr<OutputFormat> ParseOutputFormat(absl::string_view text) {
   const std::string lower = absl::AsciiStrToLower(text);

@@ -5,6 +5,7 @@
 
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -24,5 +25,8 @@ absl::StatusOr<OutputFormat> ParseOutputFormat(absl::string_view text);
 //  - json:  pretty-printed JSON.
 //  - yaml:  block-style YAML.
 void Render(const nlohmann::json& value, OutputFormat format, std::ostream& out);
+
+// Rows as aligned columns, two spaces apart; the last column is not padded.
+void RenderRows(const std::vector<std::vector<std::string>>& rows, std::ostream& out);
 
 }  // namespace mesh::cli
