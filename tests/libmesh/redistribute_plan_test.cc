@@ -110,7 +110,7 @@ bool StepIsValid(const Placements& before, int mesh_dim, const Placement& to) {
 }
 
 // Bytes the busiest rank receives, from the layouts alone: a gather receives
-// what its new (full) box has beyond its old one; an all_to_all what its new
+// its peers' shards; an all_to_all what its new
 // box has beyond its old one; a reduce_scatter k-1 copies of its new box; an
 // all_reduce 2 (k-1)/k of its box, rounded up.
 int64_t ReferenceBytes(const Shape& global, DType dtype, const Shape& mesh,
@@ -127,9 +127,14 @@ int64_t ReferenceBytes(const Shape& global, DType dtype, const Shape& mesh,
     const LocalLayout new_box = LayoutAt(global, mesh, after, c);
     int64_t bytes = 0;
     switch (op) {
-      case RedistributeOp::kAllGather:
-        bytes = (Numel(new_box) - Numel(old_box)) * es;
+      case RedistributeOp::kAllGather: {
+        Shape peer = c;
+        for (int64_t p = 0; p < k; ++p) {
+          peer[mesh_dim] = p;
+          if (p != c[mesh_dim]) bytes += Numel(LayoutAt(global, mesh, before, peer)) * es;
+        }
         break;
+      }
       case RedistributeOp::kAllReduce:
         bytes = (2 * (k - 1) * Numel(old_box) * es + k - 1) / k;
         break;
