@@ -123,8 +123,8 @@ void RunCases(const std::vector<int64_t>& mesh_shape, int count, uint64_t salt) 
           SameValues(current->local(), Expected(global, mesh.shape(), x.src, mesh.GetCoordinate()));
       if (!ok) {
         ++failures;
-        ADD_FAILURE() << where << " distribute " << Describe(x.shape, x.dtype, x.src, x.src)
-                      << ": " << ok.message();
+        ADD_FAILURE() << where << " distribute " << Describe(x.shape, x.dtype, x.src, x.src) << ": "
+                      << ok.message();
       }
       Placements from = x.src;
       for (const Placements& dst : x.chain) {

@@ -51,8 +51,8 @@ void CheckAllPairs(MeshWorld& world, const std::vector<Placements>& placements,
           if (absl::Status s = ValidatePlacements(src, mesh.shape(), 2); !s.ok()) continue;
           auto x = DistributeTensor(global, mesh, src);
           ASSERT_TRUE(x.ok()) << x.status();
-          EXPECT_TRUE(SameValues(x->local(),
-                                 Expected(global, mesh.shape(), src, mesh.GetCoordinate())))
+          EXPECT_TRUE(
+              SameValues(x->local(), Expected(global, mesh.shape(), src, mesh.GetCoordinate())))
               << "distribute " << Describe(shape, dtype, src, src) << " rank " << r;
           for (const Placements& dst : placements) {
             const std::string what = Describe(shape, dtype, src, dst);
@@ -82,8 +82,8 @@ TEST(DTensorTest, EveryTransitionOnA1DMesh) {
   auto world = MakeMeshWorld({4});
   ASSERT_TRUE(world.ok()) << world.status();
   std::set<RedistributeOp> ops;
-  const std::vector<Placements> all = {{S(0)}, {S(1)}, {R}, {P()}, {P(ReduceOp::kMax)},
-                                       {P(ReduceOp::kMin)}};
+  const std::vector<Placements> all = {
+      {S(0)}, {S(1)}, {R}, {P()}, {P(ReduceOp::kMax)}, {P(ReduceOp::kMin)}};
   CheckAllPairs(**world, all, {DType::kFloat32, DType::kInt32}, &ops);
   CheckAllPairs(**world, {{S(0)}, {R}, {P(ReduceOp::kAvg)}}, {DType::kFloat32}, &ops);
   EXPECT_EQ(ops.size(), 6u) << "not every RedistributeOp was exercised";
@@ -185,7 +185,8 @@ TEST(DTensorTest, DistributeFromASourceThatRejectsItsTensorFailsEveryRank) {
     const Tensor global = MakeGlobal(DType::kFloat32, {6}, 3);
     DistributeOptions options;
     options.src_rank = 1;
-    statuses[r] = DistributeTensor(r == 1 ? global : Tensor(), mesh, {S(0), S(1)}, options).status();
+    statuses[r] =
+        DistributeTensor(r == 1 ? global : Tensor(), mesh, {S(0), S(1)}, options).status();
   });
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(statuses[r].code(), absl::StatusCode::kInvalidArgument) << r << statuses[r];

@@ -85,8 +85,7 @@ inline Tensor Expected(const Tensor& global, const std::vector<int64_t>& mesh_sh
   auto out = Tensor::Zeros(global.dtype(), layout->shape);
   EXPECT_TRUE(out.ok()) << out.status();
   for (size_t i = 0; i < placements.size(); ++i) {
-    if (placements[i].is_partial() && placements[i].op() == ReduceOp::kSum &&
-        coordinate[i] != 0) {
+    if (placements[i].is_partial() && placements[i].op() == ReduceOp::kSum && coordinate[i] != 0) {
       return *out;
     }
   }
@@ -111,16 +110,15 @@ inline ::testing::AssertionResult SameValues(const Tensor& actual, const Tensor&
     const double a = Get(actual, i);
     const double e = Get(expected, i);
     if (std::fabs(a - e) > tol) {
-      return ::testing::AssertionFailure()
-             << "element " << i << " is " << a << ", expected " << e << " (of "
-             << actual.ShapeString() << ")";
+      return ::testing::AssertionFailure() << "element " << i << " is " << a << ", expected " << e
+                                           << " (of " << actual.ShapeString() << ")";
     }
   }
   return ::testing::AssertionSuccess();
 }
 
-inline std::string Describe(const std::vector<int64_t>& shape, DType dtype,
-                            const Placements& src, const Placements& dst) {
+inline std::string Describe(const std::vector<int64_t>& shape, DType dtype, const Placements& src,
+                            const Placements& dst) {
   return absl::StrCat("global [", absl::StrJoin(shape, ", "), "] ", DTypeName(dtype), " ",
                       PlacementsToString(src), " -> ", PlacementsToString(dst));
 }
