@@ -478,11 +478,62 @@ absl::StatusOr<Tensor> RunLocalSlice(const StepContext& c, const Tensor& local) 
   return CopyOf(piece);
 }
 
+// A tensor shaped like `like` filled with the identity of `op`'s reduction
+// where one exists that is not the value itself: 0 for sum, 1 for prod.
+absl::StatusOr<Tensor> IdentityLike(const Tensor& like, ReduceOp op) {
+  if (op == ReduceOp::kSum) return Tensor::Zeros(like.dtype(), like.shape(), like.device());
+  DT_ASSIGN_OR_RETURN(Tensor ones, Tensor::Empty(like.dtype(), like.shape(), Device::Cpu()));
+  const int64_t n = ones.numel();
+  auto fill = [&](auto one) {
+    using T = decltype(one);
+    T* data = ones.data_as<T>();
+    for (int64_t e = 0; e < n; ++e) data[e] = one;
+  };
+  switch (like.dtype()) {
+    case DType::kFloat32:
+      fill(1.0f);
+      break;
+    case DType::kFloat64:
+      fill(1.0);
+      break;
+    case DType::kFloat16:
+      fill(uint16_t{0x3C00});
+      break;  // IEEE half 1.0
+    case DType::kBFloat16:
+      fill(uint16_t{0x3F80});
+      break;  // bfloat16 1.0
+    case DType::kInt8:
+      fill(int8_t{1});
+      break;
+    case DType::kUInt8:
+      fill(uint8_t{1});
+      break;
+    case DType::kInt32:
+      fill(int32_t{1});
+      break;
+    case DType::kInt64:
+      fill(int64_t{1});
+      break;
+    case DType::kBool:
+      fill(true);
+      break;
+  }
+  if (like.device().is_cpu()) return ones;
+  DT_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(like.dtype(), like.shape(), like.device()));
+  if (absl::Status s = CopyTensor(out, ones); !s.ok()) return s;
+  return out;
+}
+
+// Replicate → Partial(op) along mesh dim i: the reduction over the dim must
+// give back the value. min, max and avg of equal copies are the value, so
+// every rank keeps it; sum and prod keep it on coordinate 0 and put the
+// op's identity (0, 1) everywhere else.
+bool KeepsValueOnEveryRank(ReduceOp op) { return op != ReduceOp::kSum && op != ReduceOp::kProd; }
+
 absl::StatusOr<Tensor> RunLocalPartial(const StepContext& c, const Tensor& local) {
   const int i = c.step.mesh_dim;
-  if (c.step.to.op() == ReduceOp::kSum && c.mesh.GetCoordinate()[i] != 0) {
-    return Tensor::Zeros(local.dtype(), local.shape(), local.device());
-  }
+  const ReduceOp op = c.step.to.op();
+  if (!KeepsValueOnEveryRank(op) && c.mesh.GetCoordinate()[i] != 0) return IdentityLike(local, op);
   return CopyOf(local);
 }
 
@@ -587,14 +638,15 @@ int64_t MeshRank(const DeviceMesh& mesh) {
   return r;
 }
 
-// Applies Replicate -> Partial to a value every rank holds: Partial(sum)
-// keeps it on coordinate 0 of each such dim only.
+// Applies Replicate -> Partial to a value every rank holds: Partial(sum) and
+// Partial(prod) keep it on coordinate 0 of each such dim only (see
+// RunLocalPartial).
 absl::StatusOr<Tensor> ApplyPartials(const DeviceMesh& mesh, absl::Span<const Placement> placements,
                                      Tensor local) {
   for (int i = 0; i < mesh.ndim(); ++i) {
-    if (placements[i].is_partial() && placements[i].op() == ReduceOp::kSum &&
+    if (placements[i].is_partial() && !KeepsValueOnEveryRank(placements[i].op()) &&
         mesh.GetCoordinate()[i] != 0) {
-      return Tensor::Zeros(local.dtype(), local.shape(), local.device());
+      return IdentityLike(local, placements[i].op());
     }
   }
   return local;

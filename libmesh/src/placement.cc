@@ -75,6 +75,25 @@ absl::Status ValidatePlacements(absl::Span<const Placement> placements,
                        " (valid: sum, avg, min, max, prod)"));
     }
   }
+  // Partials on several mesh dims must reduce to one value whatever order
+  // the dims are reduced in: sum and avg (both linear) mix; min, max and
+  // prod only go with themselves (max of mins is not min of maxes).
+  auto family = [](ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; };
+  const Placement* first = nullptr;
+  size_t first_dim = 0;
+  for (size_t i = 0; i < placements.size(); ++i) {
+    if (!placements[i].is_partial()) continue;
+    if (first == nullptr) {
+      first = &placements[i];
+      first_dim = i;
+    } else if (family(first->op()) != family(placements[i].op())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placements ", PlacementsToString(placements), ": mesh dims ", first_dim, " and ", i,
+          " are ", first->ToString(), " and ", placements[i].ToString(),
+          ", which do not commute; Partial dims may mix sum and avg, and min, max and prod "
+          "only with the same op"));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -48,6 +48,13 @@ bool NestingAllows(const Placements& state, int mesh_dim, const Placement& from,
   return true;
 }
 
+// Whether the state's Partials commute (ValidatePlacements' rule): the
+// search never passes through a state whose global value would depend on the
+// order its Partial dims are reduced in.
+bool PartialsCommute(const Placements& state, absl::Span<const int64_t> mesh_shape) {
+  return ValidatePlacements(state, mesh_shape, /*tensor_rank=*/1 << 20).ok();
+}
+
 // ComputeLocalLayout without the checks (the inputs were validated once).
 struct Box {
   DimVector shape;
@@ -270,6 +277,7 @@ absl::StatusOr<RedistributePlan> PlanRedistribute(absl::Span<const int64_t> glob
         next.state = path.state;
         next.state[i] = to;
         if (settled.contains(PlacementsToString(next.state))) continue;
+        if (to.is_partial() && !PartialsCommute(next.state, mesh_shape)) continue;
         RedistributeStep step;
         step.mesh_dim = i;
         step.op = *op;

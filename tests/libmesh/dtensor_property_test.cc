@@ -64,14 +64,27 @@ Placements RandomPlacements(std::mt19937_64& rng, int mesh_ndim, int tensor_rank
         p.push_back(Placement::Shard(static_cast<int>(rng() % tensor_rank)));
         break;
       default: {
-        // Partial(prod) is left out: Replicate -> Partial(prod) keeps the
-        // value on every rank, so its reduction is x^k by definition.
-        std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kSum, ReduceOp::kMax,
-                                     ReduceOp::kMin};
+        std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin,
+                                     ReduceOp::kProd};
         if (IsFloatingPoint(dtype)) ops.push_back(ReduceOp::kAvg);
         p.push_back(Placement::Partial(ops[rng() % ops.size()]));
       }
     }
+  }
+  // Partials must commute (ValidatePlacements): sum and avg mix, the other
+  // ops only with themselves. Make later Partials follow the first.
+  const Placement* first = nullptr;
+  for (Placement& placement : p) {
+    if (!placement.is_partial()) continue;
+    if (first == nullptr) {
+      first = &placement;
+      continue;
+    }
+    const bool linear = [](ReduceOp a, ReduceOp b) {
+      return (a == ReduceOp::kSum || a == ReduceOp::kAvg) &&
+             (b == ReduceOp::kSum || b == ReduceOp::kAvg);
+    }(first->op(), placement.op());
+    if (!linear && first->op() != placement.op()) placement = Placement::Partial(first->op());
   }
   return p;
 }

@@ -83,7 +83,7 @@ TEST(DTensorTest, EveryTransitionOnA1DMesh) {
   ASSERT_TRUE(world.ok()) << world.status();
   std::set<RedistributeOp> ops;
   const std::vector<Placements> all = {
-      {S(0)}, {S(1)}, {R}, {P()}, {P(ReduceOp::kMax)}, {P(ReduceOp::kMin)}};
+      {S(0)}, {S(1)}, {R}, {P()}, {P(ReduceOp::kMax)}, {P(ReduceOp::kMin)}, {P(ReduceOp::kProd)}};
   CheckAllPairs(**world, all, {DType::kFloat32, DType::kInt32}, &ops);
   CheckAllPairs(**world, {{S(0)}, {R}, {P(ReduceOp::kAvg)}}, {DType::kFloat32}, &ops);
   EXPECT_EQ(ops.size(), 6u) << "not every RedistributeOp was exercised";
@@ -312,11 +312,14 @@ TEST(DTensorTest, PartialValuesReduceByTheirOp) {
   ASSERT_TRUE(world.ok()) << world.status();
   OnRanks(4, [&](int r) {
     const DeviceMesh& mesh = *(*world)->meshes[r];
-    // Rank r holds r + 1 everywhere: sum 10, avg 2.5, max 4, min 1.
+    // Rank r holds r + 1 everywhere: sum 10, avg 2.5, max 4, min 1, prod 24.
     auto local = Tensor::Empty(DType::kFloat32, {7, 5});
     ASSERT_TRUE(Fill(*local, r + 1).ok());
-    const std::vector<std::pair<ReduceOp, double>> ops = {
-        {ReduceOp::kSum, 10}, {ReduceOp::kAvg, 2.5}, {ReduceOp::kMax, 4}, {ReduceOp::kMin, 1}};
+    const std::vector<std::pair<ReduceOp, double>> ops = {{ReduceOp::kSum, 10},
+                                                          {ReduceOp::kAvg, 2.5},
+                                                          {ReduceOp::kMax, 4},
+                                                          {ReduceOp::kMin, 1},
+                                                          {ReduceOp::kProd, 24}};
     for (const auto& [op, value] : ops) {
       auto x = DTensor::FromLocal(*local, mesh, {P(op)});
       ASSERT_TRUE(x.ok()) << x.status();
@@ -347,7 +350,7 @@ TEST(DTensorTest, DistributingPartialSumKeepsTheValueOnCoordinateZeroOnly) {
     auto zeros = Tensor::Zeros(DType::kInt32, {4, 4});
     EXPECT_TRUE(SameValues(x->local(), mesh.GetCoordinate()[1] == 0 ? global : *zeros)) << r;
     auto avg = DistributeTensor(MakeGlobal(DType::kFloat32, {4, 4}, 5), mesh,
-                                {P(ReduceOp::kAvg), P(ReduceOp::kMax)});
+                                {P(ReduceOp::kMax), P(ReduceOp::kMax)});
     ASSERT_TRUE(avg.ok()) << avg.status();
     EXPECT_TRUE(SameValues(avg->local(), MakeGlobal(DType::kFloat32, {4, 4}, 5))) << r;
   });

@@ -77,7 +77,8 @@ inline Tensor MakeGlobal(DType dtype, const std::vector<int64_t>& shape, uint64_
 
 // What the rank at `coordinate` holds for `global` laid out with
 // `placements`, when every Partial came from a Replicate value: its box of
-// the global tensor, or zeros where a Partial(sum) dim's coordinate is not 0.
+// the global tensor, or the op's identity (0 for sum, 1 for prod) where a
+// Partial(sum) or Partial(prod) dim's coordinate is not 0.
 inline Tensor Expected(const Tensor& global, const std::vector<int64_t>& mesh_shape,
                        const Placements& placements, const std::vector<int64_t>& coordinate) {
   auto layout = ComputeLocalLayout(global.shape(), mesh_shape, placements, coordinate);
@@ -85,7 +86,10 @@ inline Tensor Expected(const Tensor& global, const std::vector<int64_t>& mesh_sh
   auto out = Tensor::Zeros(global.dtype(), layout->shape);
   EXPECT_TRUE(out.ok()) << out.status();
   for (size_t i = 0; i < placements.size(); ++i) {
-    if (placements[i].is_partial() && placements[i].op() == ReduceOp::kSum && coordinate[i] != 0) {
+    if (!placements[i].is_partial() || coordinate[i] == 0) continue;
+    if (placements[i].op() == ReduceOp::kSum) return *out;
+    if (placements[i].op() == ReduceOp::kProd) {
+      for (int64_t e = 0; e < out->numel(); ++e) Set(*out, e, 1);
       return *out;
     }
   }

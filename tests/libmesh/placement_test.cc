@@ -160,6 +160,20 @@ TEST(ValidatePlacementsTest, Errors) {
   ExpectInvalid(
       ValidatePlacements({R, P(static_cast<ReduceOp>(42))}, std::vector<int64_t>{2, 2}, 1),
       "mesh dim 1 is Partial with unknown reduce op 42");
+  // Partials that do not commute.
+  ExpectInvalid(
+      ValidatePlacements({P(ReduceOp::kSum), P(ReduceOp::kProd)}, std::vector<int64_t>{2, 2}, 1),
+      "mesh dims 0 and 1 are P(sum) and P(prod), which do not commute");
+  ExpectInvalid(ValidatePlacements({P(ReduceOp::kMin), R, P(ReduceOp::kMax)},
+                                   std::vector<int64_t>{2, 2, 2}, 1),
+                "do not commute");
+  // These do.
+  EXPECT_TRUE(
+      ValidatePlacements({P(ReduceOp::kSum), P(ReduceOp::kAvg)}, std::vector<int64_t>{2, 2}, 1)
+          .ok());
+  EXPECT_TRUE(
+      ValidatePlacements({P(ReduceOp::kMax), P(ReduceOp::kMax)}, std::vector<int64_t>{2, 2}, 1)
+          .ok());
 }
 
 TEST(ComputeLocalLayoutTest, OneDimMesh) {

@@ -83,7 +83,10 @@ std::string PlacementsToString(absl::Span<const Placement> placements);
 // Checks placements against a mesh shape and a tensor rank.
 // Possible errors (INVALID_ARGUMENT, naming the mesh dim): a count other than
 // the mesh's number of dims; Shard(d) with d outside [0, tensor_rank);
-// Partial with an op other than sum, avg, min, max, prod.
+// Partial with an op other than sum, avg, min, max, prod; Partials on
+// several mesh dims whose reductions do not commute (sum and avg may mix;
+// min, max and prod only with the same op), since the global value would
+// then depend on the order the dims are reduced in.
 absl::Status ValidatePlacements(absl::Span<const Placement> placements,
                                 absl::Span<const int64_t> mesh_shape, int tensor_rank);
 

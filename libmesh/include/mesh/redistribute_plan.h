@@ -15,10 +15,11 @@
 //                                             peers hold (one all_to_all,
 //                                             never a gather)
 //   Replicate    Shard(d)     kLocalSlice     0: keep this rank's chunk
-//   Replicate    Partial(op)  kLocalPartial   0: sum keeps the value on
-//                                             coordinate 0 of the dim and
-//                                             zeroes it elsewhere; avg, min,
-//                                             max and prod keep it everywhere
+//   Replicate    Partial(op)  kLocalPartial   0: sum and prod keep the value
+//                                             on coordinate 0 of the dim and
+//                                             put 0 (sum) or 1 (prod)
+//                                             elsewhere; avg, min and max
+//                                             keep it everywhere
 //
 // k is the size of the step's mesh dim; bytes are counted for the busiest
 // rank of the step (the maximum over ranks), with the tensor's layout as it
