@@ -1,0 +1,338 @@
+#include "mesh/redistribute_plan.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <optional>
+#include <queue>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/check.h"
+
+namespace mesh {
+namespace {
+
+// Plans never count more than this many bytes for the whole tensor, so that
+// every per-step and per-plan sum below stays far from int64 overflow.
+constexpr int64_t kMaxTensorBytes = std::numeric_limits<int64_t>::max() / 1024;
+
+std::string ShapeString(absl::Span<const int64_t> shape) {
+  return absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
+}
+
+// The step kind that moves one mesh dim from `from` to `to`, if there is one
+// (the header's table). Shard→Partial and Partial(a)→Partial(b) have none.
+std::optional<RedistributeOp> StepKind(const Placement& from, const Placement& to) {
+  if (from == to) return std::nullopt;
+  if (from.is_shard() && to.is_replicate()) return RedistributeOp::kAllGather;
+  if (from.is_partial() && to.is_replicate()) return RedistributeOp::kAllReduce;
+  if (from.is_partial() && to.is_shard()) return RedistributeOp::kReduceScatter;
+  if (from.is_shard() && to.is_shard()) return RedistributeOp::kAllToAll;
+  if (from.is_replicate() && to.is_shard()) return RedistributeOp::kLocalSlice;
+  if (from.is_replicate() && to.is_partial()) return RedistributeOp::kLocalPartial;
+  return std::nullopt;
+}
+
+// Left-to-right nesting: a step on mesh dim i that changes or introduces
+// Shard(d) needs no mesh dim after i to shard d, because those dims' chunks
+// are cut from the extent that mesh dim i decides.
+bool NestingAllows(const Placements& state, int mesh_dim, const Placement& from,
+                   const Placement& to) {
+  for (size_t j = static_cast<size_t>(mesh_dim) + 1; j < state.size(); ++j) {
+    if (!state[j].is_shard()) continue;
+    if (from.is_shard(state[j].dim()) || to.is_shard(state[j].dim())) return false;
+  }
+  return true;
+}
+
+// ComputeLocalLayout without the checks (the inputs were validated once).
+struct Box {
+  DimVector shape;
+  DimVector offset;
+};
+
+Box LayoutOf(absl::Span<const int64_t> global_shape, absl::Span<const int64_t> mesh_shape,
+             const Placements& placements, const std::vector<int64_t>& coordinate) {
+  Box box;
+  box.shape.assign(global_shape.begin(), global_shape.end());
+  box.offset.assign(global_shape.size(), 0);
+  for (size_t i = 0; i < mesh_shape.size(); ++i) {
+    if (!placements[i].is_shard()) continue;
+    const int d = placements[i].dim();
+    const Chunk chunk = ChunkOf(box.shape[d], mesh_shape[i], coordinate[i]);
+    box.shape[d] = chunk.size;
+    box.offset[d] += chunk.offset;
+  }
+  return box;
+}
+
+// Zero extents are checked first: the other extents of an empty tensor may
+// multiply past int64 (only non-empty tensors are bounded by kMaxTensorBytes).
+int64_t Numel(const Box& box) {
+  if (std::find(box.shape.begin(), box.shape.end(), 0) != box.shape.end()) return 0;
+  int64_t n = 1;
+  for (int64_t s : box.shape) n *= s;
+  return n;
+}
+
+int64_t OverlapNumel(const Box& a, const Box& b) {
+  Box overlap;
+  for (size_t d = 0; d < a.shape.size(); ++d) {
+    const int64_t begin = std::max(a.offset[d], b.offset[d]);
+    const int64_t end = std::min(a.offset[d] + a.shape[d], b.offset[d] + b.shape[d]);
+    overlap.shape.push_back(std::max<int64_t>(end - begin, 0));
+  }
+  return Numel(overlap);
+}
+
+// Bytes the busiest rank receives when mesh dim `mesh_dim` goes from
+// before[mesh_dim] to after[mesh_dim] with `op` (the header's table).
+int64_t StepBytes(absl::Span<const int64_t> global_shape, int64_t element_size,
+                  absl::Span<const int64_t> mesh_shape, const Placements& before,
+                  const Placements& after, int mesh_dim, RedistributeOp op) {
+  if (op == RedistributeOp::kLocalSlice || op == RedistributeOp::kLocalPartial) return 0;
+  const int64_t k = mesh_shape[mesh_dim];
+  const size_t ndim = mesh_shape.size();
+  // A rank's layouts depend only on its coordinates along mesh dims that
+  // shard before or after the step; the others stay at 0.
+  std::vector<int64_t> extent(ndim, 1);
+  for (size_t j = 0; j < ndim; ++j) {
+    if (before[j].is_shard() || after[j].is_shard()) extent[j] = mesh_shape[j];
+  }
+  std::vector<int64_t> coordinate(ndim, 0);
+  int64_t busiest = 0;
+  while (true) {
+    const Box old_box = LayoutOf(global_shape, mesh_shape, before, coordinate);
+    int64_t elements = 0;
+    switch (op) {
+      case RedistributeOp::kAllGather: {
+        // The peers' real shard sizes, never padding.
+        std::vector<int64_t> peer = coordinate;
+        for (int64_t p = 0; p < k; ++p) {
+          if (p == coordinate[mesh_dim]) continue;
+          peer[mesh_dim] = p;
+          elements += Numel(LayoutOf(global_shape, mesh_shape, before, peer));
+        }
+        break;
+      }
+      case RedistributeOp::kAllReduce: {
+        // ceil(2 (k-1) bytes / k); 128 bits because k can be large.
+        const __int128 bytes = static_cast<__int128>(Numel(old_box)) * element_size;
+        const __int128 total = 2 * (k - 1) * bytes;
+        busiest = std::max(busiest, static_cast<int64_t>((total + k - 1) / k));
+        break;
+      }
+      case RedistributeOp::kReduceScatter:
+        elements = (k - 1) * Numel(LayoutOf(global_shape, mesh_shape, after, coordinate));
+        break;
+      case RedistributeOp::kAllToAll: {
+        const Box new_box = LayoutOf(global_shape, mesh_shape, after, coordinate);
+        elements = Numel(new_box) - OverlapNumel(new_box, old_box);
+        break;
+      }
+      case RedistributeOp::kLocalSlice:
+      case RedistributeOp::kLocalPartial:
+        break;
+    }
+    busiest = std::max(busiest, elements * element_size);
+    // Next coordinate, row-major.
+    size_t j = ndim;
+    while (j > 0) {
+      --j;
+      if (++coordinate[j] < extent[j]) break;
+      coordinate[j] = 0;
+      if (j == 0) return busiest;
+    }
+    if (ndim == 0) return busiest;
+  }
+}
+
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  if (a > std::numeric_limits<int64_t>::max() - b) return std::numeric_limits<int64_t>::max();
+  return a + b;
+}
+
+// A path in the search, ordered by (bytes, steps, the steps' mesh dims and
+// choices lexicographically). Appending a step keeps that order between two
+// paths to the same state, which is what makes Dijkstra exact here.
+struct Path {
+  int64_t bytes = 0;
+  // (mesh dim, 0 = to dst, 1 = to Replicate) per step: the final tie-break,
+  // lowest mesh dims first.
+  std::vector<std::pair<int, int>> order;
+  Placements state;
+  std::vector<RedistributeStep> steps;
+};
+
+bool Before(const Path& a, const Path& b) {
+  if (a.bytes != b.bytes) return a.bytes < b.bytes;
+  if (a.order.size() != b.order.size()) return a.order.size() < b.order.size();
+  return a.order < b.order;
+}
+
+struct PathAfter {
+  bool operator()(const Path& a, const Path& b) const { return Before(b, a); }
+};
+
+}  // namespace
+
+const char* RedistributeOpName(RedistributeOp op) {
+  switch (op) {
+    case RedistributeOp::kAllGather:
+      return "all_gather";
+    case RedistributeOp::kAllReduce:
+      return "all_reduce";
+    case RedistributeOp::kReduceScatter:
+      return "reduce_scatter";
+    case RedistributeOp::kAllToAll:
+      return "all_to_all";
+    case RedistributeOp::kLocalSlice:
+      return "local_slice";
+    case RedistributeOp::kLocalPartial:
+      return "local_partial";
+  }
+  return "unknown";
+}
+
+std::string RedistributePlan::ToString() const {
+  return absl::StrJoin(steps, "\n", [](std::string* out, const RedistributeStep& step) {
+    absl::StrAppend(out, "mesh dim ", step.mesh_dim, ": ", step.from.ToString(), " -> ",
+                    step.to.ToString(), "  ", RedistributeOpName(step.op), "  ",
+                    step.bytes_per_rank, " B/rank");
+  });
+}
+
+absl::StatusOr<RedistributePlan> PlanRedistribute(absl::Span<const int64_t> global_shape,
+                                                  DType dtype, absl::Span<const int64_t> mesh_shape,
+                                                  absl::Span<const Placement> src,
+                                                  absl::Span<const Placement> dst) {
+  const int tensor_rank = static_cast<int>(global_shape.size());
+  if (absl::Status s = ValidatePlacements(src, mesh_shape, tensor_rank); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("source ", s.message()));
+  }
+  if (absl::Status s = ValidatePlacements(dst, mesh_shape, tensor_rank); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("target ", s.message()));
+  }
+  const int64_t element_size = static_cast<int64_t>(ElementSize(dtype));
+  int64_t tensor_bytes = element_size;
+  bool empty = false;
+  for (size_t d = 0; d < global_shape.size(); ++d) {
+    if (global_shape[d] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("global shape ", ShapeString(global_shape),
+                                                     ": dim ", d, " has negative size ",
+                                                     global_shape[d]));
+    }
+    empty = empty || global_shape[d] == 0;
+    if (global_shape[d] != 0 && tensor_bytes > kMaxTensorBytes / global_shape[d]) {
+      tensor_bytes = kMaxTensorBytes + 1;
+    } else if (global_shape[d] != 0) {
+      tensor_bytes *= global_shape[d];
+    }
+  }
+  if (empty) tensor_bytes = 0;
+  if (tensor_bytes > kMaxTensorBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("global shape ", ShapeString(global_shape),
+                                                   " of ", DTypeName(dtype), " holds more than ",
+                                                   kMaxTensorBytes, " bytes; too large to plan"));
+  }
+
+  RedistributePlan plan;
+  plan.src.assign(src.begin(), src.end());
+  plan.dst.assign(dst.begin(), dst.end());
+  if (plan.src == plan.dst) return plan;
+
+  const int ndim = static_cast<int>(mesh_shape.size());
+  // States are keyed by their printed form; each mesh dim takes one of its
+  // src, dst or Replicate, so there are at most 3^ndim of them.
+  std::map<std::string, bool> settled;
+  std::priority_queue<Path, std::vector<Path>, PathAfter> frontier;
+  Path start;
+  start.state = plan.src;
+  frontier.push(std::move(start));
+  while (!frontier.empty()) {
+    Path path = frontier.top();
+    frontier.pop();
+    if (!settled.emplace(PlacementsToString(path.state), true).second) continue;
+    if (path.state == plan.dst) {
+      plan.steps = std::move(path.steps);
+      plan.bytes_per_rank = path.bytes;
+      return plan;
+    }
+    for (int i = 0; i < ndim; ++i) {
+      const Placement& from = path.state[i];
+      const Placement targets[2] = {plan.dst[i], Placement::Replicate()};
+      for (int choice = 0; choice < 2; ++choice) {
+        const Placement& to = targets[choice];
+        if (choice == 1 && to == plan.dst[i]) continue;  // Already tried as choice 0.
+        const std::optional<RedistributeOp> op = StepKind(from, to);
+        if (!op.has_value() || !NestingAllows(path.state, i, from, to)) continue;
+        Path next;
+        next.state = path.state;
+        next.state[i] = to;
+        if (settled.contains(PlacementsToString(next.state))) continue;
+        RedistributeStep step;
+        step.mesh_dim = i;
+        step.op = *op;
+        step.from = from;
+        step.to = to;
+        step.before = path.state;
+        step.after = next.state;
+        step.bytes_per_rank =
+            StepBytes(global_shape, element_size, mesh_shape, step.before, step.after, i, step.op);
+        next.bytes = SaturatingAdd(path.bytes, step.bytes_per_rank);
+        next.order = path.order;
+        next.order.emplace_back(i, choice);
+        next.steps = path.steps;
+        next.steps.push_back(std::move(step));
+        frontier.push(std::move(next));
+      }
+    }
+  }
+  // Unreachable for valid placements: Replicate everywhere is reachable from
+  // any state (gather the last mesh dim of each sharded tensor dim first),
+  // and any target from there (slice left to right).
+  return absl::InvalidArgumentError(
+      absl::StrCat("no sequence of single-mesh-dim steps turns ", PlacementsToString(src), " into ",
+                   PlacementsToString(dst), " on mesh ", ShapeString(mesh_shape)));
+}
+
+absl::StatusOr<std::shared_ptr<const RedistributePlan>> RedistributePlanCache::Get(
+    absl::Span<const int64_t> global_shape, DType dtype, absl::Span<const int64_t> mesh_shape,
+    absl::Span<const Placement> src, absl::Span<const Placement> dst) {
+  const std::string key =
+      absl::StrCat("mesh", ShapeString(mesh_shape), " global", ShapeString(global_shape), " ",
+                   DTypeName(dtype), " ", PlacementsToString(src), " -> ", PlacementsToString(dst));
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) {
+      ++hits_;
+      return it->second;
+    }
+    ++misses_;
+  }
+  // Planned outside the lock: two threads missing on the same key both plan,
+  // and the first insert wins (plans are deterministic, so they are equal).
+  absl::StatusOr<RedistributePlan> plan =
+      PlanRedistribute(global_shape, dtype, mesh_shape, src, dst);
+  if (!plan.ok()) return plan.status();
+  auto shared = std::make_shared<const RedistributePlan>(*std::move(plan));
+  absl::MutexLock lock(&mu_);
+  return plans_.emplace(key, std::move(shared)).first->second;
+}
+
+int64_t RedistributePlanCache::hits() const {
+  absl::MutexLock lock(&mu_);
+  return hits_;
+}
+
+int64_t RedistributePlanCache::misses() const {
+  absl::MutexLock lock(&mu_);
+  return misses_;
+}
+
+}  // namespace mesh
