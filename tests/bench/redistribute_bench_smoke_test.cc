@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -68,11 +69,13 @@ TEST(RedistributeBenchSmoke, TheCommandLineRunsEveryCaseAndWritesJson) {
     EXPECT_EQ(row->bytes, row->shape[0] * row->shape[1] * 4);
     EXPECT_GT(row->plan_bytes_per_rank, 0);
     // The 1-D plans are the one collective the transition names.
-    if (row->case_name == "s0_r") EXPECT_EQ(row->plan, "all_gather");
-    if (row->case_name == "p_r") EXPECT_EQ(row->plan, "all_reduce");
-    if (row->case_name == "p_s0") EXPECT_EQ(row->plan, "reduce_scatter");
-    if (row->case_name == "s0_s1") EXPECT_EQ(row->plan, "all_to_all");
-    if (row->case_name == "s0s1_rr") {
+    const std::map<std::string, std::string> one_step = {{"s0_r", "all_gather"},
+                                                         {"p_r", "all_reduce"},
+                                                         {"p_s0", "reduce_scatter"},
+                                                         {"s0_s1", "all_to_all"}};
+    if (auto it = one_step.find(row->case_name); it != one_step.end()) {
+      EXPECT_EQ(row->plan, it->second);
+    } else {
       EXPECT_EQ(row->mesh, "(2, 2)");
       EXPECT_THAT(row->plan, HasSubstr("all_gather(dp)"));
       EXPECT_THAT(row->plan, HasSubstr("all_gather(tp)"));
