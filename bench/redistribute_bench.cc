@@ -488,15 +488,15 @@ std::string RedistributeHeader(const RedistributeBenchOptions& o) {
       o.shared_memory ? "shared memory (TCP for setup) " : "TCP ", o.hostname,
       ", float32, warm-up ", o.warmup, ", median of ", o.iterations,
       " rounds of the slowest rank; raw = the plan's collectives by hand\n",
-      absl::StrFormat("| %-21s | %-7s | %-7s | %-31s | %17s | %9s | %5s | %5s |\n", "transition",
+      absl::StrFormat("| %-22s | %-7s | %-7s | %-31s | %17s | %9s | %5s | %5s |\n", "transition",
                       "mesh", "size", "plan", "redistribute (us)", "raw (us)", "ratio", "wrong"),
-      absl::StrFormat("|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(23, '-'), std::string(9, '-'),
+      absl::StrFormat("|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(24, '-'), std::string(9, '-'),
                       std::string(9, '-'), std::string(33, '-'), std::string(19, '-'),
                       std::string(11, '-'), std::string(7, '-'), std::string(7, '-')));
 }
 
 std::string FormatRow(const RedistributeRow& row) {
-  return absl::StrFormat("| %-21s | %-7s | %-7s | %-31s | %17.0f | %9.0f | %5.2f | %5d |",
+  return absl::StrFormat("| %-22s | %-7s | %-7s | %-31s | %17.0f | %9.0f | %5.2f | %5d |",
                          row.transition, row.mesh, Size(row.bytes), row.plan, row.redistribute_us,
                          row.raw_us, row.ratio, row.wrong);
 }

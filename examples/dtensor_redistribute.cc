@@ -134,7 +134,7 @@ absl::Status Run(mesh::Runtime& runtime, int64_t rows, int64_t cols) {
       mesh::PlanRedistribute(x->shape(), x->dtype(), mesh->shape(), src, dst);
   if (!plan.ok()) return plan.status();
   if (rank == 0) {
-    std::printf("plan %s -> %s for %s:\n%s", mesh::PlacementsToString(src).c_str(),
+    std::printf("plan %s -> %s for %s:\n%s\n", mesh::PlacementsToString(src).c_str(),
                 mesh::PlacementsToString(dst).c_str(), global.DebugString().c_str(),
                 plan->ToString().c_str());
     std::fflush(stdout);

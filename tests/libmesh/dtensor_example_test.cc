@@ -11,6 +11,7 @@
 // reported an error to the coordinator.
 #include <sys/wait.h>
 
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,7 @@ TEST_F(DTensorExampleTest, EvenTensorRedistributesOnATwoByTwoMesh) {
   const auto lines = RunExample("dtensor-even", {});
   ASSERT_EQ(lines.size(), static_cast<size_t>(kWorld));
   const std::string plan = Joined(lines[0]);
+  std::cout << "rank 0 printed:\n" << plan;
   EXPECT_THAT(plan, HasSubstr("plan [S(0), R] -> [R, S(1)]"));
   // The planner slices over tp first (free), so that dp's all_gather moves
   // a [4, 3] shard (48 B) instead of a [4, 6] one (96 B, dims in order).
