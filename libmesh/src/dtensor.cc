@@ -37,16 +37,17 @@ absl::StatusOr<DTensor> MakeDTensor(DeviceMesh mesh, Placements placements, DimV
 
 namespace {
 
-#define DT_RETURN_IF_ERROR(expr)               \
-  do {                                         \
-    if (absl::Status _s = (expr); !_s.ok()) {  \
-      return _s;                               \
-    }                                          \
+#define DT_RETURN_IF_ERROR(expr)              \
+  do {                                        \
+    if (absl::Status _s = (expr); !_s.ok()) { \
+      return _s;                              \
+    }                                         \
   } while (false)
 
 #define DT_CONCAT_INNER(a, b) a##b
 #define DT_CONCAT(a, b) DT_CONCAT_INNER(a, b)
-#define DT_ASSIGN_OR_RETURN(lhs, expr) DT_ASSIGN_OR_RETURN_IMPL(DT_CONCAT(_so_, __LINE__), lhs, expr)
+#define DT_ASSIGN_OR_RETURN(lhs, expr) \
+  DT_ASSIGN_OR_RETURN_IMPL(DT_CONCAT(_so_, __LINE__), lhs, expr)
 #define DT_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                             \
   if (!tmp.ok()) return tmp.status();            \
@@ -71,8 +72,8 @@ int64_t OuterSize(absl::Span<const int64_t> shape, int d) {
 
 // Waits for `work` on the host: Work::Wait for CPU groups, SynchronizeWork
 // for CUDA ones (whose Wait only orders streams).
-absl::Status Finish(absl::StatusOr<WorkPtr> work, const ProcessGroup& group,
-                    absl::Duration timeout, bool cuda) {
+absl::Status Finish(absl::StatusOr<WorkPtr> work, const ProcessGroup& group, absl::Duration timeout,
+                    bool cuda) {
   if (!work.ok()) return work.status();
   if (timeout == absl::ZeroDuration()) timeout = group.options().timeout;
   if (cuda) return SynchronizeWork(**work, timeout);
@@ -119,8 +120,7 @@ Device GroupDevice(const DeviceMesh& mesh) {
 // afterwards (of `out_count` elements; the op writes `out`).
 template <typename Op>
 absl::StatusOr<std::vector<int64_t>> IntCollective(const std::vector<int64_t>& values,
-                                                   int64_t out_count, const Device& device,
-                                                   Op op) {
+                                                   int64_t out_count, const Device& device, Op op) {
   std::vector<int64_t> in = values;
   std::vector<int64_t> out(static_cast<size_t>(out_count));
   Tensor in_host = Tensor::Contiguous(in.data(), DType::kInt64, {static_cast<int64_t>(in.size())});
@@ -273,15 +273,15 @@ struct StepContext {
 
 // Shard(d) -> Replicate: every peer's block, exact sizes (AllGather when all
 // equal, else AllToAll with the own block repeated to every peer).
-absl::StatusOr<Tensor> RunAllGather(const StepContext& c, const Tensor& local, ProcessGroup& group) {
+absl::StatusOr<Tensor> RunAllGather(const StepContext& c, const Tensor& local,
+                                    ProcessGroup& group) {
   const int i = c.step.mesh_dim;
   const int d = c.step.from.dim();
   const bool cuda = local.device().is_cuda();
   DT_ASSIGN_OR_RETURN(std::vector<LocalLayout> peers,
                       PeerLayouts(c.mesh, c.shape, c.step.before, i));
-  DT_ASSIGN_OR_RETURN(
-      LocalLayout after,
-      ComputeLocalLayout(c.shape, c.mesh.shape(), c.step.after, c.mesh.GetCoordinate()));
+  DT_ASSIGN_OR_RETURN(LocalLayout after, ComputeLocalLayout(c.shape, c.mesh.shape(), c.step.after,
+                                                            c.mesh.GetCoordinate()));
   DT_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(local.dtype(), after.shape, local.device()));
   const int64_t k = static_cast<int64_t>(peers.size());
   std::vector<int64_t> counts;
@@ -310,17 +310,16 @@ absl::StatusOr<Tensor> RunAllGather(const StepContext& c, const Tensor& local, P
     for (int64_t j = 0; j < k; ++j) {
       DT_RETURN_IF_ERROR(sharding::CopyStrided(SubBuffer(repeated, j * own, {own}), send_flat));
     }
-    DT_RETURN_IF_ERROR(Finish(group.AllToAll(repeated, recv_flat,
-                                             std::vector<int64_t>(static_cast<size_t>(k), own),
-                                             counts),
-                              group, c.timeout, cuda));
+    DT_RETURN_IF_ERROR(
+        Finish(group.AllToAll(repeated, recv_flat,
+                              std::vector<int64_t>(static_cast<size_t>(k), own), counts),
+               group, c.timeout, cuda));
   }
   if (!direct) {
     int64_t offset = 0;
     for (int64_t j = 0; j < k; ++j) {
       const LocalLayout& p = peers[static_cast<size_t>(j)];
-      DT_ASSIGN_OR_RETURN(Tensor dst,
-                          out.Narrow(d, p.offset[d] - after.offset[d], p.shape[d]));
+      DT_ASSIGN_OR_RETURN(Tensor dst, out.Narrow(d, p.offset[d] - after.offset[d], p.shape[d]));
       DT_RETURN_IF_ERROR(sharding::CopyStrided(dst, SubBuffer(recv, offset, p.shape)));
       offset += counts[static_cast<size_t>(j)];
     }
@@ -332,8 +331,8 @@ absl::StatusOr<Tensor> RunAllReduce(const StepContext& c, const Tensor& local,
                                     ProcessGroup& group) {
   DT_ASSIGN_OR_RETURN(Tensor out, CopyOf(local));
   if (out.numel() == 0) return out;
-  DT_RETURN_IF_ERROR(Finish(group.AllReduce(out, c.step.from.op()), group, c.timeout,
-                            local.device().is_cuda()));
+  DT_RETURN_IF_ERROR(
+      Finish(group.AllReduce(out, c.step.from.op()), group, c.timeout, local.device().is_cuda()));
   return out;
 }
 
@@ -347,9 +346,8 @@ absl::StatusOr<Tensor> RunReduceScatter(const StepContext& c, const Tensor& loca
   const bool cuda = local.device().is_cuda();
   DT_ASSIGN_OR_RETURN(std::vector<LocalLayout> peers,
                       PeerLayouts(c.mesh, c.shape, c.step.after, i));
-  DT_ASSIGN_OR_RETURN(
-      LocalLayout before,
-      ComputeLocalLayout(c.shape, c.mesh.shape(), c.step.before, c.mesh.GetCoordinate()));
+  DT_ASSIGN_OR_RETURN(LocalLayout before, ComputeLocalLayout(c.shape, c.mesh.shape(), c.step.before,
+                                                             c.mesh.GetCoordinate()));
   const int64_t k = static_cast<int64_t>(peers.size());
   const int me = group.rank();
   DT_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(local.dtype(), peers[me].shape, local.device()));
@@ -391,14 +389,13 @@ absl::StatusOr<Tensor> RunReduceScatter(const StepContext& c, const Tensor& loca
   } else if (pad) {
     DT_ASSIGN_OR_RETURN(Tensor recv, Tensor::Empty(local.dtype(), {padded_count}, local.device()));
     DT_RETURN_IF_ERROR(Finish(group.ReduceScatter(send_flat, recv, op), group, c.timeout, cuda));
-    DT_RETURN_IF_ERROR(
-        sharding::CopyStrided(out, SubBuffer(recv, 0, peers[me].shape)));
+    DT_RETURN_IF_ERROR(sharding::CopyStrided(out, SubBuffer(recv, 0, peers[me].shape)));
   } else {
     const int64_t own = out.numel();
     DT_ASSIGN_OR_RETURN(Tensor recv, Tensor::Empty(local.dtype(), {own * k}, local.device()));
-    DT_RETURN_IF_ERROR(Finish(group.AllToAll(send_flat, recv, counts,
-                                             std::vector<int64_t>(static_cast<size_t>(k), own)),
-                              group, c.timeout, cuda));
+    DT_RETURN_IF_ERROR(Finish(
+        group.AllToAll(send_flat, recv, counts, std::vector<int64_t>(static_cast<size_t>(k), own)),
+        group, c.timeout, cuda));
     DT_RETURN_IF_ERROR(ReduceLocal(out, recv, k, op));
   }
   return out;
@@ -453,10 +450,10 @@ absl::StatusOr<Tensor> RunAllToAll(const StepContext& c, const Tensor& local, Pr
   if (!direct) {
     DT_ASSIGN_OR_RETURN(recv, Tensor::Empty(local.dtype(), {out.numel()}, local.device()));
   }
-  DT_RETURN_IF_ERROR(Finish(group.AllToAll(SubBuffer(send, 0, {local.numel()}),
-                                           SubBuffer(recv, 0, {out.numel()}), send_counts,
-                                           recv_counts),
-                            group, c.timeout, cuda));
+  DT_RETURN_IF_ERROR(
+      Finish(group.AllToAll(SubBuffer(send, 0, {local.numel()}), SubBuffer(recv, 0, {out.numel()}),
+                            send_counts, recv_counts),
+             group, c.timeout, cuda));
   if (!direct) {
     int64_t offset = 0;
     for (int64_t j = 0; j < k; ++j) {
@@ -472,12 +469,10 @@ absl::StatusOr<Tensor> RunAllToAll(const StepContext& c, const Tensor& local, Pr
 
 absl::StatusOr<Tensor> RunLocalSlice(const StepContext& c, const Tensor& local) {
   const int d = c.step.to.dim();
-  DT_ASSIGN_OR_RETURN(
-      LocalLayout before,
-      ComputeLocalLayout(c.shape, c.mesh.shape(), c.step.before, c.mesh.GetCoordinate()));
-  DT_ASSIGN_OR_RETURN(
-      LocalLayout after,
-      ComputeLocalLayout(c.shape, c.mesh.shape(), c.step.after, c.mesh.GetCoordinate()));
+  DT_ASSIGN_OR_RETURN(LocalLayout before, ComputeLocalLayout(c.shape, c.mesh.shape(), c.step.before,
+                                                             c.mesh.GetCoordinate()));
+  DT_ASSIGN_OR_RETURN(LocalLayout after, ComputeLocalLayout(c.shape, c.mesh.shape(), c.step.after,
+                                                            c.mesh.GetCoordinate()));
   DT_ASSIGN_OR_RETURN(Tensor piece,
                       local.Narrow(d, after.offset[d] - before.offset[d], after.shape[d]));
   return CopyOf(piece);
@@ -562,19 +557,19 @@ absl::StatusOr<DimVector> InferGlobalShape(const Tensor& local, const DeviceMesh
       for (int64_t j = 0; j < k && error->empty(); ++j) {
         for (int t = 0; t < rank; ++t) {
           if (t == d || all[static_cast<size_t>(j * rank + t)] == extent[t]) continue;
-          *error = absl::StrCat("mesh dim ", i, " (", placements[i].ToString(), "): tensor dim ",
-                                t, " has size ", extent[t], " on world rank ", world(group->rank()),
-                                " but ", all[static_cast<size_t>(j * rank + t)],
-                                " on world rank ", world(j));
+          *error = absl::StrCat("mesh dim ", i, " (", placements[i].ToString(), "): tensor dim ", t,
+                                " has size ", extent[t], " on world rank ", world(group->rank()),
+                                " but ", all[static_cast<size_t>(j * rank + t)], " on world rank ",
+                                world(j));
           *error_dim = i;
           break;
         }
       }
       for (int64_t j = 0; j < k && error->empty(); ++j) {
         if (ChunkOf(sum, k, j).size != sizes[static_cast<size_t>(j)]) {
-          *error = absl::StrCat("mesh dim ", i, " (", placements[i].ToString(), "): tensor dim ",
-                                d, " sizes [", absl::StrJoin(sizes, ", "),
-                                "] along world ranks [", absl::StrJoin(group->global_ranks(), ", "),
+          *error = absl::StrCat("mesh dim ", i, " (", placements[i].ToString(), "): tensor dim ", d,
+                                " sizes [", absl::StrJoin(sizes, ", "), "] along world ranks [",
+                                absl::StrJoin(group->global_ranks(), ", "),
                                 "] are not torch.chunk's split of ", sum, " in ", k);
           *error_dim = i;
         }
@@ -620,14 +615,14 @@ DTensor::DTensor(DeviceMesh mesh, Placements placements, DimVector shape, LocalL
 absl::StatusOr<DTensor> MakeDTensor(DeviceMesh mesh, Placements placements, DimVector shape,
                                     Tensor local) {
   DT_RETURN_IF_ERROR(CheckDTypeForPlacements(placements, local.dtype()));
-  DT_ASSIGN_OR_RETURN(LocalLayout layout, ComputeLocalLayout(shape, mesh.shape(), placements,
-                                                             mesh.GetCoordinate()));
+  DT_ASSIGN_OR_RETURN(LocalLayout layout,
+                      ComputeLocalLayout(shape, mesh.shape(), placements, mesh.GetCoordinate()));
   if (layout.shape != DimVector(local.shape().begin(), local.shape().end())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "local tensor ", local.ShapeString(), " on world rank ", mesh.rank(), " (coordinate ",
         ShapeStr(mesh.GetCoordinate()), ") does not match the layout ", ShapeStr(layout.shape),
-        " of global shape ", ShapeStr(shape), " with placements ",
-        PlacementsToString(placements), " on mesh ", ShapeStr(mesh.shape())));
+        " of global shape ", ShapeStr(shape), " with placements ", PlacementsToString(placements),
+        " on mesh ", ShapeStr(mesh.shape())));
   }
   if (!local.is_contiguous()) {
     return absl::InvalidArgumentError(
@@ -653,10 +648,10 @@ absl::StatusOr<DTensor> DTensor::FromLocal(Tensor local, const DeviceMesh& mesh,
   int error_dim = 0;
   if (!options.global_shape.empty() || local.dim() == 0) {
     if (static_cast<int>(options.global_shape.size()) != local.dim()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "FromLocal: global shape ", ShapeStr(options.global_shape), " has ",
-          options.global_shape.size(), " dims but the local tensor ", local.ShapeString(),
-          " has ", local.dim()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("FromLocal: global shape ", ShapeStr(options.global_shape), " has ",
+                       options.global_shape.size(), " dims but the local tensor ",
+                       local.ShapeString(), " has ", local.dim()));
     }
     shape.assign(options.global_shape.begin(), options.global_shape.end());
   } else {
@@ -668,11 +663,11 @@ absl::StatusOr<DTensor> DTensor::FromLocal(Tensor local, const DeviceMesh& mesh,
     if (!layout.ok()) {
       error = std::string(layout.status().message());
     } else if (layout->shape != DimVector(local.shape().begin(), local.shape().end())) {
-      error = absl::StrCat("local tensor ", local.ShapeString(), " on world rank ", mesh.rank(),
-                           " (coordinate ", ShapeStr(mesh.GetCoordinate()),
-                           ") does not match the layout ", ShapeStr(layout->shape),
-                           " of global shape ", ShapeStr(shape), " with placements ",
-                           PlacementsToString(placements));
+      error =
+          absl::StrCat("local tensor ", local.ShapeString(), " on world rank ", mesh.rank(),
+                       " (coordinate ", ShapeStr(mesh.GetCoordinate()),
+                       ") does not match the layout ", ShapeStr(layout->shape), " of global shape ",
+                       ShapeStr(shape), " with placements ", PlacementsToString(placements));
     }
   }
   const bool collective = options.verify || options.global_shape.empty();
@@ -704,18 +699,19 @@ absl::StatusOr<DTensor> DTensor::FromLocal(Tensor local, const DeviceMesh& mesh,
                           AllGatherInts(*group, {hash}, device, absl::ZeroDuration()));
       for (size_t j = 1; j < hashes.size() && mismatch.empty(); ++j) {
         if (hashes[j] == hashes[0]) continue;
-        mismatch = absl::StrCat("mesh dim ", i, " (Replicate): world ranks ",
-                                group->global_ranks()[0], " and ", group->global_ranks()[j],
-                                " hold different data");
+        mismatch =
+            absl::StrCat("mesh dim ", i, " (Replicate): world ranks ", group->global_ranks()[0],
+                         " and ", group->global_ranks()[j], " hold different data");
         code = std::min(code, ErrorCode(i, group->global_ranks()[0]));
       }
     }
     DT_ASSIGN_OR_RETURN(int64_t first, MeshMin(mesh, code, device, absl::ZeroDuration()));
     if (first != kNoError) {
       if (mismatch.empty()) {
-        mismatch = absl::StrCat("mesh dim ", first >> 32,
-                                " (Replicate): replicas disagree (found in the group of world rank ",
-                                first & 0xffffffff, ")");
+        mismatch =
+            absl::StrCat("mesh dim ", first >> 32,
+                         " (Replicate): replicas disagree (found in the group of world rank ",
+                         first & 0xffffffff, ")");
       }
       return absl::FailedPreconditionError(absl::StrCat("FromLocal verify: ", mismatch));
     }
@@ -754,9 +750,9 @@ absl::StatusOr<DTensor> DistributeTensor(const Tensor& global, const DeviceMesh&
                                                    " ranks (or -1)"));
   }
   if (static_cast<int>(placements.size()) != mesh.ndim()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DistributeTensor: ", placements.size(), " placements for a mesh of ", mesh.ndim(),
-        " dims"));
+    return absl::InvalidArgumentError(absl::StrCat("DistributeTensor: ", placements.size(),
+                                                   " placements for a mesh of ", mesh.ndim(),
+                                                   " dims"));
   }
   const std::vector<int64_t>& coordinate = mesh.GetCoordinate();
   if (src == -1) {
@@ -835,14 +831,15 @@ absl::StatusOr<DTensor> DistributeTensor(const Tensor& global, const DeviceMesh&
                               }));
   }
   if (header[0] != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DistributeTensor: the source (mesh rank ", src, ") rejected its global tensor",
-        src_error.empty() ? "" : ": ", src_error));
+    return absl::InvalidArgumentError(absl::StrCat("DistributeTensor: the source (mesh rank ", src,
+                                                   ") rejected its global tensor",
+                                                   src_error.empty() ? "" : ": ", src_error));
   }
   const DType dtype = static_cast<DType>(header[1]);
   DimVector shape(header.begin() + 3, header.begin() + 3 + header[2]);
   if (!is_src) {
-    DT_RETURN_IF_ERROR(ValidatePlacements(placements, mesh.shape(), static_cast<int>(shape.size())));
+    DT_RETURN_IF_ERROR(
+        ValidatePlacements(placements, mesh.shape(), static_cast<int>(shape.size())));
   }
   // The block a rank holds after step i - 1 (placements of dims >= i as
   // Replicate).
@@ -899,10 +896,10 @@ absl::StatusOr<DTensor> DistributeTensor(const Tensor& global, const DeviceMesh&
         } else {
           DT_ASSIGN_OR_RETURN(send, Tensor::Empty(dtype, {0}, device));
         }
-        DT_RETURN_IF_ERROR(Finish(group->AllToAll(SubBuffer(send, 0, {me == holder ? total : 0}),
-                                                  SubBuffer(mine, 0, {counts[me]}), in_splits,
-                                                  out_splits),
-                                  *group, options.timeout, cuda));
+        DT_RETURN_IF_ERROR(
+            Finish(group->AllToAll(SubBuffer(send, 0, {me == holder ? total : 0}),
+                                   SubBuffer(mine, 0, {counts[me]}), in_splits, out_splits),
+                   *group, options.timeout, cuda));
       }
       held = mine;
     } else {

@@ -2,16 +2,15 @@
 
 #include <algorithm>
 #include <limits>
-#include <map>
 #include <optional>
 #include <queue>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/check.h"
 
 namespace mesh {
 namespace {
@@ -109,16 +108,13 @@ int64_t StepBytes(absl::Span<const int64_t> global_shape, int64_t element_size,
     const Box old_box = LayoutOf(global_shape, mesh_shape, before, coordinate);
     int64_t elements = 0;
     switch (op) {
-      case RedistributeOp::kAllGather: {
-        // The peers' real shard sizes, never padding.
-        std::vector<int64_t> peer = coordinate;
-        for (int64_t p = 0; p < k; ++p) {
-          if (p == coordinate[mesh_dim]) continue;
-          peer[mesh_dim] = p;
-          elements += Numel(LayoutOf(global_shape, mesh_shape, before, peer));
-        }
+      case RedistributeOp::kAllGather:
+        // The peers' real shard sizes, never padding. Nesting guarantees no
+        // later mesh dim re-chunks the gathered tensor dim, so the peers'
+        // shards tile the new box beside this rank's own: their sum is the
+        // difference (O(1) per rank instead of O(k)).
+        elements = Numel(LayoutOf(global_shape, mesh_shape, after, coordinate)) - Numel(old_box);
         break;
-      }
       case RedistributeOp::kAllReduce: {
         // ceil(2 (k-1) bytes / k); 128 bits because k can be large.
         const __int128 bytes = static_cast<__int128>(Numel(old_box)) * element_size;
@@ -248,7 +244,7 @@ absl::StatusOr<RedistributePlan> PlanRedistribute(absl::Span<const int64_t> glob
   const int ndim = static_cast<int>(mesh_shape.size());
   // States are keyed by their printed form; each mesh dim takes one of its
   // src, dst or Replicate, so there are at most 3^ndim of them.
-  std::map<std::string, bool> settled;
+  absl::flat_hash_set<std::string> settled;
   std::priority_queue<Path, std::vector<Path>, PathAfter> frontier;
   Path start;
   start.state = plan.src;
@@ -256,7 +252,7 @@ absl::StatusOr<RedistributePlan> PlanRedistribute(absl::Span<const int64_t> glob
   while (!frontier.empty()) {
     Path path = frontier.top();
     frontier.pop();
-    if (!settled.emplace(PlacementsToString(path.state), true).second) continue;
+    if (!settled.insert(PlacementsToString(path.state)).second) continue;
     if (path.state == plan.dst) {
       plan.steps = std::move(path.steps);
       plan.bytes_per_rank = path.bytes;

@@ -49,8 +49,7 @@ absl::Status CopyStrided(const Tensor& dst, const Tensor& src) {
   std::optional<Rows> s = AsRows(src);
   if (!d || !s) {
     return absl::UnimplementedError(absl::StrCat("strided CUDA copy of ", src.DebugString(),
-                                                 " into ", dst.DebugString(),
-                                                 ": not a 2-D view"));
+                                                 " into ", dst.DebugString(), ": not a 2-D view"));
   }
   // A contiguous side takes the other side's row width.
   if (d->rows == 1 && s->rows != 1) *d = Rows{s->rows, s->width, s->width};
@@ -75,8 +74,8 @@ absl::Status CopyStrided(const Tensor& dst, const Tensor& src) {
   if (err == cudaSuccess) err = cudaStreamSynchronize(nullptr);
   if (previous >= 0) cudaSetDevice(previous);
   if (err != cudaSuccess) {
-    return absl::InternalError(absl::StrCat("cudaMemcpy2D: ", cudaGetErrorName(err), ": ",
-                                            cudaGetErrorString(err)));
+    return absl::InternalError(
+        absl::StrCat("cudaMemcpy2D: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
   }
   return absl::OkStatus();
 #else
