@@ -17,14 +17,12 @@
 // are rounded down to a multiple of the process count where the op splits
 // the buffer.
 //
-// Processes. The parent starts a coordinator in-process on 127.0.0.1:0,
-// creates an n-rank job on it and re-executes the mesh-bench binary n times
-// (worker mode). Each worker joins the job, rendezvouses its Gloo world
-// through the coordinator's key-value store (CoordinatorStore), exactly as a
-// worker of a real job does, and runs the sizes. Rank 0 streams one JSON
-// row per size to the parent over its stdout. Workers get PR_SET_PDEATHSIG
-// (SIGKILL) and check getppid() after it, so none outlives the parent; the
-// parent SIGKILLs the rest when one fails.
+// Processes (bench/bench_workers.h). The parent starts a coordinator
+// in-process on 127.0.0.1:0, creates an n-rank job on it and re-executes
+// the mesh-bench binary n times (worker mode). Each worker joins the job,
+// rendezvouses its Gloo world through the coordinator's key-value store,
+// exactly as a worker of a real job does, and runs the sizes. Rank 0
+// streams one JSON row per size to the parent over its stdout.
 //
 // With `check`, each size runs once more on fresh deterministic data and
 // every element is compared with the reference (small integers, exact in
@@ -40,6 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "bench/bench_workers.h"
 #include "mesh/dtype.h"
 #include "mesh/process_group_gloo.h"
 
@@ -107,9 +106,6 @@ absl::Status RunCollectivesWorker(const CollectivesBenchOptions& options, int ra
 
 // Validates options as RunCollectivesBench does.
 absl::Status ValidateCollectivesOptions(const CollectivesBenchOptions& options);
-
-// The line prefix rank 0 writes before each JSON row on stdout.
-inline constexpr char kRowPrefix[] = "MESH_BENCH_ROW ";
 
 nlohmann::json ToJson(const CollectivesRow& row);
 absl::StatusOr<CollectivesRow> RowFromJson(const nlohmann::json& json);

@@ -19,6 +19,7 @@
 #include "bench/launch_bench.h"
 #include "bench/nccl_overhead_bench.h"
 #include "bench/ping_bench.h"
+#include "bench/redistribute_bench.h"
 #include "bench/rendezvous_bench.h"
 #include "bench/waiters_bench.h"
 #include "common/logging.h"
@@ -199,6 +200,47 @@ int main(int argc, char** argv) {
   coll_cmd->add_option("--coordinator", worker_coordinator)->group("");
   coll_cmd->add_option("--job", worker_job)->group("");
 
+  // ---- redistribute (issue 6): mesh::Redistribute vs the raw collectives ----
+  mesh::bench::RedistributeBenchOptions redist;
+  int redist_timeout_s = 120;
+  int redist_worker_rank = -1;
+  std::string redist_coordinator, redist_job;
+  CLI::App* redist_cmd = app.add_subcommand(
+      "redistribute",
+      "DTensor Redistribute vs the raw Gloo collectives of its plan (S(0)->R, P->R, P->S(0), "
+      "S(0)->S(1), [S(0),S(1)]->[R,R]) over local processes");
+  redist_cmd->fallthrough();  // --json and --smoke may follow the subcommand.
+  redist_cmd->add_option("--sizes", redist.sizes, "Global tensor sizes, e.g. 16M,64M")
+      ->delimiter(',')
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  redist_cmd->add_option("--nproc", redist.nprocs, "World sizes, one job each, e.g. 2,4")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  redist_cmd
+      ->add_option("--cases", redist.cases,
+                   "Comma-separated: s0_r, p_r, p_s0, s0_s1, s0s1_rr (2-D, even worlds >= 4)")
+      ->delimiter(',')
+      ->capture_default_str();
+  redist_cmd->add_option("-n,--iters", redist.iterations, "Measured rounds per row")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  redist_cmd->add_option("-w,--warmup_iters", redist.warmup, "Untimed rounds per row")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  redist_cmd->add_flag("--shm", redist.shared_memory,
+                       "Run through the shared-memory path (GlooOptions::shared_memory)");
+  redist_cmd->add_option("--hostname", redist.hostname, "Address the Gloo sockets bind to")
+      ->capture_default_str();
+  redist_cmd->add_option("--timeout", redist_timeout_s, "Gloo op and rendezvous timeout, seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  // Worker mode: the parent re-executes this binary with these.
+  redist_cmd->add_option("--worker-rank", redist_worker_rank)->group("");
+  redist_cmd->add_option("--coordinator", redist_coordinator)->group("");
+  redist_cmd->add_option("--job", redist_job)->group("");
+
   mesh::bench::RendezvousBenchOptions rendezvous;
   double round_timeout_s = absl::ToDoubleSeconds(rendezvous.round_timeout);
   CLI::App* rendezvous_cmd = app.add_subcommand(
@@ -369,6 +411,51 @@ int main(int argc, char** argv) {
       std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
                   wrong == 0 ? "OK" : "FAILED");
     const int rc = Finish(mesh::bench::ToJson(coll, *result), json_path);
+    return rc != 0 ? rc : (wrong == 0 ? 0 : 1);
+  }
+
+  if (redist_cmd->parsed()) {
+    redist.timeout = absl::Seconds(redist_timeout_s);
+    if (redist_worker_rank >= 0) {
+      // A worker runs one world size: the parent's --nproc N.
+      const int nproc = redist.nprocs.empty() ? 0 : redist.nprocs.front();
+      const absl::Status s = mesh::bench::RunRedistributeWorker(
+          redist, nproc, redist_worker_rank, redist_coordinator, redist_job,
+          [](const mesh::bench::RedistributeRow& row) {
+            mesh::bench::EmitRow(mesh::bench::ToJson(row));
+          });
+      if (!s.ok()) {
+        std::fprintf(stderr, "mesh-bench redistribute worker rank %d: %s\n", redist_worker_rank,
+                     s.ToString().c_str());
+        return 1;
+      }
+      return 0;
+    }
+    if (smoke) {
+      redist.sizes = {4096, 16384};
+      redist.iterations = 2;
+      redist.warmup = 1;
+    }
+    std::printf("%s", mesh::bench::RedistributeHeader(redist).c_str());
+    std::fflush(stdout);
+    auto result =
+        mesh::bench::RunRedistributeBench(redist, [](const mesh::bench::RedistributeRow& row) {
+          std::printf("%s\n", mesh::bench::FormatRow(row).c_str());
+          std::fflush(stdout);
+        });
+    if (!result.ok()) {
+      std::fprintf(stderr, "mesh-bench redistribute: %s\n", result.status().ToString().c_str());
+      return 1;
+    }
+    int64_t wrong = 0;
+    int over = 0;
+    for (const auto& row : result->rows) {
+      wrong += row.wrong;
+      if (row.ratio > 1.1) ++over;
+    }
+    std::printf("# goal: ratio <= 1.1; %d of %zu rows above it; wrong elements: %lld %s\n", over,
+                result->rows.size(), static_cast<long long>(wrong), wrong == 0 ? "OK" : "FAILED");
+    const int rc = Finish(mesh::bench::ToJson(redist, *result), json_path);
     return rc != 0 ? rc : (wrong == 0 ? 0 : 1);
   }
 

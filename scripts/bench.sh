@@ -28,6 +28,9 @@ done
 # CPU collectives, 2 local processes, TCP and shared memory (docs/collectives.md).
 "$bench" --json "$out_dir/collectives_tcp.json" collectives --nproc 2 -b 64K -e 64M -f 4 -c
 "$bench" --json "$out_dir/collectives_shm.json" collectives --nproc 2 -b 64K -e 64M -f 4 -c --shm
+# DTensor Redistribute vs the raw collectives of its plan, 16 and 64 MiB,
+# worlds of 2 and 4 processes plus a (2, 2) mesh (docs/sharding.md).
+"$bench" --json "$out_dir/redistribute.json" redistribute --nproc 2,4 --sizes 16M,64M
 # Launch: SubmitJob reply -> 8 ranks joined, real coordinator + agent as
 # processes, vs torchrun (skipped without python3-torch) (docs/performance.md).
 "$bench" --json "$out_dir/launch.json" launch --nproc 8 --rounds 5
