@@ -205,9 +205,9 @@ absl::Status Agent::Start() {
       (config_.worker_metrics_port_first < 1 ||
        config_.worker_metrics_port_first > config_.worker_metrics_port_last ||
        config_.worker_metrics_port_last > 65535)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker metrics ports ", config_.worker_metrics_port_first, "-",
-        config_.worker_metrics_port_last, " are not a range within 1..65535"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker metrics ports ", config_.worker_metrics_port_first, "-",
+                     config_.worker_metrics_port_last, " are not a range within 1..65535"));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -797,10 +797,11 @@ void Agent::ApplyLaunch(const v1::Assignment& order, absl::Time received) {
     if (assignment.metrics_port != 0) {
       metrics_ports[r.rank()] = assignment.metrics_port;
     } else if (config_.worker_metrics_port_first != 0) {
-      spdlog::warn("job {} generation {} rank {}: every worker metrics port ({}-{}) is taken; "
-                   "launching it without one",
-                   job_id, generation, r.rank(), config_.worker_metrics_port_first,
-                   config_.worker_metrics_port_last);
+      spdlog::warn(
+          "job {} generation {} rank {}: every worker metrics port ({}-{}) is taken; "
+          "launching it without one",
+          job_id, generation, r.rank(), config_.worker_metrics_port_first,
+          config_.worker_metrics_port_last);
     }
     absl::StatusOr<std::vector<std::string>> env = BuildWorkerEnv(assignment, config_.base_env);
     if (!env.ok()) return fail_all(absl::StrCat("rank ", r.rank(), ": ", env.status().message()));

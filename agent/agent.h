@@ -56,11 +56,11 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/metrics.h"
 #include "agent/agent_metrics.h"
 #include "agent/nvml.h"
 #include "agent/process_launcher.h"
 #include "agent/worker_supervisor.h"
+#include "common/metrics.h"
 #include "mesh/v1/job.grpc.pb.h"
 
 namespace mesh::agent {

@@ -629,8 +629,8 @@ absl::Status Runtime::StartMetrics() {
       internal::WorkerMetricsServer::Acquire(*port);
   if (!server.ok()) return server.status();
   metrics_server_ = *std::move(server);
-  factory_ = std::make_shared<internal::MeteredProcessGroupFactory>(factory_,
-                                                                    metrics_server_->metrics());
+  factory_ =
+      std::make_shared<internal::MeteredProcessGroupFactory>(factory_, metrics_server_->metrics());
   return absl::OkStatus();
 }
 

@@ -145,8 +145,8 @@ absl::StatusOr<ProcessGroup::WorkPtr> MeteredProcessGroup::Meter(CollectiveOp op
   if (!work.ok()) return work;
   const OpMetrics& m = ops_[static_cast<int>(op)];
   m.bytes->Increment(static_cast<double>(bytes));
-  return WorkPtr(std::make_shared<MeteredWork>(*std::move(work), m.duration, issued,
-                                               options().timeout));
+  return WorkPtr(
+      std::make_shared<MeteredWork>(*std::move(work), m.duration, issued, options().timeout));
 }
 
 absl::StatusOr<ProcessGroup::WorkPtr> MeteredProcessGroup::AllReduce(Tensor tensor, ReduceOp op) {
