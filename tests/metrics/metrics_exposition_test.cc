@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/metrics/metrics_test_util.h"
+#include "tests/util/proc.h"
 
 namespace mesh::testing {
 namespace {

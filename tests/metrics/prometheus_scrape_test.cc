@@ -18,6 +18,7 @@
 #include "absl/strings/str_replace.h"
 #include "tests/common/http_get.h"
 #include "tests/metrics/metrics_test_util.h"
+#include "tests/util/proc.h"
 
 namespace mesh::testing {
 namespace {
