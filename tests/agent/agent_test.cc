@@ -883,8 +883,9 @@ TEST_F(AgentTest, MetricsCountLaunchesRestartsAndExitsByReason) {
     return registry_.CounterValue("mesh_agent_worker_exits_total", {"launch_error"}) == 3;
   }));
   EXPECT_EQ(registry_.CounterValue("mesh_agent_launches_total"), 4);
-  // Only the reasons seen have series.
-  EXPECT_EQ(registry_.Children("mesh_agent_worker_exits_total").size(), 4u);
+  // Every reason has its series from the start, and there are no others.
+  EXPECT_EQ(registry_.Children("mesh_agent_worker_exits_total").size(), 14u);
+  EXPECT_EQ(registry_.CounterValue("mesh_agent_worker_exits_total", {"exit_0"}), 0);
 }
 
 TEST_F(AgentTest, MetricsShowConnectionAndHeartbeatAge) {
