@@ -50,6 +50,14 @@ AgentMetrics::AgentMetrics(metrics::Registry& registry) {
   worker_exits = registry.AddCounter(
       "mesh_agent_worker_exits_total",
       "Worker exits by reason: exit code class, terminating signal, or launch_error.", {"reason"});
+  // Every reason's series exists from the start, at 0, so that rate() and
+  // increase() see the first exit of each kind.
+  for (const char* reason :
+       {"exit_0", "exit_1", "exit_2_127", "exit_128_255", "signal_SIGKILL", "signal_SIGTERM",
+        "signal_SIGSEGV", "signal_SIGABRT", "signal_SIGBUS", "signal_SIGFPE", "signal_SIGILL",
+        "signal_SIGINT", "signal_other", kLaunchErrorReason}) {
+    worker_exits->WithLabels({reason});
+  }
   launches = registry.AddCounter("mesh_agent_launches_total", "Ranks launched.")->Get();
   restarts = registry
                  .AddCounter("mesh_agent_restarts_total",

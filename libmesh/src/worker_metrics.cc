@@ -109,7 +109,15 @@ WorkerMetrics::WorkerMetrics(std::shared_ptr<metrics::Registry> registry)
                                    "ops.",
                                    {"op", "backend"})),
       redistribute_steps_(registry_->AddCounter("mesh_redistribute_steps_total",
-                                                "Redistribute plan steps executed.", {"op"})) {}
+                                                "Redistribute plan steps executed.", {"op"})) {
+  // Every op's series exists from the start, at 0, so a dashboard tells "no
+  // redistributes" from "no metrics".
+  for (RedistributeOp op :
+       {RedistributeOp::kAllGather, RedistributeOp::kAllReduce, RedistributeOp::kReduceScatter,
+        RedistributeOp::kAllToAll, RedistributeOp::kLocalSlice, RedistributeOp::kLocalPartial}) {
+    redistribute_steps_->WithLabels({RedistributeOpName(op)});
+  }
+}
 
 metrics::Histogram* WorkerMetrics::CollectiveDuration(CollectiveOp op, absl::string_view backend) {
   return duration_->WithLabels({CollectiveOpName(op), std::string(backend)});
