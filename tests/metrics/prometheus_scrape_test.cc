@@ -89,7 +89,7 @@ TEST_F(PrometheusScrapeTest, ScrapesTheClusterThroughTheSdFileAndSeesAJobSucceed
 
   const std::string dir = (*cluster)->dir();
   absl::StatusOr<std::string> config = RewrittenConfig({
-      {"/var/lib/mesh/prometheus/targets.json", (*cluster)->sd_file()},
+      {"- /var/lib/mesh/prometheus/targets.json", "- " + (*cluster)->sd_file()},
       {"scrape_interval: 15s", "scrape_interval: 1s"},
       {"scrape_timeout: 10s", "scrape_timeout: 1s"},
       {"evaluation_interval: 15s", "evaluation_interval: 1s"},
