@@ -131,6 +131,8 @@ struct Agent::Generation {
   std::set<int> ranks;           // every rank of the LAUNCH
   std::map<int, pid_t> running;  // launched, exit not yet seen
   std::set<int> exited;
+  // MESH_METRICS_PORT of each rank given one, until its exit is seen.
+  std::map<int, int> metrics_ports;
   bool launching = true;  // Start() in progress: exits are held back
   bool stopped = false;   // killed or replaced: collected once empty
   // Exit reports that arrived while launching; sent after the started one.
@@ -174,8 +176,17 @@ class Agent::ContextGuard {
   grpc::ClientContext* const context_;
 };
 
-Agent::Agent(AgentConfig config, ProcessLauncher* launcher)
-    : config_(std::move(config)), launcher_(launcher) {}
+Agent::Agent(AgentConfig config, ProcessLauncher* launcher, metrics::Registry* metrics)
+    : config_(std::move(config)),
+      launcher_(launcher),
+      metrics_(metrics != nullptr ? *metrics : metrics::NoopRegistry()) {
+  metrics_.slots->Set(config_.slots);
+  metrics_.gpus->Set(static_cast<double>(config_.gpus.size()));
+  metrics_.workers_running->Set(0);
+  metrics_.workers_stopping->Set(0);
+  metrics_.connected->Set(0);
+  metrics_.heartbeat_age->Set(0);
+}
 
 Agent::~Agent() { Shutdown(); }
 
@@ -186,10 +197,24 @@ absl::Status Agent::Start() {
   if (config_.slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat("slots must be >= 1, got ", config_.slots));
   }
+  if (config_.metrics_port < 0 || config_.metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics_port must be in 0..65535, got ", config_.metrics_port));
+  }
+  if (config_.worker_metrics_port_first != 0 &&
+      (config_.worker_metrics_port_first < 1 ||
+       config_.worker_metrics_port_first > config_.worker_metrics_port_last ||
+       config_.worker_metrics_port_last > 65535)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker metrics ports ", config_.worker_metrics_port_first, "-",
+                     config_.worker_metrics_port_last, " are not a range within 1..65535"));
+  }
   {
     absl::MutexLock lock(&mu_);
     if (started_) return absl::FailedPreconditionError("agent already started");
     started_ = true;
+    last_ack_ = absl::Now();
+    next_worker_port_ = config_.worker_metrics_port_first;
   }
   grpc::ChannelArguments args;
   // gRPC's own reconnect backoff grows to 2 minutes by default; keep it at
@@ -217,6 +242,7 @@ void Agent::Shutdown() {
     if (!started_ || stopping_) return;
     stopping_ = true;
     for (grpc::ClientContext* context : contexts_) context->TryCancel();
+    SetConnectedLocked(false);
     changed_.SignalAll();
   }
   // The order thread first: after it no LAUNCH starts anything.
@@ -234,6 +260,7 @@ void Agent::Shutdown() {
         generations.push_back(rec);
       }
     }
+    UpdateWorkerGaugesLocked();
   }
   for (auto& upload : uploads) upload->thread.join();
   for (auto& rec : generations) rec->supervisor->Stop();
@@ -245,6 +272,7 @@ void Agent::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, job] : jobs_) job->generations.clear();
+    UpdateWorkerGaugesLocked();
   }
   generations.clear();  // destroys the supervisors, outside mu_
 }
@@ -274,11 +302,49 @@ std::vector<v1::RunningWorker> Agent::RunningWorkersLocked() const {
         w.set_generation(g);
         w.set_rank(rank);
         w.set_pid(pid);
+        if (auto port = rec->metrics_ports.find(rank); port != rec->metrics_ports.end()) {
+          w.set_metrics_port(port->second);
+        }
       }
     }
   }
   return running;
 }
+
+void Agent::UpdateWorkerGaugesLocked() {
+  size_t running = 0;
+  size_t stopping = 0;
+  for (const auto& [id, job] : jobs_) {
+    for (const auto& [g, rec] : job->generations) {
+      (rec->stopped ? stopping : running) += rec->running.size();
+    }
+  }
+  metrics_.workers_running->Set(static_cast<double>(running));
+  metrics_.workers_stopping->Set(static_cast<double>(stopping));
+}
+
+void Agent::SetConnectedLocked(bool connected) { metrics_.connected->Set(connected ? 1 : 0); }
+
+void Agent::UpdateHeartbeatAgeLocked() {
+  metrics_.heartbeat_age->Set(absl::ToDoubleSeconds(absl::Now() - last_ack_));
+}
+
+int Agent::AcquireWorkerMetricsPortLocked() {
+  const int first = config_.worker_metrics_port_first;
+  const int last = config_.worker_metrics_port_last;
+  if (first == 0) return 0;
+  const int count = last - first + 1;
+  for (int i = 0; i < count; ++i) {
+    const int port = first + (next_worker_port_ - first + i) % count;
+    if (worker_ports_in_use_.insert(port).second) {
+      next_worker_port_ = port == last ? first : port + 1;
+      return port;
+    }
+  }
+  return 0;
+}
+
+void Agent::ReleaseWorkerMetricsPortLocked(int port) { worker_ports_in_use_.erase(port); }
 
 bool Agent::SleepUnlessStopping(absl::Duration duration) {
   absl::MutexLock lock(&mu_);
@@ -294,6 +360,7 @@ void Agent::RequestReconnect(uint64_t epoch, const std::string& why) {
   if (epoch != epoch_ || !session_ok_) return;  // already being handled
   spdlog::warn("session {} broken ({}); re-registering", session_id_, why);
   session_ok_ = false;
+  SetConnectedLocked(false);
   if (watch_context_ != nullptr) watch_context_->TryCancel();
   changed_.SignalAll();
 }
@@ -327,6 +394,7 @@ void Agent::SessionLoop() {
         g->set_memory_bytes(gpu.memory_bytes);
       }
       request.set_agent_version(kVersion);
+      request.set_metrics_port(config_.metrics_port);
       for (v1::RunningWorker& w : RunningWorkersLocked()) *request.add_running() = std::move(w);
     }
     v1::RegisterNodeResponse response;
@@ -350,6 +418,9 @@ void Agent::SessionLoop() {
       epoch = ++epoch_;
       session_ok_ = true;
       ++registrations_;
+      last_ack_ = absl::Now();
+      SetConnectedLocked(true);
+      UpdateHeartbeatAgeLocked();
       heartbeat_interval_ = response.heartbeat_interval_seconds() > 0
                                 ? absl::Seconds(response.heartbeat_interval_seconds())
                                 : absl::Seconds(5);
@@ -389,7 +460,10 @@ void Agent::SessionLoop() {
       absl::MutexLock lock(&mu_);
       watch_context_ = nullptr;
       contexts_.erase(&context);
-      if (epoch_ == epoch) session_ok_ = false;
+      if (epoch_ == epoch) {
+        session_ok_ = false;
+        SetConnectedLocked(false);
+      }
       changed_.SignalAll();
       if (stopping_) return;
     }
@@ -409,7 +483,12 @@ void Agent::HeartbeatLoop() {
     absl::Duration timeout;
     {
       absl::MutexLock lock(&mu_);
-      while (!stopping_ && !session_ok_) changed_.Wait(&mu_);
+      // Wakes at least once a second to keep the heartbeat age current, in
+      // a session or not.
+      while (!stopping_ && !session_ok_) {
+        UpdateHeartbeatAgeLocked();
+        changed_.WaitWithTimeout(&mu_, absl::Seconds(1));
+      }
       if (stopping_) return;
       epoch = epoch_;
       if (epoch != seen_epoch) {
@@ -419,7 +498,9 @@ void Agent::HeartbeatLoop() {
       timeout = heartbeat_timeout_;
       const absl::Time deadline = absl::Now() + heartbeat_interval_;
       while (!stopping_ && session_ok_ && epoch_ == epoch) {
-        if (changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) break;
+        UpdateHeartbeatAgeLocked();
+        const absl::Time wake = std::min(deadline, absl::Now() + absl::Seconds(1));
+        if (changed_.WaitWithDeadline(&mu_, wake) && absl::Now() >= deadline) break;
       }
       if (stopping_) return;
       if (!session_ok_ || epoch_ != epoch) continue;
@@ -436,6 +517,9 @@ void Agent::HeartbeatLoop() {
     }
     if (status.ok()) {
       last_ok = absl::Now();
+      absl::MutexLock lock(&mu_);
+      last_ack_ = last_ok;
+      UpdateHeartbeatAgeLocked();
     } else if (IsSessionError(status)) {
       RequestReconnect(epoch, absl::StrCat("heartbeat: ", Describe(status)));
     } else if (absl::Now() - last_ok > timeout) {
@@ -540,7 +624,7 @@ void Agent::Dispatch(const v1::Assignment& order) {
     case v1::Assignment::ACTION_KILL:
     case v1::Assignment::ACTION_UPLOAD_LOGS: {
       absl::MutexLock lock(&mu_);
-      orders_.push_back(order);
+      orders_.push_back(PendingOrder{order, absl::Now()});
       changed_.SignalAll();
       return;
     }
@@ -552,7 +636,7 @@ void Agent::Dispatch(const v1::Assignment& order) {
 
 void Agent::OrderLoop() {
   for (;;) {
-    std::optional<v1::Assignment> order;
+    std::optional<PendingOrder> pending;
     {
       absl::MutexLock lock(&mu_);
       // Wakes at least once a second to collect stopped generations.
@@ -562,14 +646,15 @@ void Agent::OrderLoop() {
       }
       if (stopping_) return;
       if (!orders_.empty()) {
-        order = std::move(orders_.front());
+        pending = std::move(orders_.front());
         orders_.pop_front();
       }
     }
-    if (order.has_value()) {
+    if (pending.has_value()) {
+      const v1::Assignment* order = &pending->order;
       switch (order->action()) {
         case v1::Assignment::ACTION_LAUNCH:
-          ApplyLaunch(*order);
+          ApplyLaunch(*order, pending->received);
           break;
         case v1::Assignment::ACTION_KILL:
           ApplyKill(*order);
@@ -610,7 +695,7 @@ std::string Agent::LogPath(const std::string& job_id, int64_t generation, int ra
   return absl::StrCat(GenerationDir(job_id, generation), "/rank-", rank, ".log");
 }
 
-void Agent::ApplyLaunch(const v1::Assignment& order) {
+void Agent::ApplyLaunch(const v1::Assignment& order, absl::Time received) {
   const std::string& job_id = order.job_id();
   const int64_t generation = order.generation();
   std::vector<std::shared_ptr<Generation>> older;
@@ -630,6 +715,7 @@ void Agent::ApplyLaunch(const v1::Assignment& order) {
     }
     job->exits.clear();
     job->exits_generation = generation;
+    UpdateWorkerGaugesLocked();
   }
   spdlog::info("LAUNCH job {} generation {}: {} rank(s){}{}", job_id, generation,
                order.ranks_size(), order.reason().empty() ? "" : "; ", order.reason());
@@ -647,11 +733,17 @@ void Agent::ApplyLaunch(const v1::Assignment& order) {
 
   std::vector<int> ranks;
   for (const v1::RankLaunch& r : order.ranks()) ranks.push_back(r.rank());
+  // MESH_METRICS_PORT of each rank, held until the rank's exit is seen (or
+  // the launch fails).
+  std::map<int, int> metrics_ports;
   auto fail_all = [&](const std::string& why) {
     spdlog::error("cannot launch job {} generation {}: {}", job_id, generation, why);
     absl::MutexLock lock(&mu_);
+    for (const auto& [rank, port] : metrics_ports) ReleaseWorkerMetricsPortLocked(port);
+    metrics_ports.clear();
     JobRecord& job = *jobs_[job_id];
     for (int rank : ranks) {
+      metrics_.worker_exits->WithLabels({kLaunchErrorReason})->Increment();
       v1::ReportWorkerExitRequest exit;
       exit.set_job_id(job_id);
       exit.set_generation(generation);
@@ -698,6 +790,19 @@ void Agent::ApplyLaunch(const v1::Assignment& order) {
     assignment.gpu_job = order.gpu_job();
     assignment.gpus.assign(r.gpus().begin(), r.gpus().end());
     assignment.user_env = user_env;
+    {
+      absl::MutexLock lock(&mu_);
+      assignment.metrics_port = AcquireWorkerMetricsPortLocked();
+    }
+    if (assignment.metrics_port != 0) {
+      metrics_ports[r.rank()] = assignment.metrics_port;
+    } else if (config_.worker_metrics_port_first != 0) {
+      spdlog::warn(
+          "job {} generation {} rank {}: every worker metrics port ({}-{}) is taken; "
+          "launching it without one",
+          job_id, generation, r.rank(), config_.worker_metrics_port_first,
+          config_.worker_metrics_port_last);
+    }
     absl::StatusOr<std::vector<std::string>> env = BuildWorkerEnv(assignment, config_.base_env);
     if (!env.ok()) return fail_all(absl::StrCat("rank ", r.rank(), ": ", env.status().message()));
     RankLaunch launch;
@@ -713,6 +818,7 @@ void Agent::ApplyLaunch(const v1::Assignment& order) {
   auto rec = std::make_shared<Generation>();
   rec->generation = generation;
   rec->ranks.insert(ranks.begin(), ranks.end());
+  rec->metrics_ports = metrics_ports;
   rec->recorder = std::make_unique<RecordingLauncher>(launcher_);
   SupervisorOptions options;
   options.grace = config_.grace;
@@ -721,9 +827,14 @@ void Agent::ApplyLaunch(const v1::Assignment& order) {
                                          [this](const RankExit& exit) { OnRankExit(exit); });
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return;
+    if (stopping_) {
+      for (const auto& [rank, port] : metrics_ports) ReleaseWorkerMetricsPortLocked(port);
+      return;
+    }
     jobs_[job_id]->generations[generation] = rec;
   }
+  // From here the ports belong to `rec`: OnRankExit releases each.
+  metrics_ports.clear();
   const absl::Status started = rec->supervisor->Start(std::move(launches));
   if (!started.ok()) {
     {
@@ -731,6 +842,10 @@ void Agent::ApplyLaunch(const v1::Assignment& order) {
       rec->launching = false;
       rec->stopped = true;
       rec->held.clear();  // every rank is reported as a launch error instead
+      // Ranks whose exit was not seen (never started) give their ports back.
+      for (const auto& [rank, port] : rec->metrics_ports) ReleaseWorkerMetricsPortLocked(port);
+      rec->metrics_ports.clear();
+      UpdateWorkerGaugesLocked();
     }
     return fail_all(std::string(started.message()));
   }
@@ -747,7 +862,14 @@ void Agent::ApplyLaunch(const v1::Assignment& order) {
     w->set_generation(generation);
     w->set_rank(ranks[i]);
     w->set_pid(pids[i]);
+    if (auto port = rec->metrics_ports.find(ranks[i]); port != rec->metrics_ports.end()) {
+      w->set_metrics_port(port->second);
+    }
   }
+  metrics_.launches->Increment(static_cast<double>(pids.size()));
+  if (generation > 0) metrics_.restarts->Increment(static_cast<double>(pids.size()));
+  metrics_.launch_duration->Observe(absl::ToDoubleSeconds(absl::Now() - received));
+  UpdateWorkerGaugesLocked();
   spdlog::info("job {} generation {}: started {} worker(s)", job_id, generation, pids.size());
   Report started_report;
   started_report.started = std::move(report);
@@ -770,6 +892,7 @@ void Agent::ApplyKill(const v1::Assignment& order) {
       victims.push_back(rec);
     }
     if (job->exits_generation <= order.generation()) job->exits.clear();
+    UpdateWorkerGaugesLocked();
   }
   const absl::Duration grace = order.grace_period_seconds() > 0
                                    ? absl::Seconds(order.grace_period_seconds())
@@ -796,7 +919,13 @@ void Agent::OnRankExit(const RankExit& exit) {
   if (rec != nullptr) {
     rec->running.erase(exit.rank);
     rec->exited.insert(exit.rank);
+    if (auto port = rec->metrics_ports.find(exit.rank); port != rec->metrics_ports.end()) {
+      ReleaseWorkerMetricsPortLocked(port->second);
+      rec->metrics_ports.erase(port);
+    }
   }
+  metrics_.worker_exits->WithLabels({WorkerExitReason(exit.exit)})->Increment();
+  UpdateWorkerGaugesLocked();
   changed_.SignalAll();
   if (exit.stopped) return;  // the agent's doing, not the job's failure
   spdlog::info("job {} generation {} rank {} (pid {}) ended: {}", exit.job_id, exit.generation,

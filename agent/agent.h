@@ -26,8 +26,18 @@
 // (at most grace + 5 s). UPLOAD_LOGS is ordered the same way (so it finds the
 // log files of a LAUNCH just before it), then runs on its own bounded thread.
 //
+// Metrics (docs/metrics.md, "Agent"): recorded into the registry given to
+// the constructor (NoopRegistry by default). The agent's own /metrics port
+// is the binary's business; the Agent only registers it (metrics_port).
+// With a worker metrics port range, each launched rank gets a port of it
+// that no other live worker of this agent holds, as MESH_METRICS_PORT, and
+// the agent reports it in RunningWorker.metrics_port; ports are handed out
+// round-robin so a port just freed is reused last. When every port of the
+// range is taken, the rank is launched without one (logged).
+//
 // Thread safety: Start and Shutdown from one thread; everything else is
-// internal. Ownership: the launcher is borrowed and must outlive the Agent.
+// internal. Ownership: the launcher and the registry are borrowed and must
+// outlive the Agent.
 #pragma once
 
 #include <cstdint>
@@ -46,9 +56,11 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/agent_metrics.h"
 #include "agent/nvml.h"
 #include "agent/process_launcher.h"
 #include "agent/worker_supervisor.h"
+#include "common/metrics.h"
 #include "mesh/v1/job.grpc.pb.h"
 
 namespace mesh::agent {
@@ -85,12 +97,20 @@ struct AgentConfig {
   int max_uploads = 16;
   // Layer 1 of each worker's environment (InheritedBaseEnv() in the binary).
   std::map<std::string, std::string> base_env;
+  // Port of this agent's /metrics (RegisterNodeRequest.metrics_port); 0:
+  // none. The binary starts the exposer and puts the bound port here.
+  int metrics_port = 0;
+  // Ports given to workers as MESH_METRICS_PORT, first..last inclusive;
+  // first = 0: none (workers expose no metrics).
+  int worker_metrics_port_first = 0;
+  int worker_metrics_port_last = 0;
 };
 
 class Agent {
  public:
-  // `launcher` must outlive the Agent.
-  Agent(AgentConfig config, ProcessLauncher* launcher);
+  // `launcher` and `metrics` must outlive the Agent; null `metrics` means
+  // metrics::NoopRegistry().
+  Agent(AgentConfig config, ProcessLauncher* launcher, metrics::Registry* metrics = nullptr);
   // Calls Shutdown().
   ~Agent();
 
@@ -119,6 +139,10 @@ class Agent {
   struct JobRecord;
   struct Report;
   struct Upload;
+  struct PendingOrder {
+    v1::Assignment order;
+    absl::Time received;
+  };
 
   // Threads.
   void SessionLoop();
@@ -128,7 +152,7 @@ class Agent {
 
   // Orders.
   void Dispatch(const v1::Assignment& order);
-  void ApplyLaunch(const v1::Assignment& order);
+  void ApplyLaunch(const v1::Assignment& order, absl::Time received);
   void ApplyKill(const v1::Assignment& order);
   void OnRankExit(const RankExit& exit);
   void CollectFinishedGenerations();
@@ -145,6 +169,15 @@ class Agent {
   void EnqueueReportLocked(Report report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResendExitRecordsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<v1::RunningWorker> RunningWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Metrics helpers.
+  void UpdateWorkerGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetConnectedLocked(bool connected) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateHeartbeatAgeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A free port of the worker metrics range (marked used), or 0 when the
+  // range is off or every port is held by a live worker.
+  int AcquireWorkerMetricsPortLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseWorkerMetricsPortLocked(int port) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sleeps up to `duration`; returns false when the agent is stopping.
   bool SleepUnlessStopping(absl::Duration duration);
   // Registers a context so Shutdown can cancel it; unregistered by the
@@ -153,6 +186,7 @@ class Agent {
 
   const AgentConfig config_;
   ProcessLauncher* const launcher_;
+  AgentMetrics metrics_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::NodeService::Stub> stub_;
 
@@ -175,8 +209,17 @@ class Agent {
   std::deque<Report> outbox_ ABSL_GUARDED_BY(mu_);
   uint64_t next_report_id_ ABSL_GUARDED_BY(mu_) = 1;
 
-  // Orders waiting for the order thread.
-  std::deque<v1::Assignment> orders_ ABSL_GUARDED_BY(mu_);
+  // Last acknowledged heartbeat or registration (the agent's start before
+  // the first), for mesh_agent_heartbeat_age_seconds.
+  absl::Time last_ack_ ABSL_GUARDED_BY(mu_);
+
+  // Orders waiting for the order thread, with the time each arrived.
+  std::deque<PendingOrder> orders_ ABSL_GUARDED_BY(mu_);
+
+  // Worker metrics ports held by live workers, and where the round-robin
+  // search for the next one starts.
+  std::set<int> worker_ports_in_use_ ABSL_GUARDED_BY(mu_);
+  int next_worker_port_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Jobs this agent has seen, by id.
   std::map<std::string, std::unique_ptr<JobRecord>> jobs_ ABSL_GUARDED_BY(mu_);

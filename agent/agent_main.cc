@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 #include <spdlog/spdlog.h>
@@ -22,6 +23,7 @@
 #include "agent/worker_env.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/metrics_prometheus.h"
 #include "common/version.h"
 
 namespace mesh::agent {
@@ -56,6 +58,15 @@ bool GpusNone(const std::string& gpus) {
   return lower.empty() || lower == "none";
 }
 
+// "FIRST-LAST" (or one port "P") within 1..65535, FIRST <= LAST.
+bool ParsePortRange(const std::string& text, int* first, int* last) {
+  const size_t dash = text.find('-');
+  const std::string a = text.substr(0, dash);
+  const std::string b = dash == std::string::npos ? a : text.substr(dash + 1);
+  return absl::SimpleAtoi(a, first) && absl::SimpleAtoi(b, last) && *first >= 1 &&
+         *first <= *last && *last <= 65535;
+}
+
 // Blocks SIGINT and SIGTERM in this thread and every thread started later,
 // so that they reach only the sigwait() below.
 sigset_t BlockShutdownSignals() {
@@ -83,6 +94,9 @@ int RunAgentMain(int argc, const char* const* argv) {
   std::string config_file;
   std::string log_format = "text";
   std::string log_level = "info";
+  int metrics_port = -1;
+  std::string metrics_listen = "0.0.0.0";
+  std::string worker_metrics_ports;
 
   CLI::App app{"mesh-agent: runs and supervises a node's Mesh workers", "mesh-agent"};
   app.set_version_flag("--version", kVersion);
@@ -115,6 +129,18 @@ int RunAgentMain(int argc, const char* const* argv) {
       ->envname("MESH_AGENT_GRACE")
       ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
+  app.add_option("--metrics-port", metrics_port,
+                 "Serve Prometheus /metrics on this port (0: a free one); -1: none")
+      ->envname("MESH_AGENT_METRICS_PORT")
+      ->check(CLI::Range(-1, 65535))
+      ->capture_default_str();
+  app.add_option("--metrics-listen", metrics_listen, "Address the /metrics server binds")
+      ->envname("MESH_AGENT_METRICS_LISTEN")
+      ->capture_default_str();
+  app.add_option("--worker-metrics-ports", worker_metrics_ports,
+                 "Ports for workers' /metrics, e.g. 9500-9599 (each worker gets a free one as "
+                 "MESH_METRICS_PORT); default: workers expose no metrics")
+      ->envname("MESH_AGENT_WORKER_METRICS_PORTS");
   app.add_flag("--discover", discover, "Print what this host offers as JSON and exit");
   app.add_option("--log-format", log_format, "text or json")
       ->envname("MESH_LOG_FORMAT")
@@ -147,6 +173,14 @@ int RunAgentMain(int argc, const char* const* argv) {
   if (!host.ok()) return UsageError(absl::StrCat("--gpus: ", host.status().message()));
   auto level = ParseLogLevel(log_level);
   if (!level.ok()) return UsageError(std::string(level.status().message()));
+  int worker_port_first = 0;
+  int worker_port_last = 0;
+  if (!worker_metrics_ports.empty() &&
+      !ParsePortRange(worker_metrics_ports, &worker_port_first, &worker_port_last)) {
+    return UsageError(absl::StrCat("--worker-metrics-ports '", worker_metrics_ports,
+                                   "' is not a port range FIRST-LAST within 1..65535"));
+  }
+  if (metrics_listen.empty()) return UsageError("--metrics-listen is empty");
 
   if (discover) {
     if (GpusAuto(gpus)) {
@@ -178,6 +212,8 @@ int RunAgentMain(int argc, const char* const* argv) {
   config.log_max_bytes = log_max_bytes;
   config.grace = absl::Seconds(grace_s);
   config.base_env = InheritedBaseEnv();
+  config.worker_metrics_port_first = worker_port_first;
+  config.worker_metrics_port_last = worker_port_last;
 
   LogOptions log_options;
   log_options.component = "agent";
@@ -218,11 +254,29 @@ int RunAgentMain(int argc, const char* const* argv) {
     }
   }
 
+  // The registry outlives the agent (declared first); the server is started
+  // before the agent so that the registration carries its bound port.
+  metrics::PrometheusRegistry registry;
+  metrics::AddBuildInfo(registry, "agent");
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  if (metrics_port >= 0) {
+    absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> server =
+        metrics::MetricsServer::Start(metrics_listen, metrics_port, registry);
+    if (!server.ok()) {
+      spdlog::critical("cannot serve metrics on {}:{}: {}", metrics_listen, metrics_port,
+                       server.status().ToString());
+      return kAgentExitFailed;
+    }
+    metrics_server = *std::move(server);
+    config.metrics_port = metrics_server->port();
+    spdlog::info("serving metrics on http://{}:{}/metrics", metrics_listen, config.metrics_port);
+  }
+
   // Declared in teardown order: the agent stops its workers, then the
   // launcher kills what is left, then the watchdog's pipe closes.
   PosixProcessLauncher posix_launcher;
   ReapingLauncher launcher(&posix_launcher, watchdog->get());
-  Agent agent(config, &launcher);
+  Agent agent(config, &launcher, &registry);
   if (absl::Status s = agent.Start(); !s.ok()) {
     spdlog::critical("cannot start: {}", s.ToString());
     return kAgentExitFailed;

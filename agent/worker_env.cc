@@ -42,6 +42,7 @@ absl::Status CheckAssignment(const WorkerAssignment& a) {
   if (!a.master_addr.empty()) {
     if (absl::Status s = CheckRange("master_port", a.master_port, 1, 65535); !s.ok()) return s;
   }
+  if (absl::Status s = CheckRange("metrics_port", a.metrics_port, 0, 65535); !s.ok()) return s;
   if (a.gpu_job && a.gpus.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker assignment: GPU job but no GPUs given to local rank ", a.local_rank));
@@ -116,6 +117,7 @@ absl::StatusOr<std::vector<std::string>> BuildWorkerEnv(
   env["MESH_NODE_RANK"] = absl::StrCat(a.node_rank);
   if (!a.node_name.empty()) env["MESH_NODE_NAME"] = a.node_name;
   if (!a.auth_token.empty()) env["MESH_AUTH_TOKEN"] = a.auth_token;
+  if (a.metrics_port != 0) env["MESH_METRICS_PORT"] = absl::StrCat(a.metrics_port);
 
   env["RANK"] = absl::StrCat(a.rank);
   env["LOCAL_RANK"] = absl::StrCat(a.local_rank);

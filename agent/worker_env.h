@@ -51,6 +51,9 @@ struct WorkerAssignment {
   // worker cannot use GPUs given to other jobs.
   bool gpu_job = false;
   std::vector<int> gpus;
+  // MESH_METRICS_PORT: where the worker serves its /metrics (libmesh,
+  // docs/runtime.md); 0: omitted, the worker exposes none.
+  int metrics_port = 0;
   // The user's env from the job spec, in spec order.
   std::vector<std::pair<std::string, std::string>> user_env;
 };
@@ -70,10 +73,9 @@ std::map<std::string, std::string> InheritedBaseEnv();
 // outside [0, local_world_size), node rank outside [0, num_nodes), empty job
 // id or coordinator, negative generation or restart counts, a GPU job
 // without GPUs or a CPU job with some, master_port outside 1..65535 with a
-// master_addr), or when a user variable is set twice, has a NUL in its
-// value, or has a name common/worker_env_policy.h refuses (malformed,
-// denied, or set by the agent), the same rule the coordinator applies to
-// job specs.
+// master_addr, metrics_port outside 0..65535), or when a user variable is set twice, has a NUL in
+// its value, or has a name common/worker_env_policy.h refuses (malformed, denied, or set by the
+// agent), the same rule the coordinator applies to job specs.
 absl::StatusOr<std::vector<std::string>> BuildWorkerEnv(
     const WorkerAssignment& assignment, const std::map<std::string, std::string>& base);
 

@@ -125,6 +125,7 @@ struct Coordination::Generation {
   KeyWaitIndex id_waits;
   absl::btree_set<uint64_t> join_waiters;  // Completed together, in order.
   std::optional<JobError> error;           // Set once: the first failure.
+  std::optional<absl::Time> first_join;    // For the rendezvous duration.
 
   int world_size() const { return layout->world_size; }
   std::string Name() const { return absl::StrCat("job ", job_id, " generation ", number); }
@@ -162,8 +163,56 @@ absl::Status ValidateOptions(const CoordinationOptions& o) {
   return ValidateKvLimits(o.kv);
 }
 
-Coordination::Coordination(const Clock* clock, CoordinationOptions options)
-    : clock_(clock), options_(std::move(options)) {
+Coordination::Metrics::Metrics(metrics::Registry& registry)
+    : kv_operations(registry.AddCounter("mesh_coordinator_kv_operations_total",
+                                        "KV calls, by operation.", {"op"})),
+      kv_set(kv_operations->WithLabels({"set"})),
+      kv_get(kv_operations->WithLabels({"get"})),
+      kv_add(kv_operations->WithLabels({"add"})),
+      kv_compare_set(kv_operations->WithLabels({"compare_set"})),
+      kv_delete(kv_operations->WithLabels({"delete"})),
+      kv_list(kv_operations->WithLabels({"list"})),
+      kv_wait(kv_operations->WithLabels({"wait"})),
+      kv_multi_get(kv_operations->WithLabels({"multi_get"})),
+      kv_multi_set(kv_operations->WithLabels({"multi_set"})),
+      kv_keys(registry
+                  .AddGauge("mesh_coordinator_kv_keys",
+                            "Keys stored in the KV store, all live generations.")
+                  ->Get()),
+      kv_bytes(registry
+                   .AddGauge("mesh_coordinator_kv_bytes",
+                             "Bytes of keys and values stored in the KV store.")
+                   ->Get()),
+      rendezvous_duration(
+          registry
+              .AddHistogram("mesh_coordinator_rendezvous_duration_seconds",
+                            "From a generation's first Join to its rendezvous completing.", {},
+                            metrics::LatencyBuckets())
+              ->Get()),
+      barrier_wait(registry
+                       .AddHistogram("mesh_coordinator_barrier_wait_seconds",
+                                     "From a barrier's first arrival to its release.", {},
+                                     metrics::LatencyBuckets())
+                       ->Get()),
+      barrier_timeouts(registry
+                           .AddCounter("mesh_coordinator_barrier_timeouts_total",
+                                       "Barriers that ended with DEADLINE_EXCEEDED.")
+                           ->Get()),
+      unique_ids(registry
+                     .AddCounter("mesh_coordinator_unique_ids_brokered_total",
+                                 "Unique IDs (NCCL) published.")
+                     ->Get()),
+      pending_waits(registry
+                        .AddGauge("mesh_coordinator_pending_waits",
+                                  "Worker calls waiting (joins, gets, barriers, ID waits, "
+                                  "watches).")
+                        ->Get()) {}
+
+Coordination::Coordination(const Clock* clock, CoordinationOptions options,
+                           metrics::Registry* metrics)
+    : clock_(clock),
+      options_(std::move(options)),
+      metrics_(metrics != nullptr ? *metrics : metrics::NoopRegistry()) {
   const absl::Status valid = ValidateOptions(options_);
   MESH_CHECK(valid.ok(), std::string(valid.message()).c_str());
   next_liveness_check_ = clock_->Now();
@@ -320,7 +369,11 @@ JoinResult Coordination::JoinResultLocked(const Generation& gen, int rank) const
 
 void Coordination::CompleteJoinLocked(Generation& gen, Completions& done) {
   // Liveness starts now: ranks waiting in Join were alive by being there.
-  gen.liveness.Start(clock_->Now());
+  const absl::Time now = clock_->Now();
+  gen.liveness.Start(now);
+  if (gen.first_join.has_value()) {
+    metrics_.rendezvous_duration->Observe(absl::ToDoubleSeconds(now - *gen.first_join));
+  }
   for (uint64_t id : gen.join_waiters) {
     std::optional<Waiter> w = waiters_.Take(id);
     MESH_CHECK(w.has_value(), "join_waiters holds only pending waits");
@@ -338,6 +391,7 @@ void Coordination::Join(JoinArgs args, Callback<JoinResult> callback) {
   Generation& gen = **resolved;
   const int rank = args.caller.rank;
   const bool was_complete = gen.rendezvous.complete();
+  if (!gen.first_join.has_value()) gen.first_join = clock_->Now();
   const absl::StatusOr<bool> completed =
       gen.rendezvous.Join(rank, args.caller.incarnation, std::move(args.host),
                           std::move(args.device), std::move(args.nccl_unique_id));
@@ -406,12 +460,19 @@ void Coordination::KeySetLocked(Generation& gen, KeySpace space, const std::stri
 // ---- Key-value store -----------------------------------------------------------------
 
 absl::Status Coordination::KvSet(const Caller& caller, const std::string& key, std::string value) {
+  metrics_.kv_set->Increment();
   std::vector<std::pair<std::string, std::string>> entries;
   entries.emplace_back(key, std::move(value));
-  return KvMultiSet(caller, std::move(entries));
+  return SetEntries(caller, std::move(entries));
 }
 
 absl::Status Coordination::KvMultiSet(const Caller& caller,
+                                      std::vector<std::pair<std::string, std::string>> entries) {
+  metrics_.kv_multi_set->Increment();
+  return SetEntries(caller, std::move(entries));
+}
+
+absl::Status Coordination::SetEntries(const Caller& caller,
                                       std::vector<std::pair<std::string, std::string>> entries) {
   Completions done;
   absl::MutexLock lock(&mu_);
@@ -428,25 +489,33 @@ absl::Status Coordination::KvMultiSet(const Caller& caller,
 
 void Coordination::KvGet(const Caller& caller, const std::string& key, bool wait,
                          absl::Duration timeout, Callback<std::string> callback) {
+  metrics_.kv_get->Increment();
   Callback<std::vector<std::string>> adapter =
       [callback = std::move(callback)](absl::StatusOr<std::vector<std::string>> values) mutable {
         if (!values.ok()) return std::move(callback)(values.status());
         std::move(callback)(std::move(values->front()));
       };
-  KvMultiGet(caller, {key}, wait, timeout, std::move(adapter));
+  GetKeys(caller, {key}, wait, timeout, std::move(adapter));
 }
 
 void Coordination::KvWait(const Caller& caller, std::vector<std::string> keys,
                           absl::Duration timeout, DoneCallback callback) {
+  metrics_.kv_wait->Increment();
   Callback<std::vector<std::string>> adapter =
       [callback = std::move(callback)](absl::StatusOr<std::vector<std::string>> values) mutable {
         std::move(callback)(values.status());
       };
-  KvMultiGet(caller, std::move(keys), /*wait=*/true, timeout, std::move(adapter));
+  GetKeys(caller, std::move(keys), /*wait=*/true, timeout, std::move(adapter));
 }
 
 void Coordination::KvMultiGet(const Caller& caller, std::vector<std::string> keys, bool wait,
                               absl::Duration timeout, Callback<std::vector<std::string>> callback) {
+  metrics_.kv_multi_get->Increment();
+  GetKeys(caller, std::move(keys), wait, timeout, std::move(callback));
+}
+
+void Coordination::GetKeys(const Caller& caller, std::vector<std::string> keys, bool wait,
+                           absl::Duration timeout, Callback<std::vector<std::string>> callback) {
   using Result = absl::StatusOr<std::vector<std::string>>;
   Completions done;
   absl::MutexLock lock(&mu_);
@@ -464,6 +533,7 @@ void Coordination::KvMultiGet(const Caller& caller, std::vector<std::string> key
 
 absl::StatusOr<int64_t> Coordination::KvAdd(const Caller& caller, const std::string& key,
                                             int64_t delta) {
+  metrics_.kv_add->Increment();
   Completions done;
   absl::MutexLock lock(&mu_);
   auto resolved = ResolveLocked(caller, true, false);
@@ -479,6 +549,7 @@ absl::StatusOr<CompareSetResult> Coordination::KvCompareSet(const Caller& caller
                                                             const std::string& key,
                                                             std::optional<std::string> expected,
                                                             std::string desired) {
+  metrics_.kv_compare_set->Increment();
   Completions done;
   absl::MutexLock lock(&mu_);
   auto resolved = ResolveLocked(caller, true, false);
@@ -492,6 +563,7 @@ absl::StatusOr<CompareSetResult> Coordination::KvCompareSet(const Caller& caller
 
 absl::StatusOr<int64_t> Coordination::KvDelete(const Caller& caller, const std::string& key,
                                                bool prefix) {
+  metrics_.kv_delete->Increment();
   absl::MutexLock lock(&mu_);
   auto resolved = ResolveLocked(caller, true, false);
   if (!resolved.ok()) return resolved.status();
@@ -500,6 +572,7 @@ absl::StatusOr<int64_t> Coordination::KvDelete(const Caller& caller, const std::
 
 absl::StatusOr<KvListResult> Coordination::KvList(const Caller& caller, const std::string& prefix,
                                                   const std::string& start_after, int limit) {
+  metrics_.kv_list->Increment();
   const absl::StatusOr<int> page = KvTable::ListLimit(limit);
   if (!page.ok()) return page.status();
   absl::MutexLock lock(&mu_);
@@ -519,7 +592,16 @@ absl::StatusOr<KvStats> Coordination::KvNumKeys(const Caller& caller) {
 
 void Coordination::FinishBarrierLocked(Generation& gen, const std::string& name,
                                        const absl::Status& status, Completions& done) {
-  const int expected = gen.barriers.Find(name)->expected();
+  const BarrierTable::Barrier& barrier = *gen.barriers.Find(name);
+  const int expected = barrier.expected();
+  if (status.ok()) {
+    // Opened by the first arrival with deadline = then + timeout.
+    const absl::Time opened = barrier.deadline() - barrier.timeout();
+    metrics_.barrier_wait->Observe(
+        absl::ToDoubleSeconds(std::max(absl::ZeroDuration(), clock_->Now() - opened)));
+  } else if (absl::IsDeadlineExceeded(status)) {
+    metrics_.barrier_timeouts->Increment();
+  }
   for (uint64_t id : gen.barriers.Finish(name, status)) {
     // Absent: the wait whose deadline finished the barrier; ExpireLocked
     // ends that one.
@@ -585,6 +667,7 @@ absl::Status Coordination::PublishUniqueIds(const Caller& caller,
   Generation& gen = **resolved;
   absl::StatusOr<std::vector<std::string>> added = gen.ids.Publish(std::move(ids));
   if (!added.ok()) return gen.Annotate(added.status());
+  metrics_.unique_ids->Increment(static_cast<double>(added->size()));
   for (const std::string& key : *added) KeySetLocked(gen, KeySpace::kUniqueIds, key, done);
   return absl::OkStatus();
 }
@@ -786,6 +869,23 @@ void Coordination::Tick() {
     // quarter interval of its timeout.
     next_liveness_check_ = now + std::max(options_.heartbeat_interval / 4, kTickInterval);
   }
+  if (now >= next_gauge_update_) {
+    UpdateGaugesLocked();
+    next_gauge_update_ = now + absl::Seconds(1);
+  }
+}
+
+void Coordination::UpdateGaugesLocked() {
+  int64_t keys = 0;
+  int64_t bytes = 0;
+  for (const auto& [job_id, job] : jobs_) {
+    const KvStats stats = job->current->kv.Stats();
+    keys += stats.num_keys;
+    bytes += stats.total_bytes;
+  }
+  metrics_.kv_keys->Set(static_cast<double>(keys));
+  metrics_.kv_bytes->Set(static_cast<double>(bytes));
+  metrics_.pending_waits->Set(static_cast<double>(waiters_.size()));
 }
 
 void Coordination::Shutdown() {
@@ -797,6 +897,7 @@ void Coordination::Shutdown() {
     EndGenerationLocked(*job->current, UnavailableShutDown(), /*error=*/nullptr, done);
   }
   MESH_CHECK(waiters_.empty(), "every wait belongs to a current generation");
+  UpdateGaugesLocked();
 }
 
 size_t Coordination::PendingWaits() const {

@@ -50,6 +50,12 @@
 // Coordination itself does fencing (ResolveLocked), turns the classes'
 // results into callbacks, and runs those after unlocking.
 //
+// Metrics (docs/metrics.md, "Coordinator"): KV calls by op, rendezvous
+// durations, barrier waits and timeouts, unique IDs published are recorded
+// as they happen; the KV key/byte totals and pending waits are gauges
+// sampled by Tick() about once a second (of the injected clock), so no
+// call pays for summing them.
+//
 // Thread safety: all methods are thread-safe.
 #pragma once
 
@@ -69,6 +75,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/metrics.h"
 #include "coordinator/job_layout.h"  // JobLayout
 #include "coordinator/kv_table.h"    // KvLimits, CompareSetResult, KvListResult, KvStats
 #include "coordinator/rendezvous.h"  // DeviceInfo, RankDescription
@@ -154,8 +161,10 @@ using FailureListener = std::function<void(const std::string& job_id, const JobE
 class Coordination {
  public:
   // `clock` must outlive this object. `options` must pass ValidateOptions
-  // (checked: a bad value is a programmer error).
-  Coordination(const Clock* clock, CoordinationOptions options);
+  // (checked: a bad value is a programmer error). `metrics` (null: record
+  // nothing) must outlive this object.
+  Coordination(const Clock* clock, CoordinationOptions options,
+               metrics::Registry* metrics = nullptr);
   ~Coordination();
 
   Coordination(const Coordination&) = delete;
@@ -311,6 +320,28 @@ class Coordination {
  private:
   struct Job;
   struct Generation;
+  // The families of docs/metrics.md this class records; children resolved
+  // once, so recording is one virtual call.
+  struct Metrics {
+    explicit Metrics(metrics::Registry& registry);
+    metrics::Family<metrics::Counter>* kv_operations;
+    metrics::Counter* kv_set;
+    metrics::Counter* kv_get;
+    metrics::Counter* kv_add;
+    metrics::Counter* kv_compare_set;
+    metrics::Counter* kv_delete;
+    metrics::Counter* kv_list;
+    metrics::Counter* kv_wait;
+    metrics::Counter* kv_multi_get;
+    metrics::Counter* kv_multi_set;
+    metrics::Gauge* kv_keys;
+    metrics::Gauge* kv_bytes;
+    metrics::Histogram* rendezvous_duration;
+    metrics::Histogram* barrier_wait;
+    metrics::Counter* barrier_timeouts;
+    metrics::Counter* unique_ids;
+    metrics::Gauge* pending_waits;
+  };
   struct Waiter;
   class Completions;
   // The tables a key wait can wait on.
@@ -322,6 +353,14 @@ class Coordination {
   absl::StatusOr<Generation*> ResolveLocked(const Caller& caller, bool require_joined,
                                             bool allow_failed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration ClampTimeout(absl::Duration timeout) const;
+  // KvMultiSet and KvMultiGet without counting the call (KvSet, KvGet and
+  // KvWait count as themselves).
+  absl::Status SetEntries(const Caller& caller,
+                          std::vector<std::pair<std::string, std::string>> entries);
+  void GetKeys(const Caller& caller, std::vector<std::string> keys, bool wait,
+               absl::Duration timeout, Callback<std::vector<std::string>> done);
+  // Samples the gauges (KV totals, pending waits).
+  void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<Generation> NewGenerationLocked(const Job& job, int64_t number)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Registers a wait of `gen` that expires once `deadline` has passed.
@@ -359,6 +398,7 @@ class Coordination {
 
   const Clock* const clock_;
   const CoordinationOptions options_;
+  const Metrics metrics_;
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
@@ -370,6 +410,7 @@ class Coordination {
   WaiterRegistry<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::Time next_liveness_check_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_gauge_update_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace mesh::coordinator

@@ -80,9 +80,10 @@ CoordinatorServer::CoordinatorServer(const CoordinatorConfig& config, const Cloc
     : config_(config),
       clock_(clock),
       server_info_(clock_),
-      coordination_(clock_, config.coordination),
+      discovery_(config.sd_file),
+      coordination_(clock_, config.coordination, config.metrics),
       store_(std::move(store)),
-      jobs_(clock_, store_.get(), &coordination_, config.jobs),
+      jobs_(clock_, store_.get(), &coordination_, config.jobs, config.metrics, &discovery_),
       admin_service_(&server_info_, &coordination_),
       worker_service_(&coordination_),
       job_service_(&jobs_),
@@ -100,6 +101,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   const Clock* clock = config.clock != nullptr ? config.clock : Clock::Real();
   auto store = OpenStore(config.state_dir, clock);
   if (!store.ok()) return store.status();
+  if (config.metrics != nullptr) (*store)->SetMetrics(config.metrics);
   std::unique_ptr<CoordinatorServer> server(
       new CoordinatorServer(config, clock, *std::move(store)));
   // Recover logs how many jobs and nodes it loaded.
@@ -130,6 +132,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10'000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  if (config.metrics != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(std::make_unique<RpcMetricsInterceptorFactory>(config.metrics));
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
   builder.RegisterService(&server->admin_service_);
   builder.RegisterService(&server->worker_service_);
   builder.RegisterService(&server->job_service_);
@@ -146,6 +153,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   health->SetServingStatus(mesh::v1::WorkerService::service_full_name(), true);
   health->SetServingStatus(mesh::v1::JobService::service_full_name(), true);
   health->SetServingStatus(mesh::v1::NodeService::service_full_name(), true);
+  // The first service-discovery file: the coordinator, and any agent
+  // agents and workers appear as they register and start).
+  server->discovery_.SetCoordinator(config.metrics_target);
+  if (absl::Status written = server->discovery_.Flush(); !written.ok()) {
+    // Not fatal: Prometheus keeps its last targets, and the next change
+    // writes again.
+    spdlog::error("{}", written.ToString());
+  }
   if (config.run_ticker) {
     CoordinatorServer* self = server.get();
     self->ticker_ = std::thread([self] { self->RunTicker(); });

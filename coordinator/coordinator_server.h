@@ -34,7 +34,9 @@
 #include "coordinator/job_service.h"
 #include "coordinator/job_store.h"
 #include "coordinator/node_service.h"
+#include "coordinator/rpc_metrics.h"
 #include "coordinator/server_info.h"
+#include "coordinator/service_discovery.h"
 #include "coordinator/worker_service.h"
 
 namespace mesh::coordinator {
@@ -64,6 +66,17 @@ struct CoordinatorConfig {
   // (deadlines, liveness), each about every its TickInterval().
   // Tests with a FakeClock turn it off and call Tick themselves.
   bool run_ticker = true;
+  // Where every manager and the RPC layer record metrics (docs/metrics.md);
+  // null records nothing. Borrowed: must outlive the server. The binary
+  // passes a PrometheusRegistry served by its own MetricsServer, so this
+  // library never depends on prometheus-cpp.
+  metrics::Registry* metrics = nullptr;
+  // Prometheus file service discovery (docs/metrics.md): the file kept up
+  // to date with the cluster's scrape targets; empty: none.
+  std::string sd_file;
+  // The coordinator's own /metrics as "host:port", listed first in sd_file;
+  // empty: not listed.
+  std::string metrics_target;
 };
 
 // Possible errors of Start: INVALID_ARGUMENT for a bad config,
@@ -102,6 +115,8 @@ class CoordinatorServer {
   Coordination& coordination() { return coordination_; }
   // Jobs and nodes, for tests (e.g. Tick with a FakeClock).
   JobManager& jobs() { return jobs_; }
+  // The service-discovery targets (written to config.sd_file when set).
+  ServiceDiscovery& discovery() { return discovery_; }
 
  private:
   CoordinatorServer(const CoordinatorConfig& config, const Clock* clock,
@@ -117,9 +132,10 @@ class CoordinatorServer {
   // Managers, in dependency order. They are destroyed in reverse order, after
   // server_ (declared last) has stopped calling into them.
   ServerInfo server_info_;
+  ServiceDiscovery discovery_;
   Coordination coordination_;
   const std::unique_ptr<JobStore> store_;
-  JobManager jobs_;  // Uses store_ and coordination_.
+  JobManager jobs_;  // Uses store_, coordination_ and discovery_.
 
   // gRPC adapters over the managers above.
   AdminServiceImpl admin_service_;

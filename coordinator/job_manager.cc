@@ -138,6 +138,8 @@ struct JobManager::Job {
     unaccounted_deadline = std::min(unaccounted_deadline, gone_at[rank]);
   }
   std::map<uint64_t, JobStateSink*> watchers;
+  // The state counted in mesh_coordinator_jobs; nullopt: not counted yet.
+  std::optional<JobState> counted;
 
   JobState state() const { return machine->state(); }
   int64_t generation() const { return machine->generation(); }
@@ -154,7 +156,9 @@ struct JobManager::Node {
   absl::Time last_seen;
   uint64_t stream = 0;  // Handle of the open WatchAssignments, or 0.
   AssignmentSink* sink = nullptr;
-  std::vector<Assignment> pending;  // Delivered when the stream opens.
+  std::vector<Assignment> pending;      // Delivered when the stream opens.
+  int metrics_port = 0;                 // The agent's /metrics; 0: none.
+  metrics::Gauge* heartbeat = nullptr;  // Its last-heartbeat gauge.
 };
 
 struct JobManager::LogRequest {
@@ -228,12 +232,44 @@ absl::Status ValidateJobManagerOptions(const JobManagerOptions& options) {
   return absl::OkStatus();
 }
 
+namespace {
+constexpr JobState kAllJobStates[] = {JOB_STATE_PENDING,    JOB_STATE_SCHEDULED, JOB_STATE_RUNNING,
+                                      JOB_STATE_RESTARTING, JOB_STATE_SUCCEEDED, JOB_STATE_FAILED,
+                                      JOB_STATE_CANCELLED};
+}  // namespace
+
+JobManager::Metrics::Metrics(metrics::Registry& registry)
+    : jobs(registry.AddGauge("mesh_coordinator_jobs", "Jobs in each state.", {"state"})),
+      finished(registry.AddCounter("mesh_coordinator_jobs_finished_total",
+                                   "Jobs that reached a terminal state.", {"state"})),
+      restarts(registry
+                   .AddCounter("mesh_coordinator_job_restarts_total",
+                               "Restarts of any job (a worker or node failed with restarts left).")
+                   ->Get()),
+      nodes_ready(registry.AddGauge("mesh_coordinator_nodes", "Nodes in each state.", {"state"})
+                      ->WithLabels({"READY"})),
+      nodes_lost(registry.AddGauge("mesh_coordinator_nodes", "Nodes in each state.", {"state"})
+                     ->WithLabels({"LOST"})),
+      node_heartbeat(registry.AddGauge("mesh_coordinator_node_last_heartbeat_timestamp_seconds",
+                                       "Unix time of the last heartbeat (or call) of each node.",
+                                       {"node"})) {
+  // Every state shows, at 0, from the start: a dashboard can tell "none"
+  // from "not exported".
+  for (JobState state : kAllJobStates) jobs->WithLabels({JobStateName(state)});
+  for (JobState state : {JOB_STATE_SUCCEEDED, JOB_STATE_FAILED, JOB_STATE_CANCELLED}) {
+    finished->WithLabels({JobStateName(state)});
+  }
+}
+
 JobManager::JobManager(const Clock* clock, JobStore* store, Coordination* coordination,
-                       JobManagerOptions options)
+                       JobManagerOptions options, metrics::Registry* metrics,
+                       ServiceDiscovery* discovery)
     : clock_(clock),
       store_(store),
       coordination_(coordination),
       options_(std::move(options)),
+      metrics_(metrics != nullptr ? *metrics : metrics::NoopRegistry()),
+      discovery_(discovery),
       scheduler_(options_.scheduler) {
   MESH_CHECK(clock_ != nullptr && store_ != nullptr && coordination_ != nullptr,
              "JobManager needs a clock, a store and a coordination");
@@ -295,6 +331,36 @@ JobManagerStats JobManager::stats() const {
 }
 
 // ---- Helpers ------------------------------------------------------------------------------
+
+void JobManager::CountJobLocked(Job& job) {
+  const JobState state = job.state();
+  if (job.counted == state) return;
+  if (job.counted.has_value()) metrics_.jobs->WithLabels({JobStateName(*job.counted)})->Decrement();
+  metrics_.jobs->WithLabels({JobStateName(state)})->Increment();
+  job.counted = state;
+}
+
+void JobManager::CountNodesLocked() {
+  int ready = 0;
+  for (const auto& [name, node] : nodes_) ready += node->ready ? 1 : 0;
+  metrics_.nodes_ready->Set(ready);
+  metrics_.nodes_lost->Set(static_cast<double>(nodes_.size()) - ready);
+}
+
+void JobManager::SeenLocked(Node& node, absl::Time now) {
+  node.last_seen = now;
+  if (node.heartbeat == nullptr) node.heartbeat = metrics_.node_heartbeat->WithLabels({node.name});
+  node.heartbeat->Set(absl::ToDoubleSeconds(now - absl::UnixEpoch()));
+}
+
+void JobManager::FlushDiscoveryLater(Effects& effects) {
+  if (discovery_ == nullptr) return;
+  effects.Call([discovery = discovery_] {
+    if (absl::Status status = discovery->Flush(); !status.ok()) {
+      spdlog::error("{}", status.ToString());
+    }
+  });
+}
 
 JobManager::Job* JobManager::FindJobLocked(const std::string& job_id) {
   auto it = jobs_.find(job_id);
@@ -361,9 +427,11 @@ absl::Status JobManager::PersistLocked(Job& job) {
     if (absl::StatusOr<JobRecord> current = store_->GetJob(job.id); current.ok()) {
       job.version = current->version;
     }
+    CountJobLocked(job);
     return stored.status();
   }
   job.version = stored->version;
+  CountJobLocked(job);
   return absl::OkStatus();
 }
 
@@ -499,6 +567,12 @@ void JobManager::LaunchLocked(Job& job, Effects& effects) {
 
 void JobManager::FinishJobLocked(Job& job, Effects& effects) {
   const JobState state = job.state();
+  CountJobLocked(job);
+  metrics_.finished->WithLabels({JobStateName(state)})->Increment();
+  if (discovery_ != nullptr) {
+    discovery_->RemoveJob(job.id);
+    FlushDiscoveryLater(effects);
+  }
   switch (state) {
     case JOB_STATE_SUCCEEDED:
       ++stats_.jobs_succeeded;
@@ -554,6 +628,11 @@ void JobManager::FailJobLocked(Job& job, RootCause cause, Effects& effects) {
   }
   // RESTARTING: the generation is already bumped. Kill the failed one.
   ++stats_.restarts;
+  metrics_.restarts->Increment();
+  if (discovery_ != nullptr) {
+    discovery_->RemoveJob(job.id);  // The old generation's workers.
+    FlushDiscoveryLater(effects);
+  }
   (void)PersistLocked(job);
   NotifyWatchersLocked(job);
   const int64_t failed = job.generation() - 1;
@@ -689,6 +768,7 @@ absl::Status JobManager::Recover() {
       if (!record.labels.empty() && info.ParseFromString(record.labels)) {
         node->gpus.assign(info.gpus().begin(), info.gpus().end());
         node->agent_version = info.agent_version();
+        node->metrics_port = info.metrics_port();
       }
       // Every node gets one heartbeat timeout to come back.
       node->ready = true;
@@ -803,6 +883,8 @@ absl::Status JobManager::Recover() {
     }
     spdlog::info("recovered {} jobs ({} placed) and {} nodes from {}", jobs_.size(), placed,
                  nodes_.size(), store_->path());
+    for (auto& [id, job] : jobs_) CountJobLocked(*job);
+    CountNodesLocked();
     ScheduleLocked(effects);
     while (effects.TakeReschedule()) ScheduleLocked(effects);
   }
@@ -856,6 +938,7 @@ absl::StatusOr<mesh::v1::SubmitJobResponse> JobManager::Submit(JobSpec spec) {
                                                      absl::Seconds(job->spec.deadline_seconds()),
                                                      record.pending_reason, *clock_);
     Job& ref = *job;
+    CountJobLocked(*job);
     jobs_.emplace(ref.id, std::move(job));
     ++stats_.jobs_submitted;
     spdlog::info("job {} submitted: {} nodes x {} procs, command {}", ref.id,
@@ -943,6 +1026,7 @@ absl::StatusOr<mesh::v1::Job> JobManager::Cancel(const std::string& job_id,
     if (!stored.ok()) return stored.status();
     job->version = stored->version;
     MESH_CHECK(job->machine->Cancel(update.reason).ok(), "every live state can be cancelled");
+    CountJobLocked(*job);
     spdlog::info("job {} cancelled{}{}", job->id, reason.empty() ? "" : ": ", reason);
     NotifyWatchersLocked(*job);
     FinishJobLocked(*job, effects);
@@ -1045,6 +1129,7 @@ std::vector<mesh::v1::Node> JobManager::ListNodes() const {
     proto.set_free_gpus(std::max(0, static_cast<int>(node->gpus.size()) - used[name].second));
     proto.set_agent_version(node->agent_version);
     proto.set_last_seen_unix_ms(absl::ToUnixMillis(node->last_seen));
+    proto.set_metrics_port(node->metrics_port);
     for (const std::string& id : jobs_on[name]) proto.add_jobs(id);
     out.push_back(std::move(proto));
   }
@@ -1248,6 +1333,7 @@ absl::StatusOr<mesh::v1::RegisterNodeResponse> JobManager::RegisterNode(
     mesh::v1::RegisterNodeRequest info;  // What the store keeps besides the columns.
     *info.mutable_gpus() = request.gpus();
     info.set_agent_version(request.agent_version());
+    info.set_metrics_port(request.metrics_port());
     NodeRecord record;
     record.name = name;
     record.address = request.address();
@@ -1275,8 +1361,19 @@ absl::StatusOr<mesh::v1::RegisterNodeResponse> JobManager::RegisterNode(
     node.agent_version = request.agent_version();
     node.ready = true;
     node.session_id = NewSessionId();
-    node.last_seen = now;
+    SeenLocked(node, now);
     node.pending.clear();
+    node.metrics_port = request.metrics_port();
+    CountNodesLocked();
+    if (discovery_ != nullptr) {
+      // A re-registration replaces what the node ran before; the running
+      // list below adds back the workers that still serve metrics.
+      discovery_->RemoveNode(name);
+      if (node.metrics_port > 0) {
+        discovery_->SetAgent(name, ServiceDiscovery::Target(node.address, node.metrics_port));
+      }
+      FlushDiscoveryLater(effects);
+    }
     spdlog::info("node {} registered{}: {} at {}, {} slots, {} GPUs, {} running workers", name,
                  was_lost ? " again after being lost" : "", request.agent_version(),
                  request.address(), request.slots(), request.gpus_size(), request.running_size());
@@ -1292,6 +1389,10 @@ absl::StatusOr<mesh::v1::RegisterNodeResponse> JobManager::RegisterNode(
                            job->placement->ranks[worker.rank()].node == name;
       if (current) {
         running_here[job->id].insert(worker.rank());
+        if (discovery_ != nullptr && worker.metrics_port() > 0) {
+          discovery_->SetWorker(job->id, worker.rank(), name,
+                                ServiceDiscovery::Target(node.address, worker.metrics_port()));
+        }
         continue;
       }
       if (killed.insert({worker.job_id(), worker.generation()}).second) {
@@ -1333,7 +1434,7 @@ absl::Status JobManager::NodeHeartbeat(const std::string& name, const std::strin
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Node*> node = SessionNodeLocked(name, session_id);
   if (!node.ok()) return node.status();
-  (*node)->last_seen = clock_->Now();
+  SeenLocked(**node, clock_->Now());
   return absl::OkStatus();
 }
 
@@ -1352,7 +1453,7 @@ absl::StatusOr<uint64_t> JobManager::WatchAssignments(const std::string& name,
   const uint64_t handle = next_handle_++;
   node.stream = handle;
   node.sink = sink;
-  node.last_seen = clock_->Now();
+  SeenLocked(node, clock_->Now());
   assignment_streams_.emplace(handle, name);
   for (const Assignment& order : node.pending) sink->Send(order);
   node.pending.clear();
@@ -1381,7 +1482,7 @@ absl::Status JobManager::ReportWorkersStarted(
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Node*> node = SessionNodeLocked(request.name(), request.session_id());
     if (!node.ok()) return node.status();
-    (*node)->last_seen = clock_->Now();
+    SeenLocked(**node, clock_->Now());
     Job* job = FindJobLocked(request.job_id());
     if (job == nullptr || !job->holds || request.generation() != job->generation()) {
       if (job != nullptr && request.generation() < job->generation()) ++stats_.stale_reports;
@@ -1397,6 +1498,11 @@ absl::Status JobManager::ReportWorkersStarted(
     for (const auto& worker : request.workers()) {
       Job::Rank& status = job->ranks[worker.rank()];
       if (status != Job::Rank::kSucceeded) status = Job::Rank::kRunning;
+      if (discovery_ != nullptr && worker.metrics_port() > 0) {
+        discovery_->SetWorker(job->id, worker.rank(), request.name(),
+                              ServiceDiscovery::Target((*node)->address, worker.metrics_port()));
+        FlushDiscoveryLater(effects);
+      }
     }
     MaybeStartLocked(*job, effects);
     while (effects.TakeReschedule()) ScheduleLocked(effects);
@@ -1412,7 +1518,7 @@ absl::Status JobManager::ReportWorkerExit(const mesh::v1::ReportWorkerExitReques
     absl::StatusOr<Node*> found = SessionNodeLocked(request.name(), request.session_id());
     if (!found.ok()) return found.status();
     Node& node = **found;
-    node.last_seen = clock_->Now();
+    SeenLocked(node, clock_->Now());
     Job* job = FindJobLocked(request.job_id());
     if (job == nullptr || !job->holds || request.generation() != job->generation()) {
       if (job != nullptr && request.generation() < job->generation()) ++stats_.stale_reports;
@@ -1426,6 +1532,10 @@ absl::Status JobManager::ReportWorkerExit(const mesh::v1::ReportWorkerExitReques
     }
     using Termination = mesh::v1::ReportWorkerExitRequest::TerminationCase;
     const Termination how = request.termination_case();
+    if (discovery_ != nullptr) {
+      discovery_->RemoveWorker(job->id, rank);
+      FlushDiscoveryLater(effects);
+    }
     if (how == Termination::kExitCode && request.exit_code() == 0) {
       job->ranks[rank] = Job::Rank::kSucceeded;
       const bool all = std::all_of(job->ranks.begin(), job->ranks.end(),
@@ -1478,6 +1588,11 @@ void JobManager::NodeLostLocked(Node& node, const std::string& why, Effects& eff
   node.ready = false;
   node.session_id.clear();
   ++stats_.nodes_lost;
+  CountNodesLocked();
+  if (discovery_ != nullptr) {
+    discovery_->RemoveNode(node.name);
+    FlushDiscoveryLater(effects);
+  }
   spdlog::warn("node {} lost: {}", node.name, why);
   if (absl::Status marked = store_->MarkNode(node.name, kNodeLost); !marked.ok()) {
     spdlog::error("node {}: cannot store LOST: {}", node.name, marked.ToString());

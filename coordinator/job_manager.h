@@ -65,6 +65,13 @@
 // destroying it (a no-op once End has run); after that returns the manager
 // never calls it again.
 //
+// Metrics (docs/metrics.md, "Coordinator"): jobs by state, jobs finished,
+// restarts, nodes by state and each node's last heartbeat, recorded as
+// they change. Service discovery: agents with a metrics port are targets
+// while READY, workers with one from ReportWorkersStarted (or a
+// registration's running list) until they exit, their generation ends or
+// their node is lost; the file is flushed after the mutex is released.
+//
 // Thread safety: thread-safe; one mutex guards everything, and store commits
 // happen under it (they are short: one fsync). Callbacks (WaitJob) run after
 // the mutex is released and may call back in.
@@ -85,12 +92,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/metrics.h"
 #include "coordinator/coordination.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/job_state.h"
 #include "coordinator/job_store.h"
 #include "coordinator/placement.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/service_discovery.h"
 #include "mesh/v1/job.pb.h"
 
 namespace mesh::coordinator {
@@ -156,8 +165,11 @@ class JobManager {
   // `options` must pass ValidateJobManagerOptions (checked). The manager is
   // `coordination`'s failure listener until it is destroyed; destroy it only
   // once nothing drives `coordination` any more (no Tick, no RPC).
+  // `metrics` (null: record nothing) and `discovery` (null: none) must
+  // outlive the manager.
   JobManager(const Clock* clock, JobStore* store, Coordination* coordination,
-             JobManagerOptions options);
+             JobManagerOptions options, metrics::Registry* metrics = nullptr,
+             ServiceDiscovery* discovery = nullptr);
   ~JobManager();
 
   JobManager(const JobManager&) = delete;
@@ -282,6 +294,24 @@ class JobManager {
   struct Upload;
   struct Waiter;
   class Effects;
+  struct Metrics {
+    explicit Metrics(metrics::Registry& registry);
+    metrics::Family<metrics::Gauge>* jobs;
+    metrics::Family<metrics::Counter>* finished;
+    metrics::Counter* restarts;
+    metrics::Gauge* nodes_ready;
+    metrics::Gauge* nodes_lost;
+    metrics::Family<metrics::Gauge>* node_heartbeat;
+  };
+
+  // Moves the job's count in mesh_coordinator_jobs to its current state.
+  void CountJobLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recounts mesh_coordinator_nodes (nodes are few; called on changes).
+  void CountNodesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A heartbeat (or any call) from `node` at `now`.
+  void SeenLocked(Node& node, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Flushes the service-discovery file after unlock.
+  void FlushDiscoveryLater(Effects& effects);
 
   // Coordination's failure listener.
   void GenerationFailed(const std::string& job_id, const JobError& error);
@@ -322,6 +352,8 @@ class JobManager {
   JobStore* const store_;
   Coordination* const coordination_;
   const JobManagerOptions options_;
+  const Metrics metrics_;
+  ServiceDiscovery* const discovery_;  // May be null.
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

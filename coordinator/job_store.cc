@@ -211,9 +211,11 @@ class JobStore::Transaction {
     JobStoreStats& stats = store_.stats_;
     if (rc != SQLITE_OK) {
       ++stats.failed_commits;
+      if (store_.commit_failures_ != nullptr) store_.commit_failures_->Increment();
       return store_.Error(rc, "commit");
     }
     ++stats.commits;
+    if (store_.commit_duration_ != nullptr) store_.commit_duration_->Observe(seconds);
     stats.commit_seconds_total += seconds;
     stats.last_commit_seconds = seconds;
     begun_ = false;
@@ -552,9 +554,8 @@ absl::StatusOr<JobRecord> JobStore::UpdateJob(const std::string& id, const JobUp
     set.BindOrNull(9, job.placement, /*blob=*/true);
     JOB_STORE_RETURN_IF_ERROR(set.Run("update job"));
   }
-  JOB_STORE_RETURN_IF_ERROR(AppendEventLocked(
-      JobEvent{id, job.version, job.updated_at, from_state, job.state, update.reason,
-               job.generation}));
+  JOB_STORE_RETURN_IF_ERROR(AppendEventLocked(JobEvent{id, job.version, job.updated_at, from_state,
+                                                       job.state, update.reason, job.generation}));
   JOB_STORE_RETURN_IF_ERROR(tx.Commit());
   return job;
 }
@@ -649,6 +650,20 @@ absl::Status JobStore::MarkNode(const std::string& name, const std::string& stat
     return absl::NotFoundError(absl::StrCat("node ", name, " not found"));
   }
   return tx.Commit();
+}
+
+void JobStore::SetMetrics(metrics::Registry* registry) {
+  metrics::Histogram* duration =
+      registry
+          ->AddHistogram("mesh_coordinator_store_commit_duration_seconds",
+                         "SQLite commit latency (the fsync).", {}, metrics::LatencyBuckets())
+          ->Get();
+  metrics::Counter* failures =
+      registry->AddCounter("mesh_coordinator_store_commit_failures_total", "Commits that failed.")
+          ->Get();
+  absl::MutexLock lock(&mu_);
+  commit_duration_ = duration;
+  commit_failures_ = failures;
 }
 
 JobStoreStats JobStore::stats() const {

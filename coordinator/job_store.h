@@ -51,6 +51,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/metrics.h"
 
 struct sqlite3;
 
@@ -231,6 +232,11 @@ class JobStore {
 
   JobStoreStats stats() const;
 
+  // Records every later commit in mesh_coordinator_store_commit_duration_
+  // seconds and failed ones in mesh_coordinator_store_commit_failures_total
+  // (docs/metrics.md). `registry` must outlive the store. Call once.
+  void SetMetrics(metrics::Registry* registry);
+
  private:
   class Statement;
   class Transaction;
@@ -255,6 +261,8 @@ class JobStore {
   // annotated: the annotation would guard the pointer, not the connection.)
   sqlite3* const db_;
   JobStoreStats stats_ ABSL_GUARDED_BY(mu_);
+  metrics::Histogram* commit_duration_ ABSL_GUARDED_BY(mu_) = nullptr;
+  metrics::Counter* commit_failures_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace mesh::coordinator

@@ -2,6 +2,7 @@
 //
 // Precedence: flag, then MESH_* environment, then --config file, then the
 // defaults in CoordinatorConfig (see common/flags.h).
+#include <unistd.h>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -15,6 +16,7 @@
 
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/metrics_prometheus.h"
 #include "common/version.h"
 #include "coordinator/coordination.h"
 #include "coordinator/coordinator_server.h"
@@ -41,6 +43,8 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   std::string port_file;
   double shutdown_grace_s = 5.0;
+  int metrics_port = -1;  // -1: no /metrics.
+  std::string metrics_listen;
   // Durations are taken in seconds (fractions allowed) and converted after
   // parsing; ValidateOptions then checks their relations.
   mesh::coordinator::CoordinationOptions& coordination = config.coordination;
@@ -70,6 +74,17 @@ int main(int argc, char** argv) {
       ->envname("MESH_MAX_MESSAGE_BYTES")
       ->check(CLI::Range(4096, 1 << 30))
       ->capture_default_str();
+  app.add_option("--metrics-port", metrics_port,
+                 "Serve Prometheus /metrics on this port; 0 picks a free one (logged and "
+                 "listed in --sd-file); unset: no /metrics")
+      ->envname("MESH_METRICS_PORT")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-listen", metrics_listen,
+                 "Address /metrics listens on (default: the --listen address)")
+      ->envname("MESH_METRICS_LISTEN");
+  app.add_option("--sd-file", config.sd_file,
+                 "Keep the cluster's scrape targets in this Prometheus file_sd JSON file")
+      ->envname("MESH_SD_FILE");
   app.add_option("--port-file", port_file, "Write the bound port to this file once serving")
       ->envname("MESH_PORT_FILE");
   app.add_option("--shutdown-grace", shutdown_grace_s,
@@ -227,6 +242,33 @@ int main(int argc, char** argv) {
   }
 
   const sigset_t shutdown_signals = BlockShutdownSignals();
+
+  // Metrics first, so the server's managers record from the start and the
+  // service-discovery file names the bound port. Declared before the
+  // server: destroyed after it, as the managers hold its families.
+  mesh::metrics::PrometheusRegistry metrics_registry;
+  std::unique_ptr<mesh::metrics::MetricsServer> metrics_server;
+  if (metrics_port >= 0) {
+    const std::string host = metrics_listen.empty() ? config.listen_host : metrics_listen;
+    auto started = mesh::metrics::MetricsServer::Start(host, metrics_port, metrics_registry);
+    if (!started.ok()) {
+      spdlog::critical("cannot start: {}", started.status().ToString());
+      return 1;
+    }
+    metrics_server = *std::move(started);
+    mesh::metrics::AddBuildInfo(metrics_registry, "coordinator");
+    config.metrics = &metrics_registry;
+    // A wildcard address is not something Prometheus can dial: advertise
+    // this host's name instead.
+    std::string advertised = host;
+    if (host == "0.0.0.0" || host == "::" || host == "[::]") {
+      char name[256] = {};
+      advertised = ::gethostname(name, sizeof(name) - 1) == 0 ? name : "localhost";
+    }
+    config.metrics_target =
+        mesh::coordinator::ServiceDiscovery::Target(advertised, metrics_server->port());
+    spdlog::info("serving /metrics on {}", config.metrics_target);
+  }
 
   auto server = mesh::coordinator::CoordinatorServer::Start(config);
   if (!server.ok()) {

@@ -6,6 +6,12 @@
 #   scripts/install-deps.sh            core build + test dependencies
 #   scripts/install-deps.sh --bench    also the benchmark peers (OpenMPI, torch)
 #   scripts/install-deps.sh --list     print the package list and exit
+#
+# Debian's `prometheus` (the server and promtool, for tests/metrics) is
+# installed with its service held down: it must never start or bind a port
+# on a build machine. It is optional: when the archive lacks it or it fails
+# to install, this script warns and goes on, and the tests that need it skip
+# saying so.
 set -euo pipefail
 
 core_packages=(
@@ -24,14 +30,17 @@ core_packages=(
   # Format and lint.
   clang-format clang-tidy
 )
+# Installed like the core packages, but with services forbidden to start, and
+# a failure only warns.
+service_packages=(prometheus)
 bench_packages=(openmpi-bin libopenmpi-dev python3-torch)
 
-want=("${core_packages[@]}")
+want=("${core_packages[@]}" "${service_packages[@]}")
 case "${1:-}" in
   "") ;;
   --bench) want+=("${bench_packages[@]}") ;;
-  --list) printf '%s\n' "${core_packages[@]}"; exit 0 ;;
-  -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+  --list) printf '%s\n' "${core_packages[@]}" "${service_packages[@]}"; exit 0 ;;
+  -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
   *) echo "install-deps.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
 esac
 
@@ -63,9 +72,77 @@ if [[ $(id -u) -ne 0 ]]; then
   sudo=(sudo)
 fi
 
+plain=()
+held=()
+for pkg in "${missing[@]}"; do
+  if [[ " ${service_packages[*]} " == *" $pkg "* ]]; then held+=("$pkg"); else plain+=("$pkg"); fi
+done
+
 echo "install-deps.sh: installing ${#missing[@]} missing package(s): ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 # The package lists may be absent on a fresh machine; refresh them once.
 "${sudo[@]}" apt-get update -qq
-"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if ((${#plain[@]} > 0)); then
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${plain[@]}"
+fi
+
+# policy-rc.d exiting 101 ("action forbidden") makes invoke-rc.d and
+# deb-systemd-invoke skip every start a maintainer script asks for, under
+# systemd, sysvinit or no init at all. A policy already in place (Docker
+# images ship one) is put back exactly as it was, whatever happens.
+policy=/usr/sbin/policy-rc.d
+policy_backup=""
+policy_ours=false
+restore_policy() {
+  "$policy_ours" || return 0
+  policy_ours=false
+  if [[ -n "$policy_backup" ]]; then
+    "${sudo[@]}" mv -f "$policy_backup" "$policy"
+  else
+    "${sudo[@]}" rm -f "$policy"
+  fi
+}
+warn_held() {
+  echo "install-deps.sh: WARNING: could not install ${held[*]}; the tests that need" >&2
+  echo "install-deps.sh: WARNING: promtool or a Prometheus server will SKIP (tests/metrics)." >&2
+}
+if ((${#held[@]} > 0)); then
+  available=()
+  for pkg in "${held[@]}"; do
+    # A candidate version of "(none)" means the archive does not carry it.
+    # (Read whole: grep -q in a pipeline trips pipefail with SIGPIPE.)
+    candidate=$(apt-cache policy "$pkg" 2>/dev/null || true)
+    if [[ "$candidate" == *"Candidate: "[0-9]* ]]; then
+      available+=("$pkg")
+    else
+      echo "install-deps.sh: WARNING: the package archive has no '$pkg'." >&2
+    fi
+  done
+  if ((${#available[@]} > 0)); then
+    if [[ -e "$policy" ]]; then
+      policy_backup=$("${sudo[@]}" mktemp /usr/sbin/policy-rc.d.install-deps.XXXXXX)
+      "${sudo[@]}" cp -p "$policy" "$policy_backup"
+    fi
+    policy_ours=true
+    trap restore_policy EXIT
+    trap 'restore_policy; exit 130' INT TERM
+    printf '#!/bin/sh\n# scripts/install-deps.sh: no service starts while it installs.\nexit 101\n' |
+      "${sudo[@]}" tee "$policy" >/dev/null
+    "${sudo[@]}" chmod 755 "$policy"
+    if "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${available[@]}"; then
+      # The package enables its unit for the next boot; a build machine
+      # should not grow a Prometheus server on reboot either.
+      if command -v systemctl >/dev/null 2>&1; then
+        for pkg in "${available[@]}"; do
+          "${sudo[@]}" systemctl disable --quiet "$pkg.service" >/dev/null 2>&1 || true
+        done
+      fi
+    else
+      warn_held
+    fi
+    restore_policy
+    trap - EXIT INT TERM
+  fi
+  ((${#available[@]} == ${#held[@]})) || warn_held
+fi
 echo "install-deps.sh: done."

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <random>
@@ -17,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/check.h"
 #include "libmesh/src/coordinator_client.h"
+#include "libmesh/src/worker_metrics.h"
 #include "mesh/coordinator_store.h"
 #include "mesh/process_group_gloo.h"
 #include "mesh/store.h"
@@ -597,8 +599,43 @@ absl::Status Runtime::Start() {
         factory.status(), absl::StrCat(who, ": backend '", options_.backend.name, "' failed")));
   }
   factory_ = *std::move(factory);
+  if (absl::Status s = StartMetrics(); !s.ok()) {
+    // Metrics are an aid, never a reason to fail the job.
+    std::fprintf(stderr, "mesh: %s: running without metrics: %s\n", who.c_str(),
+                 s.ToString().c_str());
+  }
   // A failure that arrived during Init fails Init.
   return monitor_->Arm(factory_);
+}
+
+absl::Status Runtime::StartMetrics() {
+  std::optional<int> port = options_.metrics_port;
+  if (!port.has_value() && options_.env) {
+    std::optional<std::string> value = options_.env("MESH_METRICS_PORT");
+    if (!value.has_value() || value->empty()) return absl::OkStatus();
+    int parsed = 0;
+    if (!absl::SimpleAtoi(*value, &parsed)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MESH_METRICS_PORT '", *value, "' is not a port number"));
+    }
+    port = parsed;
+  }
+  if (!port.has_value()) return absl::OkStatus();
+  if (*port < 0 || *port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the metrics port ", *port, " is outside 0..65535"));
+  }
+  absl::StatusOr<std::shared_ptr<internal::WorkerMetricsServer>> server =
+      internal::WorkerMetricsServer::Acquire(*port);
+  if (!server.ok()) return server.status();
+  metrics_server_ = *std::move(server);
+  factory_ =
+      std::make_shared<internal::MeteredProcessGroupFactory>(factory_, metrics_server_->metrics());
+  return absl::OkStatus();
+}
+
+int Runtime::metrics_port() const {
+  return metrics_server_ != nullptr ? metrics_server_->port() : 0;
 }
 
 absl::Status Runtime::AbandonAfterJoin(absl::Status error) {

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "agent/agent_main.h"
 #include "common/version.h"
+#include "tests/common/test_metrics.h"
 
 namespace mesh::agent {
 namespace {
@@ -163,6 +164,7 @@ class FakeNodeService final : public v1::NodeService::CallbackService {
                                          v1::RegisterNodeResponse* response) override {
     {
       absl::MutexLock lock(&mu_);
+      if (!register_status_.ok()) return Reply(context, register_status_);
       registrations_.push_back(*request);
       session_ = absl::StrCat("session-", registrations_.size());
       response->set_session_id(session_);
@@ -179,6 +181,7 @@ class FakeNodeService final : public v1::NodeService::CallbackService {
     if (request->session_id() != session_) {
       return Reply(context, grpc::Status(grpc::StatusCode::ABORTED, "stale session"));
     }
+    if (!heartbeat_status_.ok()) return Reply(context, heartbeat_status_);
     ++heartbeats_;
     return Reply(context, grpc::Status::OK);
   }
@@ -215,6 +218,14 @@ class FakeNodeService final : public v1::NodeService::CallbackService {
   void SetExitStatus(grpc::Status status) {
     absl::MutexLock lock(&mu_);
     exit_status_ = std::move(status);
+  }
+  void SetRegisterStatus(grpc::Status status) {
+    absl::MutexLock lock(&mu_);
+    register_status_ = std::move(status);
+  }
+  void SetHeartbeatStatus(grpc::Status status) {
+    absl::MutexLock lock(&mu_);
+    heartbeat_status_ = std::move(status);
   }
 
   // Snapshots.
@@ -267,6 +278,8 @@ class FakeNodeService final : public v1::NodeService::CallbackService {
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   int exit_attempts_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::Status exit_status_ ABSL_GUARDED_BY(mu_);
+  grpc::Status register_status_ ABSL_GUARDED_BY(mu_);
+  grpc::Status heartbeat_status_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ReportWorkersStartedRequest> started_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ReportWorkerExitRequest> exits_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::UploadLogsRequest> upload_messages_ ABSL_GUARDED_BY(mu_);
@@ -458,7 +471,7 @@ class AgentTest : public ::testing::Test {
   }
 
   void StartAgent() {
-    agent_ = std::make_unique<Agent>(config_, &launcher_);
+    agent_ = std::make_unique<Agent>(config_, &launcher_, &registry_);
     ASSERT_TRUE(agent_->Start().ok());
     ASSERT_TRUE(WaitUntil([&] { return service_.registrations().size() == 1; }));
   }
@@ -481,7 +494,8 @@ class AgentTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   FakeLauncher launcher_;
   AgentConfig config_;
-  std::unique_ptr<Agent> agent_;  // destroyed before the launcher
+  metrics::testing::TestRegistry registry_;
+  std::unique_ptr<Agent> agent_;  // destroyed before the launcher and the registry
 };
 
 TEST_F(AgentTest, RegistersItsSlotsGpusAndVersionThenHeartbeats) {
@@ -788,6 +802,187 @@ TEST_F(AgentTest, ShutdownStopsEveryWorker) {
   EXPECT_THAT(service_.exits(), IsEmpty());
 }
 
+// ---------------------------------------------------------------------------
+// Metrics.
+// ---------------------------------------------------------------------------
+
+std::string EnvValue(const LaunchSpec& spec, const std::string& name) {
+  for (const std::string& entry : spec.env) {
+    if (entry.rfind(name + "=", 0) == 0) return entry.substr(name.size() + 1);
+  }
+  return "";
+}
+
+TEST(WorkerExitReasonTest, BoundedClasses) {
+  auto exited = [](int code) {
+    ExitInfo e;
+    e.exit_code = code;
+    return WorkerExitReason(e);
+  };
+  auto signaled = [](int signal) {
+    ExitInfo e;
+    e.signal = signal;
+    return WorkerExitReason(e);
+  };
+  EXPECT_EQ(exited(0), "exit_0");
+  EXPECT_EQ(exited(1), "exit_1");
+  EXPECT_EQ(exited(2), "exit_2_127");
+  EXPECT_EQ(exited(127), "exit_2_127");
+  EXPECT_EQ(exited(128), "exit_128_255");
+  EXPECT_EQ(exited(255), "exit_128_255");
+  EXPECT_EQ(signaled(SIGKILL), "signal_SIGKILL");
+  EXPECT_EQ(signaled(SIGTERM), "signal_SIGTERM");
+  EXPECT_EQ(signaled(SIGSEGV), "signal_SIGSEGV");
+  EXPECT_EQ(signaled(SIGABRT), "signal_SIGABRT");
+  EXPECT_EQ(signaled(SIGBUS), "signal_SIGBUS");
+  EXPECT_EQ(signaled(SIGFPE), "signal_SIGFPE");
+  EXPECT_EQ(signaled(SIGILL), "signal_SIGILL");
+  EXPECT_EQ(signaled(SIGINT), "signal_SIGINT");
+  EXPECT_EQ(signaled(SIGUSR1), "signal_other");
+  EXPECT_EQ(signaled(SIGHUP), "signal_other");
+}
+
+TEST_F(AgentTest, MetricsCountLaunchesRestartsAndExitsByReason) {
+  StartAgent();
+  EXPECT_EQ(registry_.GaugeValue("mesh_agent_slots"), 4);
+  EXPECT_EQ(registry_.GaugeValue("mesh_agent_gpus"), 2);
+  const std::map<int, pid_t> pids = LaunchAndWait(Launch("job-a", 0, 2));
+  ASSERT_EQ(pids.size(), 2u);
+  EXPECT_EQ(registry_.CounterValue("mesh_agent_launches_total"), 2);
+  EXPECT_EQ(registry_.CounterValue("mesh_agent_restarts_total"), 0);
+  EXPECT_EQ(registry_.HistogramCount("mesh_agent_launch_duration_seconds"), 1u);
+  EXPECT_EQ(registry_.GaugeValue("mesh_agent_workers", {"running"}), 2);
+  EXPECT_EQ(registry_.GaugeValue("mesh_agent_workers", {"stopping"}), 0);
+
+  launcher_.Exit(pids.at(2), 3);
+  launcher_.Exit(pids.at(3), 0, SIGSEGV);
+  ASSERT_TRUE(WaitUntil([&] { return service_.exits().size() == 2; }));
+  EXPECT_EQ(registry_.CounterValue("mesh_agent_worker_exits_total", {"exit_2_127"}), 1);
+  EXPECT_EQ(registry_.CounterValue("mesh_agent_worker_exits_total", {"signal_SIGSEGV"}), 1);
+  EXPECT_EQ(registry_.GaugeValue("mesh_agent_workers", {"running"}), 0);
+
+  // The restart: generation 1's ranks count as launches and restarts.
+  const std::map<int, pid_t> restarted = LaunchAndWait(Launch("job-a", 1, 2));
+  ASSERT_EQ(restarted.size(), 2u);
+  EXPECT_EQ(registry_.CounterValue("mesh_agent_launches_total"), 4);
+  EXPECT_EQ(registry_.CounterValue("mesh_agent_restarts_total"), 2);
+  EXPECT_EQ(registry_.HistogramCount("mesh_agent_launch_duration_seconds"), 2u);
+  EXPECT_EQ(registry_.GaugeValue("mesh_agent_workers", {"running"}), 2);
+
+  // A kill: the agent's SIGTERM is an exit too, by its signal.
+  ASSERT_TRUE(service_.Push(Kill("job-a", 1)));
+  ASSERT_TRUE(WaitUntil([&] { return agent_->RunningWorkers().empty(); }));
+  EXPECT_EQ(registry_.CounterValue("mesh_agent_worker_exits_total", {"signal_SIGTERM"}), 2);
+  EXPECT_EQ(registry_.GaugeValue("mesh_agent_workers", {"running"}), 0);
+  EXPECT_EQ(registry_.GaugeValue("mesh_agent_workers", {"stopping"}), 0);
+
+  // Launch errors count once per rank, and launch nothing.
+  launcher_.FailLaunches(absl::NotFoundError("no such program"));
+  ASSERT_TRUE(service_.Push(Launch("job-b", 0, 3)));
+  ASSERT_TRUE(WaitUntil([&] {
+    return registry_.CounterValue("mesh_agent_worker_exits_total", {"launch_error"}) == 3;
+  }));
+  EXPECT_EQ(registry_.CounterValue("mesh_agent_launches_total"), 4);
+  // Every reason has its series from the start, and there are no others.
+  EXPECT_EQ(registry_.Children("mesh_agent_worker_exits_total").size(), 14u);
+  EXPECT_EQ(registry_.CounterValue("mesh_agent_worker_exits_total", {"exit_0"}), 0);
+}
+
+TEST_F(AgentTest, MetricsShowConnectionAndHeartbeatAge) {
+  StartAgent();
+  ASSERT_TRUE(WaitUntil([&] { return registry_.GaugeValue("mesh_agent_connected") == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return service_.heartbeats() >= 3; }));
+  // Heartbeats every 50 ms are acknowledged: the age stays small.
+  EXPECT_LT(registry_.GaugeValue("mesh_agent_heartbeat_age_seconds"), 1.0);
+  // Unacknowledged heartbeats (within the 5 s timeout): the age grows while
+  // the agent stays connected.
+  service_.SetHeartbeatStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "busy"));
+  ASSERT_TRUE(
+      WaitUntil([&] { return registry_.GaugeValue("mesh_agent_heartbeat_age_seconds") >= 0.3; }));
+  EXPECT_EQ(registry_.GaugeValue("mesh_agent_connected"), 1);
+  service_.SetHeartbeatStatus(grpc::Status::OK);
+  ASSERT_TRUE(
+      WaitUntil([&] { return registry_.GaugeValue("mesh_agent_heartbeat_age_seconds") < 0.3; }));
+
+  // A lost session that cannot be re-established: disconnected.
+  service_.SetRegisterStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "down"));
+  ASSERT_TRUE(service_.Drop(grpc::Status(grpc::StatusCode::UNAVAILABLE, "restart")));
+  ASSERT_TRUE(WaitUntil([&] { return registry_.GaugeValue("mesh_agent_connected") == 0; }));
+  service_.SetRegisterStatus(grpc::Status::OK);
+  ASSERT_TRUE(WaitUntil([&] { return registry_.GaugeValue("mesh_agent_connected") == 1; }));
+  agent_->Shutdown();
+  EXPECT_EQ(registry_.GaugeValue("mesh_agent_connected"), 0);
+}
+
+TEST_F(AgentTest, RegistrationCarriesTheMetricsPort) {
+  config_.metrics_port = 9123;
+  StartAgent();
+  EXPECT_EQ(service_.registrations().at(0).metrics_port(), 9123);
+}
+
+TEST_F(AgentTest, BadMetricsPortsAreRefused) {
+  for (auto [first, last] : {std::pair{9600, 9500}, {-1, 5}, {65535, 65536}}) {
+    AgentConfig config = config_;
+    config.worker_metrics_port_first = first;
+    config.worker_metrics_port_last = last;
+    Agent agent(config, &launcher_);
+    EXPECT_EQ(agent.Start().code(), absl::StatusCode::kInvalidArgument) << first << "-" << last;
+  }
+  AgentConfig config = config_;
+  config.metrics_port = 70000;
+  Agent agent(config, &launcher_);
+  EXPECT_EQ(agent.Start().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(AgentTest, WorkersGetMetricsPortsFromTheRangeNeverTwiceWhileAlive) {
+  config_.worker_metrics_port_first = 9500;
+  config_.worker_metrics_port_last = 9502;
+  StartAgent();
+  // Each started rank's port: in its env and in the started report.
+  auto ports_of = [&](const v1::ReportWorkersStartedRequest& started) {
+    std::map<int, int> ports;
+    for (const v1::RunningWorker& w : started.workers()) {
+      const std::string env = EnvValue(launcher_.procs().at(w.pid()).spec, "MESH_METRICS_PORT");
+      EXPECT_EQ(env, w.metrics_port() == 0 ? "" : absl::StrCat(w.metrics_port()))
+          << "rank " << w.rank();
+      ports[w.rank()] = w.metrics_port();
+    }
+    return ports;
+  };
+  const std::map<int, pid_t> a = LaunchAndWait(Launch("job-a", 0, 2));
+  const std::map<int, int> a_ports = ports_of(service_.started().back());
+  EXPECT_EQ(a_ports, (std::map<int, int>{{2, 9500}, {3, 9501}}));
+
+  // Three ports for four live workers: the last one runs without.
+  LaunchAndWait(Launch("job-b", 0, 2));
+  const std::map<int, int> b_ports = ports_of(service_.started().back());
+  EXPECT_EQ(b_ports, (std::map<int, int>{{2, 9502}, {3, 0}}));
+
+  // A re-registration lists the ports of the live workers.
+  ASSERT_TRUE(service_.Drop(grpc::Status(grpc::StatusCode::UNAVAILABLE, "restart")));
+  ASSERT_TRUE(WaitUntil([&] { return service_.registrations().size() == 2; }));
+  std::map<std::string, int> registered;
+  const v1::RegisterNodeRequest again = service_.registrations().at(1);
+  for (const v1::RunningWorker& w : again.running()) {
+    registered[absl::StrCat(w.job_id(), "/", w.rank())] = w.metrics_port();
+  }
+  EXPECT_EQ(registered,
+            (std::map<std::string, int>{
+                {"job-a/2", 9500}, {"job-a/3", 9501}, {"job-b/2", 9502}, {"job-b/3", 0}}));
+
+  // job-a rank 3 exits: its port is the only free one, and the next worker
+  // gets it.
+  launcher_.Exit(a.at(3), 0);
+  ASSERT_TRUE(WaitUntil([&] { return agent_->RunningWorkers().size() == 3; }));
+  LaunchAndWait(Launch("job-c", 0, 1));
+  EXPECT_EQ(ports_of(service_.started().back()), (std::map<int, int>{{1, 9501}}));
+  for (const v1::RunningWorker& w : agent_->RunningWorkers()) {
+    if (w.job_id() == "job-c") {
+      EXPECT_EQ(w.metrics_port(), 9501);
+    }
+  }
+}
+
 TEST(AgentMainTest, BadFlagsExitTwo) {
   const std::vector<std::vector<const char*>> cases = {
       {"mesh-agent", "--no-such-flag"},
@@ -799,6 +994,10 @@ TEST(AgentMainTest, BadFlagsExitTwo) {
       {"mesh-agent", "--grace", "-1"},
       {"mesh-agent", "--log-format", "xml"},
       {"mesh-agent", "--config", "/nonexistent/agent.yaml"},
+      {"mesh-agent", "--metrics-port", "70000"},
+      {"mesh-agent", "--worker-metrics-ports", "9600-9500"},
+      {"mesh-agent", "--worker-metrics-ports", "0-10"},
+      {"mesh-agent", "--worker-metrics-ports", "x"},
   };
   for (const auto& argv : cases) {
     EXPECT_EQ(RunAgentMain(static_cast<int>(argv.size()), argv.data()), kAgentExitUsage)

@@ -88,7 +88,22 @@ TEST(BuildWorkerEnv, OptionalPartsOmitted) {
   for (const std::string& entry : *env) {
     EXPECT_THAT(entry, Not(HasSubstr("MASTER_"))) << entry;
     EXPECT_THAT(entry, Not(HasSubstr("MESH_AUTH_TOKEN"))) << entry;
+    EXPECT_THAT(entry, Not(HasSubstr("MESH_METRICS_PORT"))) << entry;
   }
+}
+
+TEST(BuildWorkerEnv, MetricsPortIsGivenWhenSet) {
+  WorkerAssignment a = TwoByTwoRank3();
+  a.metrics_port = 9517;
+  auto env = BuildWorkerEnv(a, {{"MESH_METRICS_PORT", "1"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_THAT(*env, Contains("MESH_METRICS_PORT=9517"));
+  EXPECT_THAT(*env, Not(Contains("MESH_METRICS_PORT=1")));
+  // Agent-set: a job cannot choose it.
+  a.user_env = {{"MESH_METRICS_PORT", "80"}};
+  env = BuildWorkerEnv(a, {});
+  ASSERT_FALSE(env.ok());
+  EXPECT_THAT(env.status().message(), HasSubstr("reserved: the agent sets MESH_METRICS_PORT"));
 }
 
 TEST(BuildWorkerEnv, BadUserVariablesAreRejected) {
@@ -148,6 +163,8 @@ TEST(BuildWorkerEnv, InconsistentAssignmentsNameTheField) {
       {[](WorkerAssignment& a) { a.restart_count = -1; }, "restart_count is -1"},
       {[](WorkerAssignment& a) { a.master_port = 0; }, "master_port is 0"},
       {[](WorkerAssignment& a) { a.master_port = 70000; }, "master_port is 70000"},
+      {[](WorkerAssignment& a) { a.metrics_port = -1; }, "metrics_port is -1"},
+      {[](WorkerAssignment& a) { a.metrics_port = 65536; }, "metrics_port is 65536"},
       {[](WorkerAssignment& a) { a.job_id.clear(); }, "job_id is empty"},
       {[](WorkerAssignment& a) { a.coordinator.clear(); }, "coordinator is empty"},
       {[](WorkerAssignment& a) { a.gpu_job = true; }, "GPU job but no GPUs"},

@@ -20,6 +20,8 @@
 //   MESH_NODE_NAME         the node, as the coordinator groups optional; default: the
 //                          ranks (the agent's name)                host name
 //   MESH_AUTH_TOKEN        sent as "authorization: Bearer <t>" optional
+//   MESH_METRICS_PORT      serve Prometheus /metrics on        optional; unset: no
+//                          0.0.0.0:port (0: a free port)           metrics
 //
 // A field set in RuntimeOptions wins over its variable. Then Init:
 //   1. picks a random incarnation (fences out a stale process with this rank);
@@ -30,7 +32,12 @@
 //      unreachable) and cross-checks the reply with the configuration;
 //   4. starts heartbeats at the interval the join reply gives;
 //   5. opens the job's WatchJob stream and waits until it is live;
-//   6. makes the backend's ProcessGroupFactory over the coordinator's store.
+//   6. makes the backend's ProcessGroupFactory over the coordinator's store;
+//   7. with MESH_METRICS_PORT, serves the worker metrics of docs/metrics.md
+//      and wraps the factory so that every group records its collectives.
+//      Metrics never fail a job: a malformed or busy port is logged to
+//      stderr and the Runtime runs without them. A process serves one
+//      /metrics: Runtimes of one process (ranks as threads) share it.
 //
 // Lifecycle:
 //
@@ -78,6 +85,7 @@ class Store;
 
 namespace internal {
 class CoordinatorClient;
+class WorkerMetricsServer;
 }  // namespace internal
 
 // Who this worker is, after the environment and the options are merged.
@@ -184,6 +192,7 @@ struct RuntimeOptions {
   std::optional<int> local_world_size;     // MESH_LOCAL_WORLD_SIZE
   std::optional<int> node_rank;            // MESH_NODE_RANK
   std::optional<std::string> auth_token;   // MESH_AUTH_TOKEN
+  std::optional<int> metrics_port;         // MESH_METRICS_PORT
   // Where unset fields come from; null reads nothing (every required field
   // must then be set), which is what tests running ranks as threads want.
   EnvLookup env = ProcessEnv;
@@ -252,6 +261,10 @@ class Runtime {
   // all of its groups when the job fails.
   const std::shared_ptr<ProcessGroupFactory>& process_group_factory() const { return factory_; }
 
+  // The port this process serves /metrics on (see MESH_METRICS_PORT); 0
+  // when it serves none.
+  int metrics_port() const;
+
   // The group of all ranks. The first call is collective.
   // Possible errors: the job's error once it failed; the backend's.
   absl::StatusOr<std::shared_ptr<ProcessGroup>> World();
@@ -297,6 +310,9 @@ class Runtime {
 
   // Init after the configuration is known: Join, watch, heartbeats, factory.
   absl::Status Start();
+  // MESH_METRICS_PORT: the process's metrics server and the metered
+  // factory. An error means "no metrics", never a failed Init.
+  absl::Status StartMetrics();
   // After a failure past Join: tells the coordinator (best effort) so that
   // peers fail at once instead of waiting for this rank, and fails locally.
   absl::Status AbandonAfterJoin(absl::Status error);
@@ -308,6 +324,8 @@ class Runtime {
   std::shared_ptr<internal::CoordinatorClient> client_;
   std::shared_ptr<Store> store_;
   std::shared_ptr<ProcessGroupFactory> factory_;
+  // Shared with the process's other Runtimes; null without metrics.
+  std::shared_ptr<internal::WorkerMetricsServer> metrics_server_;
 
   mutable absl::Mutex mu_;
   int next_mesh_ ABSL_GUARDED_BY(mu_) = 0;

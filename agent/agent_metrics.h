@@ -1,0 +1,46 @@
+// AgentMetrics: the agent's metric families (docs/metrics.md, "Agent"),
+// created once in a metrics::Registry, and the pure helpers that keep their
+// label values bounded.
+//
+//   mesh_agent_slots, mesh_agent_gpus                    gauges, set at start
+//   mesh_agent_workers{state=running|stopping}           gauge
+//   mesh_agent_worker_exits_total{reason}                counter, see WorkerExitReason
+//   mesh_agent_launches_total, mesh_agent_restarts_total counters (ranks)
+//   mesh_agent_launch_duration_seconds                   histogram
+//   mesh_agent_heartbeat_age_seconds                     gauge
+//   mesh_agent_connected                                 gauge, 0 or 1
+//
+// Thread safety: the children are the registry's, and thread-safe.
+// Ownership: the registry is borrowed and must outlive the AgentMetrics.
+#pragma once
+
+#include <string>
+
+#include "agent/process_launcher.h"
+#include "common/metrics.h"
+
+namespace mesh::agent {
+
+// The `reason` of a worker exit: "exit_0", "exit_1", "exit_2_127",
+// "exit_128_255", "signal_<NAME>" for SIGKILL, SIGTERM, SIGSEGV, SIGABRT,
+// SIGBUS, SIGFPE, SIGILL and SIGINT, else "signal_other". Never anything
+// else, so the counter has at most 14 series (with "launch_error").
+std::string WorkerExitReason(const ExitInfo& exit);
+inline constexpr const char* kLaunchErrorReason = "launch_error";
+
+struct AgentMetrics {
+  explicit AgentMetrics(metrics::Registry& registry);
+
+  metrics::Gauge* slots;
+  metrics::Gauge* gpus;
+  metrics::Gauge* workers_running;
+  metrics::Gauge* workers_stopping;
+  metrics::Family<metrics::Counter>* worker_exits;
+  metrics::Counter* launches;
+  metrics::Counter* restarts;
+  metrics::Histogram* launch_duration;
+  metrics::Gauge* heartbeat_age;
+  metrics::Gauge* connected;
+};
+
+}  // namespace mesh::agent

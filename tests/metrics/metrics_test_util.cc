@@ -1,0 +1,375 @@
+#include "tests/metrics/metrics_test_util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "tests/common/http_get.h"
+#include "tests/util/proc.h"
+
+namespace mesh::testing {
+namespace {
+
+constexpr absl::Duration kStartTimeout = absl::Seconds(30);
+constexpr char kBanner[] = "mesh-coordinator listening on ";
+
+std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(10)) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return context;
+}
+
+}  // namespace
+
+std::optional<std::string> FindTool(const std::string& name, const std::string& env_override) {
+  if (const char* value = std::getenv(env_override.c_str()); value != nullptr && *value != '\0') {
+    if (access(value, X_OK) == 0) return std::string(value);
+    return std::nullopt;
+  }
+  const char* path = std::getenv("PATH");
+  for (absl::string_view dir :
+       absl::StrSplit(path == nullptr ? "/usr/bin:/bin" : path, ':', absl::SkipEmpty())) {
+    std::string candidate = absl::StrCat(dir, "/", name);
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return std::nullopt;
+}
+
+std::string MissingToolMessage(const std::string& tool, const std::string& env_override,
+                               const std::string& package) {
+  return absl::StrCat(
+      "\n*************************************************************************\n", "SKIPPED: '",
+      tool, "' was not found on PATH (or in $", env_override,
+      "). This test did NOT run. Install Debian's '", package,
+      "' package (scripts/install-deps.sh does, without starting its service) or set $",
+      env_override, " to the binary.\n",
+      "*************************************************************************");
+}
+
+absl::StatusOr<ToolResult> RunTool(const std::vector<std::string>& argv,
+                                   const std::string& stdin_file, absl::Duration timeout) {
+  // sh redirects stdin and joins stderr to the captured stdout, then execs
+  // the tool itself (the arguments never pass through the shell's parser).
+  std::vector<std::string> shell = {"/bin/sh", "-c",
+                                    "exec \"$0\" \"$@\" <\"$MESH_TOOL_STDIN\" 2>&1"};
+  shell.insert(shell.end(), argv.begin(), argv.end());
+  auto process = Subprocess::Start(
+      shell, {absl::StrCat("MESH_TOOL_STDIN=", stdin_file.empty() ? "/dev/null" : stdin_file)});
+  if (!process.ok()) return process.status();
+  const absl::Time deadline = absl::Now() + timeout;
+  ToolResult result;
+  for (;;) {
+    auto line = process->ReadLine(deadline - absl::Now());
+    if (line.ok()) {
+      absl::StrAppend(&result.output, *line, "\n");
+      continue;
+    }
+    if (absl::IsOutOfRange(line.status())) break;
+    return absl::DeadlineExceededError(absl::StrCat(argv[0], " did not finish within ",
+                                                    absl::FormatDuration(timeout),
+                                                    "; output so far:\n", result.output));
+  }
+  auto status = process->Wait(std::max(deadline - absl::Now(), absl::Seconds(1)));
+  if (!status.ok()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(argv[0], " closed its output but did not exit: ", status.status().message()));
+  }
+  result.exit_code = WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
+  return result;
+}
+
+absl::StatusOr<int> FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("socket failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);
+  if (!ok) return absl::InternalError("cannot bind a free port on 127.0.0.1");
+  return static_cast<int>(ntohs(addr.sin_port));
+}
+
+absl::StatusOr<std::string> FreePortRange(int n) {
+  // Try a few starting points: the ports after a free one are usually free.
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    absl::StatusOr<int> first = FreePort();
+    if (!first.ok()) return first.status();
+    if (*first + n - 1 > 65535) continue;
+    bool all_free = true;
+    for (int port = *first + 1; port < *first + n && all_free; ++port) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(static_cast<uint16_t>(port));
+      addr.sin_addr.s_addr = htonl(INADDR_ANY);
+      all_free = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+      if (fd >= 0) ::close(fd);
+    }
+    if (all_free) return absl::StrCat(*first, "-", *first + n - 1);
+  }
+  return absl::InternalError(absl::StrCat("found no ", n, " consecutive free ports"));
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::trunc);
+  out << contents;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<SdTarget>> ReadSdFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  nlohmann::json groups = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!groups.is_array()) {
+    return absl::InternalError(absl::StrCat(path, " is not a JSON array: ", *text));
+  }
+  std::vector<SdTarget> targets;
+  for (const nlohmann::json& group : groups) {
+    if (!group.is_object() || !group.contains("targets") || !group["targets"].is_array()) {
+      return absl::InternalError(absl::StrCat(path, ": a group without targets: ", group.dump()));
+    }
+    const nlohmann::json labels = group.value("labels", nlohmann::json::object());
+    for (const nlohmann::json& address : group["targets"]) {
+      SdTarget target;
+      target.address = address.is_string() ? address.get<std::string>() : "";
+      const size_t colon = target.address.rfind(':');
+      if (colon == std::string::npos ||
+          !absl::SimpleAtoi(target.address.substr(colon + 1), &target.port)) {
+        return absl::InternalError(absl::StrCat(path, ": bad target ", address.dump()));
+      }
+      target.component = labels.value("mesh_component", "");
+      target.node = labels.value("node", "");
+      target.job = labels.value("mesh_job", "");
+      targets.push_back(std::move(target));
+    }
+  }
+  return targets;
+}
+
+std::string UrlEncode(const std::string& value) {
+  std::string out;
+  for (unsigned char c : value) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      absl::StrAppend(&out, "%", absl::Hex(c, absl::kZeroPad2));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> Scrape(int port, absl::Duration timeout) {
+  absl::StatusOr<HttpReply> reply = HttpGet(port, "/metrics", timeout);
+  if (!reply.ok()) return reply.status();
+  if (reply->status != 200) {
+    return absl::InternalError(
+        absl::StrCat("GET :", port, "/metrics: HTTP ", reply->status, ": ", reply->body));
+  }
+  return reply->body;
+}
+
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<MetricsCluster>> MetricsCluster::Start() {
+  std::unique_ptr<MetricsCluster> cluster(new MetricsCluster());
+  char pattern[] = "/tmp/mesh-metrics-test-XXXXXX";
+  if (mkdtemp(pattern) == nullptr) return absl::InternalError("mkdtemp failed");
+  cluster->dir_ = pattern;
+  cluster->sd_file_ = cluster->dir_ + "/targets.json";
+  if (absl::Status s = cluster->StartProcesses(); !s.ok()) return s;
+  return cluster;
+}
+
+absl::Status MetricsCluster::StartProcesses() {
+  auto coordinator = Subprocess::Start(
+      {MESH_COORDINATOR_BIN, "--listen", "127.0.0.1", "--port", "0", "--state-dir", dir_ + "/state",
+       "--node-heartbeat-interval", "0.2", "--node-heartbeat-timeout", "2", "--kill-grace", "1",
+       "--shutdown-grace", "0.5", "--metrics-port", "0", "--sd-file", sd_file_});
+  if (!coordinator.ok()) return coordinator.status();
+  auto line = coordinator->ReadLine(kStartTimeout);
+  if (!line.ok()) return line.status();
+  if (line->rfind(kBanner, 0) != 0) {
+    return absl::InternalError(absl::StrCat("unexpected coordinator banner: ", *line));
+  }
+  address_ = line->substr(sizeof(kBanner) - 1);
+  coordinator_ = std::make_unique<Subprocess>(*std::move(coordinator));
+  channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  jobs_ = mesh::v1::JobService::NewStub(channel_);
+
+  for (int i = 0; i < kAgents; ++i) {
+    absl::StatusOr<std::string> worker_ports = FreePortRange(2);
+    if (!worker_ports.ok()) return worker_ports.status();
+    auto agent = Subprocess::Start({MESH_AGENT_BIN,
+                                    "--coordinator",
+                                    address_,
+                                    "--name",
+                                    absl::StrCat("node-", i),
+                                    "--address",
+                                    "127.0.0.1",
+                                    "--slots",
+                                    "2",
+                                    "--gpus",
+                                    "none",
+                                    "--work-dir",
+                                    absl::StrCat(dir_, "/agent-", i),
+                                    "--grace",
+                                    "1",
+                                    "--metrics-port",
+                                    "0",
+                                    "--metrics-listen",
+                                    "127.0.0.1",
+                                    "--worker-metrics-ports",
+                                    *worker_ports});
+    if (!agent.ok()) return agent.status();
+    agents_.push_back(std::make_unique<Subprocess>(*std::move(agent)));
+  }
+
+  // Ready: every agent READY, and the SD file lists the coordinator and
+  // every agent with a port.
+  std::string seen = "nothing yet";
+  const bool ready = WaitUntil(
+      [&] {
+        mesh::v1::ListNodesResponse nodes;
+        if (!jobs_->ListNodes(Context().get(), mesh::v1::ListNodesRequest(), &nodes).ok()) {
+          seen = "ListNodes failing";
+          return false;
+        }
+        int ready_nodes = 0;
+        for (const auto& node : nodes.nodes()) {
+          ready_nodes += node.state() == mesh::v1::NODE_STATE_READY;
+        }
+        absl::StatusOr<std::vector<SdTarget>> targets = ReadSdFile(sd_file_);
+        if (!targets.ok()) {
+          seen = absl::StrCat(ready_nodes, " READY nodes; SD file: ", targets.status().message());
+          return false;
+        }
+        int coordinators = 0;
+        int agents = 0;
+        for (const SdTarget& t : *targets) {
+          coordinators += t.component == "coordinator" && t.port > 0;
+          agents += t.component == "agent" && t.port > 0;
+        }
+        seen = absl::StrCat(ready_nodes, " READY nodes; SD file lists ", coordinators,
+                            " coordinator(s) and ", agents, " agent(s)");
+        return ready_nodes == kAgents && coordinators == 1 && agents == kAgents;
+      },
+      kStartTimeout);
+  if (!ready) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("cluster not ready after ", absl::FormatDuration(kStartTimeout), ": ", seen));
+  }
+  return absl::OkStatus();
+}
+
+MetricsCluster::~MetricsCluster() {
+  agents_.clear();
+  coordinator_.reset();
+  if (!dir_.empty()) std::system(absl::StrCat("rm -rf '", dir_, "'").c_str());
+}
+
+absl::StatusOr<std::vector<SdTarget>> MetricsCluster::Targets(const std::string& component) {
+  absl::StatusOr<std::vector<SdTarget>> all = ReadSdFile(sd_file_);
+  if (!all.ok()) return all.status();
+  std::vector<SdTarget> out;
+  for (SdTarget& t : *all) {
+    if (t.component == component) out.push_back(std::move(t));
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> MetricsCluster::Submit(const mesh::v1::JobSpec& spec) {
+  mesh::v1::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  mesh::v1::SubmitJobResponse response;
+  const grpc::Status status = jobs_->SubmitJob(Context().get(), request, &response);
+  if (!status.ok()) {
+    return absl::InternalError(absl::StrCat("SubmitJob: ", status.error_message()));
+  }
+  return response.job().id();
+}
+
+absl::StatusOr<mesh::v1::Job> MetricsCluster::WaitTerminal(const std::string& id,
+                                                           absl::Duration timeout) {
+  mesh::v1::WaitJobRequest request;
+  request.set_job_id(id);
+  request.set_timeout_seconds(absl::ToDoubleSeconds(timeout));
+  mesh::v1::WaitJobResponse response;
+  const grpc::Status status =
+      jobs_->WaitJob(Context(timeout + absl::Seconds(5)).get(), request, &response);
+  if (!status.ok()) return absl::InternalError(absl::StrCat("WaitJob: ", status.error_message()));
+  return response.job();
+}
+
+absl::StatusOr<std::string> MetricsCluster::StartHeldWorkerJob(const std::string& worker_bin,
+                                                               std::vector<int>* worker_ports) {
+  mesh::v1::JobSpec spec;
+  spec.set_name("metrics-worker");
+  spec.add_command(worker_bin);
+  spec.mutable_nodes()->set_min(kAgents);
+  spec.set_nproc_per_node(1);
+  (*spec.mutable_env())["METRICS_TEST_DIR"] = dir_;
+  absl::StatusOr<std::string> id = Submit(spec);
+  if (!id.ok()) return id.status();
+
+  worker_ports->assign(kAgents, 0);
+  std::string seen;
+  const bool written = WaitUntil(
+      [&] {
+        for (int rank = 0; rank < kAgents; ++rank) {
+          absl::StatusOr<std::string> text =
+              ReadFile(absl::StrCat(dir_, "/worker-", rank, ".port"));
+          int port = 0;
+          if (!text.ok() || !absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &port)) {
+            mesh::v1::GetJobRequest request;
+            request.set_job_id(*id);
+            mesh::v1::GetJobResponse response;
+            const grpc::Status status = jobs_->GetJob(Context().get(), request, &response);
+            seen = absl::StrCat("rank ", rank, " wrote no port; job ",
+                                status.ok() ? mesh::v1::JobState_Name(response.job().state())
+                                            : status.error_message());
+            return false;
+          }
+          (*worker_ports)[rank] = port;
+        }
+        return true;
+      },
+      absl::Seconds(60));
+  if (!written) {
+    return absl::DeadlineExceededError(absl::StrCat("metrics_worker job ", *id, ": ", seen));
+  }
+  return id;
+}
+
+absl::Status MetricsCluster::Release() { return WriteFile(dir_ + "/release", "\n"); }
+
+}  // namespace mesh::testing
