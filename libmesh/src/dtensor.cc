@@ -28,6 +28,7 @@
 #include "common/check.h"
 #include "mesh/float16.h"
 #include "mesh/process_group_nccl.h"
+#include "metrics_hooks.h"
 #include "sharding/strided_copy.h"
 
 namespace mesh {
@@ -990,6 +991,7 @@ absl::StatusOr<DTensor> Redistribute(const DTensor& input, Placements placements
   for (const RedistributeStep& step : plan->steps) {
     StepContext context{input.mesh(), input.shape(), step, options.timeout};
     DT_ASSIGN_OR_RETURN(local, RunStep(context, local));
+    internal::RecordRedistributeStep(step.op);
   }
   return MakeDTensor(input.mesh(), std::move(placements),
                      DimVector(input.shape().begin(), input.shape().end()), std::move(local));

@@ -1,7 +1,7 @@
 // metrics_worker: a Mesh worker for tests/metrics that makes every worker
 // metric family it can appear (docs/metrics.md, "Worker") and then stays up
-// until the test has scraped it. (mesh_redistribute_steps_total cannot:
-// libmesh has no DTensor Redistribute implementation yet.)
+// until the test has scraped it. (mesh_redistribute_steps_total is created
+// at 0 for every op when metrics are on.)
 //
 // It joins its job (Gloo on 127.0.0.1), all-reduces over the world and
 // runs a barrier on a 1-D device mesh, writes its /metrics port to
