@@ -442,35 +442,45 @@ std::string CoordinatorPortFile(const ClusterConfig& config) {
   return config.state_dir + "/coordinator.port";
 }
 
+std::string TargetsFile(const ClusterConfig& config) {
+  return config.state_dir + "/prometheus-targets.json";
+}
+
 std::vector<std::string> CoordinatorArgv(const ClusterConfig& config) {
-  return {config.coordinator_bin,
-          "--listen",
-          "127.0.0.1",
-          "--port",
-          absl::StrCat(config.port),
-          "--port-file",
-          CoordinatorPortFile(config),
-          "--state-dir",
-          config.state_dir + "/coordinator"};
+  std::vector<std::string> argv = {config.coordinator_bin,
+                                   "--listen",
+                                   "127.0.0.1",
+                                   "--port",
+                                   absl::StrCat(config.port),
+                                   "--port-file",
+                                   CoordinatorPortFile(config),
+                                   "--state-dir",
+                                   config.state_dir + "/coordinator"};
+  if (config.metrics) {
+    argv.insert(argv.end(), {"--metrics-port", "0", "--sd-file", TargetsFile(config)});
+  }
+  return argv;
 }
 
 std::vector<std::string> AgentArgv(const ClusterConfig& config, int index,
                                    const std::string& coordinator_address) {
   MESH_CHECK(index >= 0 && index < static_cast<int>(config.agent_gpus.size()),
              "agent_gpus has no entry for this agent");
-  return {config.agent_bin,
-          "--coordinator",
-          coordinator_address,
-          "--name",
-          AgentName(index),
-          "--address",
-          "127.0.0.1",
-          "--slots",
-          absl::StrCat(config.slots),
-          "--gpus",
-          config.agent_gpus[index],
-          "--work-dir",
-          absl::StrCat(config.state_dir, "/agent-", index)};
+  std::vector<std::string> argv = {config.agent_bin,
+                                   "--coordinator",
+                                   coordinator_address,
+                                   "--name",
+                                   AgentName(index),
+                                   "--address",
+                                   "127.0.0.1",
+                                   "--slots",
+                                   absl::StrCat(config.slots),
+                                   "--gpus",
+                                   config.agent_gpus[index],
+                                   "--work-dir",
+                                   absl::StrCat(config.state_dir, "/agent-", index)};
+  if (config.metrics) argv.insert(argv.end(), {"--metrics-port", "0"});
+  return argv;
 }
 
 int DefaultSlots(int cpus, int agents) {
@@ -722,7 +732,11 @@ int RunClusterUp(const ClusterConfig& config, int stop_fd, std::ostream& out, st
       << (config.slots == 1 ? " slot" : " slots") << " each, gpus " << gpus_text << "; logs "
       << config.state_dir << "/agent-<i>.log)\n"
       << "  state        " << config.state_dir
-      << (config.remove_state_dir ? "  (removed on exit)" : "") << "\n\n"
+      << (config.remove_state_dir ? "  (removed on exit)" : "") << "\n"
+      << (config.metrics ? absl::StrCat("  metrics      Prometheus file_sd targets in ",
+                                        TargetsFile(config), "\n")
+                         : std::string())
+      << "\n"
       << "  export MESH_COORDINATOR=" << address << "\n"
       << "  meshctl submit --nodes " << config.agents << " --nproc-per-node " << config.slots
       << " -- /bin/echo hi\n\n"
@@ -830,6 +844,9 @@ class ClusterCommandsImpl final : public ClusterCommands {
                     "Write the coordinator address here once every agent is READY");
     up_->add_flag("-v,--verbose", flags_.verbose,
                   "Also show the children's output on stderr (it always goes to the logs)");
+    up_->add_flag("--metrics", flags_.metrics,
+                  "Serve /metrics from the coordinator and agents, with Prometheus file service "
+                  "discovery in <state-dir>/prometheus-targets.json");
     up_->add_option("--grace", flags_.grace_s, "Seconds between SIGTERM and SIGKILL on stop")
         ->check(CLI::Range(0.0, 600.0))
         ->capture_default_str();
@@ -870,6 +887,7 @@ int RunClusterUpCommand(const ClusterUpFlags& flags, std::ostream& out, std::ost
   config.port = flags.port;
   config.ready_file = flags.ready_file;
   config.verbose = flags.verbose;
+  config.metrics = flags.metrics;
   config.grace = absl::Seconds(flags.grace_s);
   config.ready_timeout = absl::Seconds(flags.ready_timeout_s);
 

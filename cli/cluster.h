@@ -111,6 +111,10 @@ struct ClusterConfig {
   std::string ready_file;
   // Also copy every child's output to meshctl's stderr, "[name] " prefixed.
   bool verbose = false;
+  // Give the coordinator and each agent a /metrics port (picked free) and
+  // have the coordinator keep <state_dir>/prometheus-targets.json, Prometheus
+  // file service discovery for all of them (docs/metrics.md).
+  bool metrics = false;
   // Deadlines: for the port file, for N READY nodes after the agents
   // started, and between SIGTERM and SIGKILL of each group (agents first,
   // then the coordinator).
@@ -200,6 +204,7 @@ struct ClusterUpFlags {
   std::string agent_bin;
   std::string ready_file;
   bool verbose = false;
+  bool metrics = false;
   double grace_s = 10.0;
   double ready_timeout_s = 30.0;
 };

@@ -91,6 +91,18 @@ TEST(ArgvTest, Agent) {
                           "--work-dir", "/tmp/s/agent-1"));
 }
 
+TEST(ArgvTest, MetricsAddsPortsAndServiceDiscovery) {
+  ClusterConfig config = TwoAgents();
+  config.metrics = true;
+  EXPECT_THAT(
+      CoordinatorArgv(config),
+      ElementsAre("/b/coordinator/mesh-coordinator", "--listen", "127.0.0.1", "--port", "0",
+                  "--port-file", "/tmp/s/coordinator.port", "--state-dir", "/tmp/s/coordinator",
+                  "--metrics-port", "0", "--sd-file", "/tmp/s/prometheus-targets.json"));
+  EXPECT_THAT(AgentArgv(config, 0, "127.0.0.1:7450"),
+              ::testing::IsSupersetOf({"--metrics-port", "0"}));
+}
+
 TEST(DefaultSlotsTest, SharesCpusAmongAgentsAtLeastOne) {
   EXPECT_EQ(DefaultSlots(8, 2), 4);
   EXPECT_EQ(DefaultSlots(7, 2), 3);
