@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "common/check.h"
 #include "mesh/float16.h"
+#include "mesh/process_group_gloo.h"
 #include "mesh/process_group_nccl.h"
 #include "metrics_hooks.h"
 #include "sharding/strided_copy.h"
@@ -122,6 +123,17 @@ absl::StatusOr<Tensor> CopyOf(const Tensor& t) {
 // Both ends of a piece know its shape (from the global shape alone), so
 // they cut it the same way, and messages between a pair match in issue
 // order under one tag.
+//
+// Only over TCP: a Gloo group on shared memory (GlooOptions::shared_memory)
+// runs its collectives through a shared segment, which beats point-to-point
+// over TCP even with the pack and unpack (measured: docs/performance.md),
+// so such groups keep the collective path, with pooled buffers.
+bool CpuOverTcp(const ProcessGroup& group, bool cuda) {
+  if (cuda) return false;
+  const auto* gloo = dynamic_cast<const ProcessGroupGloo*>(&group);
+  return gloo == nullptr || !gloo->uses_shared_memory();
+}
+
 constexpr int kRedistributeTag = 0x3D7E5D00;  // Any fixed tag; one unlikely in user code.
 constexpr int64_t kSegmentBytes = int64_t{1} << 20;
 
@@ -414,7 +426,7 @@ absl::StatusOr<Tensor> RunAllGather(const StepContext& c, const Tensor& local,
   // Blocks concatenated in peer order are the output itself when nothing
   // precedes dim d.
   const bool direct = OuterSize(after.shape, d) == 1;
-  if (!cuda && (!direct || !even)) {
+  if ((!direct || !even) && CpuOverTcp(group, cuda)) {
     // Each peer's block straight into (or unpacked into) its place, the own
     // block copied there directly: no gather buffer, no repeated input.
     const int me = group.rank();
@@ -476,15 +488,16 @@ absl::StatusOr<Tensor> RunAllGather(const StepContext& c, const Tensor& local,
 // halves itself instead: reduce_scatter reads the input where it is and
 // leaves this rank's reduced chunk in its place in the result, then an
 // in-place all_gather fills in the rest. Same bytes on the wire, no copy.
-// (NCCL's fused all-reduce is better than its two halves: CUDA keeps the
-// copy, which on a GPU is cheap.)
+// (NCCL's fused all-reduce, and Gloo's on shared memory, beat their two
+// halves: those groups keep the copy, which is pooled and cheap next to
+// them.)
 constexpr int64_t kSplitAllReduceMinBytes = int64_t{64} << 10;
 
 absl::StatusOr<Tensor> RunAllReduce(const StepContext& c, const Tensor& local,
                                     ProcessGroup& group) {
   const int64_t n = local.numel();
   const int64_t k = group.size();
-  if (!local.device().is_cuda() && k > 1 && n % k == 0 &&
+  if (CpuOverTcp(group, local.device().is_cuda()) && k > 1 && n % k == 0 &&
       static_cast<int64_t>(local.nbytes()) >= kSplitAllReduceMinBytes) {
     DT_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(local.dtype(), local.shape(), local.device()));
     const int64_t chunk = n / k;
@@ -609,7 +622,7 @@ absl::StatusOr<Tensor> RunAllToAll(const StepContext& c, const Tensor& local, Pr
     const LocalLayout& p = after[static_cast<size_t>(j)];
     return local.Narrow(e, p.offset[e] - mine_before.offset[e], p.shape[e]);
   };
-  if (!cuda) {
+  if (CpuOverTcp(group, cuda)) {
     // Pieces straight between input and result (see PointToPoint): only the
     // pieces for other ranks are packed, in segments overlapping the sends.
     PointToPoint p2p(group, c.timeout);

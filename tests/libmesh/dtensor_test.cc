@@ -311,9 +311,42 @@ TEST(DTensorTest, VerifyCatchesADivergingReplicaOnEveryRank) {
 
 const std::vector<std::vector<int64_t>> kLargeShapes = {{2050, 1030}, {2051, 1031}};
 
-TEST(DTensorTest, LargeShardTransitionsSegmentPiecesExactly) {
+// Both transports: TCP takes the point-to-point and split paths, shared
+// memory the collective ones.
+class DTensorLargeTest : public ::testing::TestWithParam<bool> {
+ protected:
+  static GlooOptions Options() {
+    GlooOptions options = gloo_test::TestOptions();
+    options.shared_memory = GetParam();
+    return options;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, DTensorLargeTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "shm" : "tcp"; });
+
+// The small, uneven and empty shapes again over TCP, where the executor
+// moves pieces point to point instead of through collectives.
+TEST(DTensorTest, EveryTransitionOverTcp) {
+  GlooOptions tcp = gloo_test::TestOptions();
+  tcp.shared_memory = false;
+  std::set<RedistributeOp> ops;
+  auto line = MakeMeshWorld({4}, tcp);
+  ASSERT_TRUE(line.ok()) << line.status();
+  CheckAllPairs(**line, {{S(0)}, {S(1)}, {R}, {P()}, {P(ReduceOp::kAvg)}}, {DType::kFloat32}, &ops);
+  auto grid = MakeMeshWorld({2, 2}, tcp);
+  ASSERT_TRUE(grid.ok()) << grid.status();
+  std::vector<Placements> all;
+  for (const Placement& a : {S(0), S(1), R, P()}) {
+    for (const Placement& b : {S(0), S(1), R, P()}) all.push_back({a, b});
+  }
+  CheckAllPairs(**grid, all, {DType::kInt32}, &ops);
+  EXPECT_EQ(ops.size(), 6u);
+}
+
+TEST_P(DTensorLargeTest, ShardTransitionsSegmentPiecesExactly) {
   for (const std::vector<int64_t>& mesh_shape : {std::vector<int64_t>{2}, {2, 2}}) {
-    auto world = MakeMeshWorld(mesh_shape);
+    auto world = MakeMeshWorld(mesh_shape, Options());
     ASSERT_TRUE(world.ok()) << world.status();
     std::vector<Placements> all;
     if (mesh_shape.size() == 1) {
@@ -343,8 +376,8 @@ TEST(DTensorTest, LargeShardTransitionsSegmentPiecesExactly) {
   }
 }
 
-TEST(DTensorTest, LargePartialToReplicateReducesExactly) {
-  auto world = MakeMeshWorld({2});
+TEST_P(DTensorLargeTest, PartialToReplicateReducesExactly) {
+  auto world = MakeMeshWorld({2}, Options());
   ASSERT_TRUE(world.ok()) << world.status();
   OnRanks(2, [&](int r) {
     const DeviceMesh& mesh = *(*world)->meshes[r];
