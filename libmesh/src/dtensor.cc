@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "common/check.h"
 #include "mesh/float16.h"
+#include "mesh/process_group_gloo.h"
 #include "mesh/process_group_nccl.h"
 #include "metrics_hooks.h"
 #include "sharding/strided_copy.h"
@@ -105,6 +106,134 @@ absl::StatusOr<Tensor> CopyOf(const Tensor& t) {
   DT_RETURN_IF_ERROR(sharding::CopyStrided(out, t));
   return out;
 }
+
+// ---- Point-to-point exchanges (CPU groups). ---------------------------------
+//
+// Gloo's collectives take contiguous buffers only, so a layout change whose
+// pieces are strided (Shard(d) -> Shard(e) packs, an all_gather along a dim
+// with something before it unpacks) would pack everything, run the
+// collective, then unpack everything. On CPU groups the executor instead
+// sends each piece to its peer with Send/Recv: pieces that are contiguous
+// where they are (or where they go) move without a copy, the own piece is
+// copied straight from the input into the result (the copy the collective
+// would make anyway), and the pieces that must be packed or unpacked are cut
+// into segments of about kSegmentBytes along their dim 0, so that packing
+// segment s + 1 overlaps sending segment s, and unpacking segment s
+// overlaps receiving s + 1. The bytes on the wire are the collective's.
+// Both ends of a piece know its shape (from the global shape alone), so
+// they cut it the same way, and messages between a pair match in issue
+// order under one tag.
+//
+// Only over TCP: a Gloo group on shared memory (GlooOptions::shared_memory)
+// runs its collectives through a shared segment, which beats point-to-point
+// over TCP even with the pack and unpack (measured: docs/performance.md),
+// so such groups keep the collective path, with pooled buffers.
+bool CpuOverTcp(const ProcessGroup& group, bool cuda) {
+  if (cuda) return false;
+  const auto* gloo = dynamic_cast<const ProcessGroupGloo*>(&group);
+  return gloo == nullptr || !gloo->uses_shared_memory();
+}
+
+constexpr int kRedistributeTag = 0x3D7E5D00;  // Any fixed tag; one unlikely in user code.
+constexpr int64_t kSegmentBytes = int64_t{1} << 20;
+
+// [start, length) ranges of dim 0 of `shape`, each about kSegmentBytes.
+std::vector<std::pair<int64_t, int64_t>> Segments(absl::Span<const int64_t> shape,
+                                                  size_t element_size) {
+  std::vector<std::pair<int64_t, int64_t>> segments;
+  if (shape.empty() || Product(shape) == 0) return segments;
+  const int64_t row_bytes = Product(shape.subspan(1)) * static_cast<int64_t>(element_size);
+  const int64_t rows = std::max<int64_t>(1, kSegmentBytes / std::max<int64_t>(row_bytes, 1));
+  for (int64_t r = 0; r < shape[0]; r += rows) {
+    segments.emplace_back(r, std::min(rows, shape[0] - r));
+  }
+  return segments;
+}
+
+class PointToPoint {
+ public:
+  PointToPoint(ProcessGroup& group, absl::Duration timeout)
+      : group_(group),
+        timeout_(timeout == absl::ZeroDuration() ? group.options().timeout : timeout) {}
+
+  // Sends `piece` (any strides) to group rank `peer`, packing strided
+  // segments into a pooled buffer just before each is posted.
+  absl::Status Send(const Tensor& piece, int peer) {
+    Tensor staging;
+    if (!piece.is_contiguous()) {
+      DT_ASSIGN_OR_RETURN(staging, Tensor::Empty(piece.dtype(), {piece.numel()}, piece.device()));
+    }
+    int64_t offset = 0;
+    for (const auto& [start, length] : Segments(piece.shape(), piece.element_size())) {
+      DT_ASSIGN_OR_RETURN(Tensor segment, piece.Narrow(0, start, length));
+      Tensor flat;
+      if (segment.is_contiguous()) {
+        flat = SubBuffer(segment, 0, {segment.numel()});
+      } else {
+        flat = SubBuffer(staging, offset, {segment.numel()});
+        DT_RETURN_IF_ERROR(
+            sharding::CopyStrided(SubBuffer(staging, offset, segment.shape()), segment));
+      }
+      offset += segment.numel();
+      DT_ASSIGN_OR_RETURN(WorkPtr work, group_.Send(flat, peer, kRedistributeTag));
+      sends_.push_back(std::move(work));
+    }
+    return absl::OkStatus();
+  }
+
+  // Posts the receives of `dst` (any strides) from group rank `peer`;
+  // strided segments land in a pooled buffer and are unpacked by Wait.
+  absl::Status Recv(const Tensor& dst, int peer) {
+    Tensor staging;
+    if (!dst.is_contiguous()) {
+      DT_ASSIGN_OR_RETURN(staging, Tensor::Empty(dst.dtype(), {dst.numel()}, dst.device()));
+    }
+    int64_t offset = 0;
+    for (const auto& [start, length] : Segments(dst.shape(), dst.element_size())) {
+      DT_ASSIGN_OR_RETURN(Tensor segment, dst.Narrow(0, start, length));
+      PendingRecv pending;
+      if (segment.is_contiguous()) {
+        pending.flat = SubBuffer(segment, 0, {segment.numel()});
+      } else {
+        pending.flat = SubBuffer(staging, offset, {segment.numel()});
+        pending.unpack_to = segment;
+        pending.unpack = true;
+      }
+      offset += segment.numel();
+      DT_ASSIGN_OR_RETURN(pending.work, group_.Recv(pending.flat, peer, kRedistributeTag));
+      recvs_.push_back(std::move(pending));
+    }
+    return absl::OkStatus();
+  }
+
+  // Waits for every receive in posting order, unpacking each as it lands,
+  // then for every send. Returns the first error (after posting nothing
+  // more; buffers stay alive through the posted work's own references).
+  absl::Status Wait() {
+    for (PendingRecv& r : recvs_) {
+      DT_RETURN_IF_ERROR(r.work->Wait(timeout_));
+      if (r.unpack) {
+        DT_RETURN_IF_ERROR(sharding::CopyStrided(
+            r.unpack_to, Tensor::Contiguous(r.flat.data(), r.flat.dtype(), r.unpack_to.shape(),
+                                            r.flat.device())));
+      }
+    }
+    for (WorkPtr& w : sends_) DT_RETURN_IF_ERROR(w->Wait(timeout_));
+    return absl::OkStatus();
+  }
+
+ private:
+  struct PendingRecv {
+    WorkPtr work;
+    Tensor flat;
+    Tensor unpack_to;
+    bool unpack = false;
+  };
+  ProcessGroup& group_;
+  absl::Duration timeout_;
+  std::vector<WorkPtr> sends_;
+  std::vector<PendingRecv> recvs_;
+};
 
 // The device the mesh's groups move tensors on: an NCCL group's device, else
 // the CPU.
@@ -297,6 +426,31 @@ absl::StatusOr<Tensor> RunAllGather(const StepContext& c, const Tensor& local,
   // Blocks concatenated in peer order are the output itself when nothing
   // precedes dim d.
   const bool direct = OuterSize(after.shape, d) == 1;
+  if ((!direct || !even) && CpuOverTcp(group, cuda)) {
+    // Each peer's block straight into (or unpacked into) its place, the own
+    // block copied there directly: no gather buffer, no repeated input.
+    const int me = group.rank();
+    auto place = [&](int64_t j) {
+      const LocalLayout& p = peers[static_cast<size_t>(j)];
+      return out.Narrow(d, p.offset[d] - after.offset[d], p.shape[d]);
+    };
+    PointToPoint p2p(group, c.timeout);
+    for (int64_t step = 1; step < k; ++step) {
+      const int64_t from = (me - step + k) % k;
+      if (counts[static_cast<size_t>(from)] == 0) continue;
+      DT_ASSIGN_OR_RETURN(Tensor dst, place(from));
+      DT_RETURN_IF_ERROR(p2p.Recv(dst, static_cast<int>(from)));
+    }
+    if (local.numel() > 0) {
+      for (int64_t step = 1; step < k; ++step) {
+        DT_RETURN_IF_ERROR(p2p.Send(local, static_cast<int>((me + step) % k)));
+      }
+      DT_ASSIGN_OR_RETURN(Tensor own, place(me));
+      DT_RETURN_IF_ERROR(sharding::CopyStrided(own, local));
+    }
+    DT_RETURN_IF_ERROR(p2p.Wait());
+    return out;
+  }
   Tensor recv = out;
   if (!direct) {
     DT_ASSIGN_OR_RETURN(recv, Tensor::Empty(local.dtype(), {total}, local.device()));
@@ -328,8 +482,32 @@ absl::StatusOr<Tensor> RunAllGather(const StepContext& c, const Tensor& local,
   return out;
 }
 
+// Partial(op) -> Replicate. The group's AllReduce works in place and the
+// input is immutable, so the plain form copies the input first. On CPU
+// groups with an even split the executor runs the ring all-reduce's two
+// halves itself instead: reduce_scatter reads the input where it is and
+// leaves this rank's reduced chunk in its place in the result, then an
+// in-place all_gather fills in the rest. Same bytes on the wire, no copy.
+// (NCCL's fused all-reduce, and Gloo's on shared memory, beat their two
+// halves: those groups keep the copy, which is pooled and cheap next to
+// them.)
+constexpr int64_t kSplitAllReduceMinBytes = int64_t{64} << 10;
+
 absl::StatusOr<Tensor> RunAllReduce(const StepContext& c, const Tensor& local,
                                     ProcessGroup& group) {
+  const int64_t n = local.numel();
+  const int64_t k = group.size();
+  if (CpuOverTcp(group, local.device().is_cuda()) && k > 1 && n % k == 0 &&
+      static_cast<int64_t>(local.nbytes()) >= kSplitAllReduceMinBytes) {
+    DT_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(local.dtype(), local.shape(), local.device()));
+    const int64_t chunk = n / k;
+    Tensor mine = SubBuffer(out, group.rank() * chunk, {chunk});
+    DT_RETURN_IF_ERROR(Finish(group.ReduceScatter(SubBuffer(local, 0, {n}), mine, c.step.from.op()),
+                              group, c.timeout, false));
+    DT_RETURN_IF_ERROR(
+        Finish(group.AllGather(mine, SubBuffer(out, 0, {n})), group, c.timeout, false));
+    return out;
+  }
   DT_ASSIGN_OR_RETURN(Tensor out, CopyOf(local));
   if (out.numel() == 0) return out;
   DT_RETURN_IF_ERROR(
@@ -434,6 +612,40 @@ absl::StatusOr<Tensor> RunAllToAll(const StepContext& c, const Tensor& local, Pr
     for (int64_t m = 0; m < k; ++m) total += Product(piece_shape(j, m));
   }
   if (total == 0) return out;
+  // Where piece (from j, to me) goes in the result, and what piece (from me,
+  // to j) is in the input.
+  auto place = [&](int64_t j) {
+    const LocalLayout& p = before[static_cast<size_t>(j)];
+    return out.Narrow(d, p.offset[d] - mine_after.offset[d], p.shape[d]);
+  };
+  auto piece_of_local = [&](int64_t j) {
+    const LocalLayout& p = after[static_cast<size_t>(j)];
+    return local.Narrow(e, p.offset[e] - mine_before.offset[e], p.shape[e]);
+  };
+  if (CpuOverTcp(group, cuda)) {
+    // Pieces straight between input and result (see PointToPoint): only the
+    // pieces for other ranks are packed, in segments overlapping the sends.
+    PointToPoint p2p(group, c.timeout);
+    for (int64_t step = 1; step < k; ++step) {
+      const int64_t from = (me - step + k) % k;
+      if (recv_counts[static_cast<size_t>(from)] == 0) continue;
+      DT_ASSIGN_OR_RETURN(Tensor dst, place(from));
+      DT_RETURN_IF_ERROR(p2p.Recv(dst, static_cast<int>(from)));
+    }
+    for (int64_t step = 1; step < k; ++step) {
+      const int64_t to = (me + step) % k;
+      if (send_counts[static_cast<size_t>(to)] == 0) continue;
+      DT_ASSIGN_OR_RETURN(Tensor piece, piece_of_local(to));
+      DT_RETURN_IF_ERROR(p2p.Send(piece, static_cast<int>(to)));
+    }
+    if (send_counts[static_cast<size_t>(me)] > 0) {
+      DT_ASSIGN_OR_RETURN(Tensor dst, place(me));
+      DT_ASSIGN_OR_RETURN(Tensor piece, piece_of_local(me));
+      DT_RETURN_IF_ERROR(sharding::CopyStrided(dst, piece));
+    }
+    DT_RETURN_IF_ERROR(p2p.Wait());
+    return out;
+  }
   Tensor send = local;
   if (OuterSize(local.shape(), e) != 1) {
     DT_ASSIGN_OR_RETURN(send, Tensor::Empty(local.dtype(), {local.numel()}, local.device()));

@@ -13,13 +13,12 @@
 #include "absl/strings/str_join.h"
 #include "backends/cuda/cuda_memory.h"
 #include "common/check.h"
+#include "cpu_pool.h"
 #include "mesh/config.h"
 #include "mesh/float16.h"
 
 namespace mesh {
 namespace {
-
-constexpr size_t kCpuAlignment = 64;
 
 // Validates a view's metadata and computes its element count. Everything the
 // copy and DLPack code later multiplies is checked here once, so they can use
@@ -259,21 +258,16 @@ absl::Status CudaMemcpy(const Device& device, void* dst, const void* src, size_t
 #endif
 }
 
-// Owns CPU memory from std::aligned_alloc.
-struct CpuFree {
-  void operator()(void* p) const { std::free(p); }
-};
-
 absl::StatusOr<std::shared_ptr<void>> Allocate(size_t bytes, const Device& device) {
   if (device.is_cpu()) {
-    // aligned_alloc wants a multiple of the alignment; never zero.
-    const size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
-    void* p = std::aligned_alloc(kCpuAlignment, rounded == 0 ? kCpuAlignment : rounded);
+    // From the CPU buffer pool (cpu_pool.h): 64-byte aligned, size rounded
+    // up, returned to the pool when the last view dies.
+    std::shared_ptr<void> p = internal::CpuPool::Global().Allocate(bytes);
     if (p == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot allocate ", bytes, " bytes of cpu memory"));
     }
-    return std::shared_ptr<void>(p, CpuFree{});
+    return p;
   }
 #if MESH_HAVE_CUDA
   absl::StatusOr<void*> p = cuda::Malloc(device.index(), bytes);

@@ -305,6 +305,111 @@ TEST(DTensorTest, VerifyCatchesADivergingReplicaOnEveryRank) {
   EXPECT_THAT(statuses[3].message(), HasSubstr("world ranks 2 and 3"));
 }
 
+// ---- Large tensors: the executor's segmented point-to-point and split
+// all-reduce paths (dtensor.cc), which small shapes never reach: pieces of
+// more than one 1 MiB segment, packed and unpacked, even and uneven.
+
+const std::vector<std::vector<int64_t>> kLargeShapes = {{2050, 1030}, {2051, 1031}};
+
+// Both transports: TCP takes the point-to-point and split paths, shared
+// memory the collective ones.
+class DTensorLargeTest : public ::testing::TestWithParam<bool> {
+ protected:
+  static GlooOptions Options() {
+    GlooOptions options = gloo_test::TestOptions();
+    options.shared_memory = GetParam();
+    return options;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, DTensorLargeTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "shm" : "tcp"; });
+
+// The small, uneven and empty shapes again over TCP, where the executor
+// moves pieces point to point instead of through collectives.
+TEST(DTensorTest, EveryTransitionOverTcp) {
+  GlooOptions tcp = gloo_test::TestOptions();
+  tcp.shared_memory = false;
+  std::set<RedistributeOp> ops;
+  auto line = MakeMeshWorld({4}, tcp);
+  ASSERT_TRUE(line.ok()) << line.status();
+  CheckAllPairs(**line, {{S(0)}, {S(1)}, {R}, {P()}, {P(ReduceOp::kAvg)}}, {DType::kFloat32}, &ops);
+  auto grid = MakeMeshWorld({2, 2}, tcp);
+  ASSERT_TRUE(grid.ok()) << grid.status();
+  std::vector<Placements> all;
+  for (const Placement& a : {S(0), S(1), R, P()}) {
+    for (const Placement& b : {S(0), S(1), R, P()}) all.push_back({a, b});
+  }
+  CheckAllPairs(**grid, all, {DType::kInt32}, &ops);
+  EXPECT_EQ(ops.size(), 6u);
+}
+
+TEST_P(DTensorLargeTest, ShardTransitionsSegmentPiecesExactly) {
+  for (const std::vector<int64_t>& mesh_shape : {std::vector<int64_t>{2}, {2, 2}}) {
+    auto world = MakeMeshWorld(mesh_shape, Options());
+    ASSERT_TRUE(world.ok()) << world.status();
+    std::vector<Placements> all;
+    if (mesh_shape.size() == 1) {
+      all = {{S(0)}, {S(1)}, {R}};
+    } else {
+      all = {{S(0), S(1)}, {S(1), S(0)}, {R, R}, {S(0), R}, {R, S(1)}};
+    }
+    OnRanks((*world)->size(), [&](int r) {
+      const DeviceMesh& mesh = *(*world)->meshes[r];
+      uint64_t seed = 40;
+      for (const std::vector<int64_t>& shape : kLargeShapes) {
+        const Tensor global = MakeGlobal(DType::kFloat32, shape, ++seed);
+        for (const Placements& src : all) {
+          auto x = DistributeTensor(global, mesh, src);
+          ASSERT_TRUE(x.ok()) << x.status();
+          for (const Placements& dst : all) {
+            auto y = Redistribute(*x, dst);
+            const std::string what = Describe(shape, DType::kFloat32, src, dst);
+            ASSERT_TRUE(y.ok()) << what << ": " << y.status();
+            EXPECT_TRUE(SameValues(y->local(),
+                                   Expected(global, mesh.shape(), dst, mesh.GetCoordinate()), 0))
+                << what << " rank " << r;
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST_P(DTensorLargeTest, PartialToReplicateReducesExactly) {
+  auto world = MakeMeshWorld({2}, Options());
+  ASSERT_TRUE(world.ok()) << world.status();
+  OnRanks(2, [&](int r) {
+    const DeviceMesh& mesh = *(*world)->meshes[r];
+    for (const std::vector<int64_t>& shape : kLargeShapes) {  // Even numel, then odd.
+      const Tensor a = MakeGlobal(DType::kFloat32, shape, 7);
+      const Tensor b = MakeGlobal(DType::kFloat32, shape, 8);
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+        auto x = DTensor::FromLocal(r == 0 ? a : b, mesh, {P(op)});
+        ASSERT_TRUE(x.ok()) << x.status();
+        auto expected = Tensor::Empty(DType::kFloat32, shape);
+        for (int64_t e = 0; e < a.numel(); ++e) {
+          const double va = dtensor_test::Get(a, e);
+          const double vb = dtensor_test::Get(b, e);
+          dtensor_test::Set(*expected, e,
+                            op == ReduceOp::kSum   ? va + vb
+                            : op == ReduceOp::kAvg ? (va + vb) / 2
+                                                   : std::max(va, vb));
+        }
+        for (const Placements& dst : std::vector<Placements>{{R}, {S(0)}, {S(1)}}) {
+          auto y = Redistribute(*x, dst);
+          ASSERT_TRUE(y.ok()) << y.status();
+          EXPECT_TRUE(SameValues(y->local(), Expected(*expected, {2}, dst, {r}), 0))
+              << ReduceOpName(op) << " -> " << PlacementsToString(dst) << " " << shape[0] << "x"
+              << shape[1] << " rank " << r;
+        }
+        // The input is untouched (the split all-reduce reads it in place).
+        EXPECT_TRUE(SameValues(x->local(), r == 0 ? a : b, 0)) << ReduceOpName(op);
+      }
+    }
+  });
+}
+
 // ---- Partial. --------------------------------------------------------------------
 
 TEST(DTensorTest, PartialValuesReduceByTheirOp) {

@@ -33,7 +33,10 @@ struct MeshWorld {
   int size() const { return static_cast<int>(meshes.size()); }
 };
 
-inline absl::StatusOr<std::unique_ptr<MeshWorld>> MakeMeshWorld(std::vector<int64_t> shape) {
+// `options`: shared_memory false forces TCP, which the executor's
+// point-to-point paths need (dtensor.cc).
+inline absl::StatusOr<std::unique_ptr<MeshWorld>> MakeMeshWorld(
+    std::vector<int64_t> shape, GlooOptions options = gloo_test::TestOptions()) {
   int n = 1;
   for (int64_t s : shape) n *= static_cast<int>(s);
   auto world = std::make_unique<MeshWorld>();
@@ -43,7 +46,7 @@ inline absl::StatusOr<std::unique_ptr<MeshWorld>> MakeMeshWorld(std::vector<int6
   world->factories.resize(n);
   world->meshes.resize(n);
   for (int r = 0; r < n; ++r) {
-    auto factory = GlooProcessGroupFactory::Create(world->store, r, n, gloo_test::TestOptions());
+    auto factory = GlooProcessGroupFactory::Create(world->store, r, n, options);
     if (!factory.ok()) return factory.status();
     world->factories[r] = std::shared_ptr<GlooProcessGroupFactory>(std::move(*factory));
   }

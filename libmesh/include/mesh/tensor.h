@@ -80,7 +80,9 @@ class Tensor {
 
   // Allocates an uninitialised row-major tensor that owns its memory through
   // the keep-alive: it is freed when the last view sharing it dies.
-  //   * CPU: 64-byte aligned (cache line / AVX-512), size rounded up to 64.
+  //   * CPU: 64-byte aligned (cache line / AVX-512), size rounded up to 64;
+  //     blocks of 64 KiB and more come from, and return to, a bounded cache
+  //     of freed blocks (MESH_CPU_POOL_BYTES; docs/tensors.md).
   //   * CUDA: cudaMalloc on device.index() (256-byte aligned), freed with
   //     cudaFree on that same device whatever device is current then.
   // A zero-element tensor still gets a small, non-null allocation, because

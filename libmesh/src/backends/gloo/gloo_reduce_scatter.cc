@@ -8,6 +8,7 @@
 #include <gloo/types.h>
 
 #include "common/check.h"
+#include "cpu_pool.h"
 
 namespace mesh::gloo_backend {
 namespace {
@@ -45,17 +46,22 @@ void RingReduceScatter(const std::shared_ptr<::gloo::Context>& context,
   // during step s and rewritten in step s+2, after its sends completed.
   const int num_tmp = n > 2 ? 2 : 1;
   const int num_acc = std::min(n - 2, 2);
-  std::unique_ptr<uint8_t[]> scratch(new uint8_t[chunk * (num_tmp + num_acc)]);
+  // From the CPU buffer pool: a fresh allocation of this size is an mmap
+  // that every call would page-fault in again.
+  const std::shared_ptr<void> scratch_block =
+      internal::CpuPool::Global().Allocate(chunk * (num_tmp + num_acc));
+  MESH_CHECK(scratch_block != nullptr, "ring reduce-scatter: cannot allocate scratch");
+  uint8_t* const scratch = static_cast<uint8_t*>(scratch_block.get());
   std::array<uint8_t*, 2> tmp{};
   std::array<uint8_t*, 2> acc{};
   std::array<std::unique_ptr<::gloo::transport::UnboundBuffer>, 2> tmp_buf;
   std::array<std::unique_ptr<::gloo::transport::UnboundBuffer>, 2> acc_buf;
   for (int i = 0; i < num_tmp; ++i) {
-    tmp[i] = scratch.get() + i * chunk;
+    tmp[i] = scratch + i * chunk;
     tmp_buf[i] = context->createUnboundBuffer(tmp[i], chunk);
   }
   for (int i = 0; i < num_acc; ++i) {
-    acc[i] = scratch.get() + (num_tmp + i) * chunk;
+    acc[i] = scratch + (num_tmp + i) * chunk;
     acc_buf[i] = context->createUnboundBuffer(acc[i], chunk);
   }
   // gloo never writes through a buffer that only sends.
