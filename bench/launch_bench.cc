@@ -490,13 +490,10 @@ absl::StatusOr<TorchLaunchRound> TorchRound(const LaunchBenchOptions& options,
   // the default "0" (no redirect) parses to None there (Std.NONE is not
   // iterable in 3.11's IntFlag) and torchrun crashes before starting workers.
   // --nproc_per_node: the spelling every torchrun version accepts.
-  const std::vector<std::string> argv = {"torchrun",
-                                         "--standalone",
-                                         absl::StrCat("--nproc_per_node=", options.nproc),
-                                         "--redirects=1",
-                                         "--tee=2",
-                                         absl::StrCat("--log_dir=", out_dir, "/torchrun"),
-                                         script};
+  const std::vector<std::string> argv = {
+      "torchrun",      "--standalone", absl::StrCat("--nproc_per_node=", options.nproc),
+      "--redirects=1", "--tee=2",      absl::StrCat("--log_dir=", out_dir, "/torchrun"),
+      script};
   // torchrun sets OMP_NUM_THREADS=1 itself for nproc > 1 (and prints a
   // warning saying so); setting it up front keeps nproc = 1 alike and the log
   // quiet.

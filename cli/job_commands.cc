@@ -320,6 +320,27 @@ class LogPrinter {
   std::map<Key, State> states_;
 };
 
+// One GetLogs stream of `job_id`, every chunk through `printer`, partial
+// lines flushed at the end.
+absl::Status PrintLogs(JobClient& client, const std::string& job_id, const std::vector<int>& ranks,
+                       int64_t generation, int tail, bool follow, LogPrinter& printer) {
+  mesh::v1::GetLogsRequest request;
+  request.set_job_id(job_id);
+  for (int rank : ranks) request.add_ranks(rank);
+  request.set_generation(generation);
+  request.set_tail(tail);
+  request.set_follow(follow);
+  absl::Status status = client.GetLogs(
+      request,
+      [&](const LogChunk& chunk) {
+        printer.OnChunk(chunk);
+        return true;
+      },
+      nullptr);
+  printer.FlushAll();
+  return status;
+}
+
 struct FollowOptions {
   std::vector<int> ranks;
   int tail = 0;
@@ -339,21 +360,9 @@ absl::StatusOr<Job> FollowLogs(const JobCommandContext& context, JobClient& clie
   int tail = options.tail;
   bool warned_unavailable = false;
   for (;;) {
-    mesh::v1::GetLogsRequest request;
-    request.set_job_id(job_id);
-    for (int rank : options.ranks) request.add_ranks(rank);
-    request.set_generation(generation);
-    request.set_tail(tail);
-    request.set_follow(true);
     printer.BeginStream();
-    absl::Status status = client.GetLogs(
-        request,
-        [&](const LogChunk& chunk) {
-          printer.OnChunk(chunk);
-          return true;
-        },
-        nullptr);
-    printer.FlushAll();
+    absl::Status status =
+        PrintLogs(client, job_id, options.ranks, generation, tail, /*follow=*/true, printer);
     if (absl::IsFailedPrecondition(status)) {
       // Not placed yet: wait for the scheduler, then ask again.
       absl::Status watched = client.WatchJobState(
@@ -662,19 +671,8 @@ int RunLogs(const JobCommandContext& context, const Options& o, std::ostream& ou
     if (!job.ok()) return ReportError(context, job.status(), err);
     return kExitOk;
   }
-  mesh::v1::GetLogsRequest request;
-  request.set_job_id(o.job_id);
-  for (int rank : o.ranks) request.add_ranks(rank);
-  request.set_generation(o.generation);
-  request.set_tail(o.tail);
-  absl::Status status = client.GetLogs(
-      request,
-      [&](const LogChunk& chunk) {
-        printer.OnChunk(chunk);
-        return true;
-      },
-      nullptr);
-  printer.FlushAll();
+  absl::Status status =
+      PrintLogs(client, o.job_id, o.ranks, o.generation, o.tail, /*follow=*/false, printer);
   if (!status.ok()) return ReportError(context, status, err);
   return kExitOk;
 }

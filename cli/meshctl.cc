@@ -10,8 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "cli/admin_client.h"
-#include "cli/job_commands.h"
 #include "cli/cluster.h"
+#include "cli/job_commands.h"
 #include "cli/output.h"
 #include "common/version.h"
 

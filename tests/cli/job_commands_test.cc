@@ -19,6 +19,7 @@
 #include "cli/job_json.h"
 #include "cli/meshctl.h"
 #include "tests/cli/fake_job_service.h"
+#include "tests/cli/run_meshctl.h"
 
 namespace mesh::cli {
 namespace {
@@ -33,21 +34,6 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::Pair;
 using ::testing::UnorderedElementsAre;
-
-struct Result {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-Result Meshctl(std::vector<std::string> args) {
-  args.insert(args.begin(), "meshctl");
-  std::vector<const char*> argv;
-  for (const auto& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  const int code = RunMeshctl(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {code, out.str(), err.str()};
-}
 
 Job MakeJob(const std::string& id, JobState state, int64_t generation = 0) {
   Job job;

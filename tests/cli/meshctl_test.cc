@@ -13,26 +13,12 @@
 
 #include "common/version.h"
 #include "coordinator/coordinator_server.h"
+#include "tests/cli/run_meshctl.h"
 
 namespace mesh::cli {
 namespace {
 
 using ::testing::HasSubstr;
-
-struct Result {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-Result Meshctl(std::vector<std::string> args) {
-  args.insert(args.begin(), "meshctl");
-  std::vector<const char*> argv;
-  for (const auto& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  const int code = RunMeshctl(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {code, out.str(), err.str()};
-}
 
 class MeshctlTest : public ::testing::Test {
  protected:

@@ -347,10 +347,9 @@ TEST(JobStateRestoreTest, RejectsImpossibleRecords) {
   FakeClock clock;
   RestoredJobState unspecified;
   unspecified.state = ::mesh::v1::JOB_STATE_UNSPECIFIED;
-  EXPECT_EQ(JobStateMachine::Restore("j", 1, absl::ZeroDuration(), unspecified, clock)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      JobStateMachine::Restore("j", 1, absl::ZeroDuration(), unspecified, clock).status().code(),
+      absl::StatusCode::kInvalidArgument);
   RestoredJobState too_many;
   too_many.generation = 5;
   too_many.restarts = 2;

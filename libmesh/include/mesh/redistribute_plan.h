@@ -96,8 +96,7 @@ struct RedistributePlan {
 // (Partial(a) → Partial(b) with a != b is planned through Replicate; it is
 // an error only when a step cannot be built, which the message names).
 absl::StatusOr<RedistributePlan> PlanRedistribute(absl::Span<const int64_t> global_shape,
-                                                  DType dtype,
-                                                  absl::Span<const int64_t> mesh_shape,
+                                                  DType dtype, absl::Span<const int64_t> mesh_shape,
                                                   absl::Span<const Placement> src,
                                                   absl::Span<const Placement> dst);
 
