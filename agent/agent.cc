@@ -209,6 +209,7 @@ absl::Status Agent::Start() {
         absl::StrCat("worker metrics ports ", config_.worker_metrics_port_first, "-",
                      config_.worker_metrics_port_last, " are not a range within 1..65535"));
   }
+  if (absl::Status s = security::ValidateClientSecurity(config_.security); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
     if (started_) return absl::FailedPreconditionError("agent already started");
@@ -226,8 +227,10 @@ absl::Status Agent::Start() {
               static_cast<int>(absl::ToInt64Milliseconds(config_.backoff_initial)));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(config_.backoff_max)));
-  channel_ =
-      grpc::CreateCustomChannel(config_.coordinator, grpc::InsecureChannelCredentials(), args);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      security::MakeChannel(config_.coordinator, config_.security, args);
+  if (!channel.ok()) return channel.status();
+  channel_ = *std::move(channel);
   stub_ = v1::NodeService::NewStub(channel_);
   order_thread_ = std::thread([this] { OrderLoop(); });
   outbox_thread_ = std::thread([this] { OutboxLoop(); });
@@ -774,6 +777,8 @@ void Agent::ApplyLaunch(const v1::Assignment& order, absl::Time received) {
   for (const v1::RankLaunch& r : order.ranks()) {
     WorkerAssignment assignment;
     assignment.coordinator = config_.coordinator;
+    assignment.security = config_.security;
+    assignment.security.token = order.worker_token();
     assignment.job_id = job_id;
     assignment.generation = generation;
     assignment.rank = r.rank();

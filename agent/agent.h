@@ -61,6 +61,7 @@
 #include "agent/process_launcher.h"
 #include "agent/worker_supervisor.h"
 #include "common/metrics.h"
+#include "common/security.h"
 #include "mesh/v1/job.grpc.pb.h"
 
 namespace mesh::agent {
@@ -68,6 +69,10 @@ namespace mesh::agent {
 struct AgentConfig {
   // host:port of the coordinator; also each worker's MESH_COORDINATOR.
   std::string coordinator = "127.0.0.1:7450";
+  // TLS files and the agent's own token (common/security.h). Workers get
+  // the TLS files too, but never this token: each job's workers get that
+  // job's worker token instead.
+  security::ClientSecurity security;
   // Node name (RegisterNodeRequest.name) and the address workers here are
   // reachable at (MASTER_ADDR when rank 0 runs here).
   std::string name;

@@ -21,6 +21,7 @@
 #include "agent/process_launcher.h"
 #include "agent/reaper_watchdog.h"
 #include "agent/worker_env.h"
+#include "common/client_flags.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/metrics_prometheus.h"
@@ -105,6 +106,8 @@ int RunAgentMain(int argc, const char* const* argv) {
   app.add_option("--coordinator", coordinator, "Coordinator host:port")
       ->envname("MESH_COORDINATOR")
       ->capture_default_str();
+  ClientSecurityFlags security_flags;
+  security_flags.AddTo(app);
   app.add_option("--name", name, "Node name; default: the host name")->envname("MESH_AGENT_NAME");
   app.add_option("--address", address,
                  "Address of this node for other nodes' workers (MASTER_ADDR); default: "
@@ -198,6 +201,9 @@ int RunAgentMain(int argc, const char* const* argv) {
 
   AgentConfig config;
   config.coordinator = coordinator;
+  absl::StatusOr<security::ClientSecurity> security = security_flags.Resolve();
+  if (!security.ok()) return UsageError(std::string(security.status().message()));
+  config.security = *std::move(security);
   config.name = host->hostname;
   config.address = !address.empty()               ? address
                    : IsLoopback(coordinator_host) ? "127.0.0.1"

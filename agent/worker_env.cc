@@ -55,7 +55,7 @@ absl::Status CheckAssignment(const WorkerAssignment& a) {
       return absl::InvalidArgumentError(absl::StrCat("worker assignment: negative GPU ", gpu));
     }
   }
-  for (const std::string* s : {&a.coordinator, &a.job_id, &a.master_addr, &a.auth_token}) {
+  for (const std::string* s : {&a.coordinator, &a.job_id, &a.master_addr, &a.security.token}) {
     if (s->find('\0') != std::string::npos) {
       return absl::InvalidArgumentError("worker assignment: a string field contains a NUL byte");
     }
@@ -116,7 +116,7 @@ absl::StatusOr<std::vector<std::string>> BuildWorkerEnv(
   env["MESH_LOCAL_WORLD_SIZE"] = absl::StrCat(a.local_world_size);
   env["MESH_NODE_RANK"] = absl::StrCat(a.node_rank);
   if (!a.node_name.empty()) env["MESH_NODE_NAME"] = a.node_name;
-  if (!a.auth_token.empty()) env["MESH_AUTH_TOKEN"] = a.auth_token;
+  for (auto& [name, value] : security::ClientSecurityEnv(a.security)) env[name] = value;
   if (a.metrics_port != 0) env["MESH_METRICS_PORT"] = absl::StrCat(a.metrics_port);
 
   env["RANK"] = absl::StrCat(a.rank);

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/security.h"
 
 namespace mesh::agent {
 
@@ -35,8 +36,11 @@ struct WorkerAssignment {
   // The agent's node name (MESH_NODE_NAME): what the coordinator groups
   // ranks by, so two agents on one machine are two nodes. Omitted when empty.
   std::string node_name;
-  // Omitted when empty. Never appears in error messages.
-  std::string auth_token;
+  // How the worker reaches the coordinator: the agent's TLS files and the
+  // job's worker token (Assignment.worker_token), passed as MESH_TLS_* and
+  // MESH_TOKEN (common/security.h). Empty fields are omitted. The token
+  // never appears in error messages.
+  security::ClientSecurity security;
   // The torchrun rendezvous endpoint (rank 0's host and a free port there),
   // for programs that call torch.distributed.init_process_group("env://").
   // MASTER_ADDR/MASTER_PORT are omitted when master_addr is empty.

@@ -17,18 +17,27 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
 }
 
-}  // namespace
-
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
-  // Keepalive pings, so a long stream (logs -f, a wait) notices a coordinator
-  // host that vanished without closing the connection: within about 30 s
-  // instead of never. The coordinator accepts pings this often.
+// Keepalive pings, so a long stream (logs -f, a wait) notices a coordinator
+// host that vanished without closing the connection: within about 30 s
+// instead of never. The coordinator accepts pings this often.
+grpc::ChannelArguments KeepaliveArgs() {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return args;
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), KeepaliveArgs());
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
+    const std::string& address, const security::ClientSecurity& security) {
+  return security::MakeChannel(address, security, KeepaliveArgs());
 }
 
 AdminClient::AdminClient(std::shared_ptr<grpc::Channel> channel)

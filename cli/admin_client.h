@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "mesh/v1/admin.grpc.pb.h"
 
@@ -17,8 +18,14 @@ namespace mesh::cli {
 // Default coordinator address of meshctl and the agents.
 inline constexpr const char* kDefaultCoordinator = "127.0.0.1:7450";
 
-// An insecure channel to `address` ("host:port").
+// A plaintext channel to `address` ("host:port"): local clusters and tests.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+
+// A channel to `address` with `security`'s TLS files and token
+// (common/security.h); plaintext when it names no CA. Errors of
+// security::MakeChannel.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
+    const std::string& address, const security::ClientSecurity& security);
 
 // Thread safety: thread-safe (gRPC stubs are).
 class AdminClient {

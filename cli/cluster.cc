@@ -447,7 +447,9 @@ std::string TargetsFile(const ClusterConfig& config) {
 }
 
 std::vector<std::string> CoordinatorArgv(const ClusterConfig& config) {
+  // A local cluster listens on loopback only; plaintext must be asked for.
   std::vector<std::string> argv = {config.coordinator_bin,
+                                   "--insecure",
                                    "--listen",
                                    "127.0.0.1",
                                    "--port",

@@ -546,7 +546,7 @@ int RunSubmit(const JobCommandContext& context, const Options& o, std::ostream& 
                       "or as `command:` in the spec file",
                       err);
   }
-  JobClient client(MakeChannel(context.coordinator));
+  JobClient client(context.Channel());
   auto submitted = client.SubmitJob(*spec, context.timeout);
   if (!submitted.ok()) return ReportError(context, submitted.status(), err);
   const Job& job = submitted->job();
@@ -612,7 +612,7 @@ int RunList(const JobCommandContext& context, const Options& o, std::ostream& ou
   }
   request.set_page_size(o.limit);
   request.set_page_token(o.page_token);
-  JobClient client(MakeChannel(context.coordinator));
+  JobClient client(context.Channel());
   std::vector<Job> jobs;
   std::string next;
   for (;;) {
@@ -653,7 +653,7 @@ int RunList(const JobCommandContext& context, const Options& o, std::ostream& ou
 
 int RunShow(const JobCommandContext& context, const Options& o, bool detail, std::ostream& out,
             std::ostream& err) {
-  JobClient client(MakeChannel(context.coordinator));
+  JobClient client(context.Channel());
   auto job = client.GetJob(o.job_id, context.timeout);
   if (!job.ok()) return ReportError(context, job.status(), err);
   RenderJob(*job, detail, context.format, out);
@@ -663,7 +663,7 @@ int RunShow(const JobCommandContext& context, const Options& o, bool detail, std
 int RunLogs(const JobCommandContext& context, const Options& o, std::ostream& out,
             std::ostream& err) {
   if (o.generation < -1) return UsageError("logs", "--generation must be >= 0", err);
-  JobClient client(MakeChannel(context.coordinator));
+  JobClient client(context.Channel());
   LogPrinter printer(out, err, !o.no_prefix);
   if (o.follow) {
     FollowOptions follow{o.ranks, o.tail, o.generation};
@@ -679,7 +679,7 @@ int RunLogs(const JobCommandContext& context, const Options& o, std::ostream& ou
 
 int RunCancel(const JobCommandContext& context, const Options& o, std::ostream& out,
               std::ostream& err) {
-  JobClient client(MakeChannel(context.coordinator));
+  JobClient client(context.Channel());
   auto job = client.CancelJob(o.job_id, o.reason, context.timeout);
   if (!job.ok()) return ReportError(context, job.status(), err);
   if (job->state() != mesh::v1::JOB_STATE_CANCELLED) {
@@ -699,7 +699,7 @@ int RunWait(const JobCommandContext& context, const Options& o, std::ostream& ou
   auto limit = ParseWaitDuration(o.wait_timeout);
   if (!limit.ok())
     return UsageError("wait", absl::StrCat("--timeout: ", limit.status().message()), err);
-  JobClient client(MakeChannel(context.coordinator));
+  JobClient client(context.Channel());
   auto job = WaitForJob(context, client, o.job_id, *limit);
   if (absl::IsDeadlineExceeded(job.status())) {
     // Say where the job is, if the coordinator still answers.
@@ -716,7 +716,7 @@ int RunWait(const JobCommandContext& context, const Options& o, std::ostream& ou
 }
 
 int RunNodes(const JobCommandContext& context, std::ostream& out, std::ostream& err) {
-  JobClient client(MakeChannel(context.coordinator));
+  JobClient client(context.Channel());
   auto nodes = client.ListNodes(context.timeout);
   if (!nodes.ok()) return ReportError(context, nodes.status(), err);
   if (context.format != OutputFormat::kTable) {

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "cli/admin_client.h"
 #include "cli/output.h"
 
 namespace CLI {
@@ -32,6 +33,12 @@ namespace mesh::cli {
 // What every job command needs from the global options.
 struct JobCommandContext {
   std::string coordinator;
+  // The channel to `coordinator`, with meshctl's TLS files and token; null:
+  // a plaintext one (tests).
+  std::shared_ptr<grpc::Channel> channel;
+  std::shared_ptr<grpc::Channel> Channel() const {
+    return channel != nullptr ? channel : MakeChannel(coordinator);
+  }
   // Deadline of each unary call (global --timeout).
   absl::Duration timeout;
   OutputFormat format;

@@ -13,6 +13,7 @@
 #include "cli/cluster.h"
 #include "cli/job_commands.h"
 #include "cli/output.h"
+#include "common/client_flags.h"
 #include "common/version.h"
 
 namespace mesh::cli {
@@ -20,6 +21,9 @@ namespace {
 
 struct GlobalOptions {
   std::string coordinator = kDefaultCoordinator;
+  ClientSecurityFlags security;
+  // Made once the flags are parsed.
+  std::shared_ptr<grpc::Channel> channel;
   double timeout_s = 5.0;
   std::string output = "table";
 };
@@ -46,7 +50,7 @@ int RunVersion(const GlobalOptions& options, bool client_only, OutputFormat form
   result["protocol_version"] = kProtocolVersion;
   int code = kExitOk;
   if (!client_only) {
-    AdminClient client(MakeChannel(options.coordinator));
+    AdminClient client(options.channel);
     auto info = client.GetServerInfo(absl::Seconds(options.timeout_s));
     if (info.ok()) {
       result["server_version"] = info->version();
@@ -66,7 +70,7 @@ int RunVersion(const GlobalOptions& options, bool client_only, OutputFormat form
 // meshctl health: grpc.health.v1 status of the server or one service.
 int RunHealth(const GlobalOptions& options, const std::string& service, OutputFormat format,
               std::ostream& out, std::ostream& err) {
-  AdminClient client(MakeChannel(options.coordinator));
+  AdminClient client(options.channel);
   auto status = client.CheckHealth(service, absl::Seconds(options.timeout_s));
   if (!status.ok()) return ReportError(options, status.status(), err);
   nlohmann::json result;
@@ -81,7 +85,7 @@ int RunHealth(const GlobalOptions& options, const std::string& service, OutputFo
 // a script), until `meshctl submit` and the agents launch them.
 int RunCreateJob(const GlobalOptions& options, const mesh::v1::CreateJobRequest& request,
                  OutputFormat format, std::ostream& out, std::ostream& err) {
-  AdminClient client(MakeChannel(options.coordinator));
+  AdminClient client(options.channel);
   auto created = client.CreateJob(request, absl::Seconds(options.timeout_s));
   if (!created.ok()) return ReportError(options, created.status(), err);
   nlohmann::json result;
@@ -108,6 +112,7 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
   app.add_option("--coordinator", options.coordinator,
                  "Coordinator address host:port (env MESH_COORDINATOR)")
       ->capture_default_str();
+  options.security.AddTo(app);
   app.add_option("--timeout", options.timeout_s, "Seconds to wait for the coordinator")
       ->check(CLI::Range(0.001, 3600.0))
       ->capture_default_str();
@@ -163,6 +168,16 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
   }
 
   const OutputFormat format = *ParseOutputFormat(options.output);  // Checked above.
+  if (!cluster->parsed()) {
+    absl::StatusOr<security::ClientSecurity> security = options.security.Resolve();
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        security.ok() ? cli::MakeChannel(options.coordinator, *security) : security.status();
+    if (!channel.ok()) {
+      err << "meshctl: " << channel.status().message() << "\n";
+      return kExitUsage;
+    }
+    options.channel = *std::move(channel);
+  }
   if (version->parsed()) return RunVersion(options, client_only, format, out, err);
   if (health->parsed()) return RunHealth(options, service, format, out, err);
   if (cluster->parsed()) return cluster->Run(out, err);
@@ -174,7 +189,9 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
     return RunCreateJob(options, create, format, out, err);
   }
   if (jobs.Parsed()) {
-    return jobs.Run({options.coordinator, absl::Seconds(options.timeout_s), format}, out, err);
+    return jobs.Run(
+        {options.coordinator, options.channel, absl::Seconds(options.timeout_s), format}, out,
+        err);
   }
   err << "meshctl: no command given\n";
   return kExitUsage;

@@ -8,6 +8,11 @@ namespace mesh::coordinator {
 grpc::ServerUnaryReactor* AdminServiceImpl::GetServerInfo(
     grpc::CallbackServerContext* context, const mesh::v1::GetServerInfoRequest*,
     mesh::v1::GetServerInfoResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::StatusOr<Principal> caller = authz_->Caller(*context); !caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   const ServerInfoSnapshot snapshot = info_->Snapshot();
   response->set_version(snapshot.version);
   response->set_protocol_version(static_cast<uint32_t>(snapshot.protocol_version));
@@ -16,8 +21,6 @@ grpc::ServerUnaryReactor* AdminServiceImpl::GetServerInfo(
   response->set_hostname(snapshot.hostname);
   response->set_pid(snapshot.pid);
   for (const std::string& feature : snapshot.features) response->add_features(feature);
-
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -25,6 +28,11 @@ grpc::ServerUnaryReactor* AdminServiceImpl::GetServerInfo(
 grpc::ServerUnaryReactor* AdminServiceImpl::CreateJob(grpc::CallbackServerContext* context,
                                                       const mesh::v1::CreateJobRequest* request,
                                                       mesh::v1::CreateJobResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status denied = authz_->JobData(*context, request->job_id()); !denied.ok()) {
+    reactor->Finish(ToGrpcStatus(denied));
+    return reactor;
+  }
   JobLayout layout;
   layout.job_id = request->job_id();
   layout.world_size = request->world_size();
@@ -35,7 +43,6 @@ grpc::ServerUnaryReactor* AdminServiceImpl::CreateJob(grpc::CallbackServerContex
     response->set_job_id(job->layout.job_id);
     response->set_generation(job->generation);
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(job.status()));
   return reactor;
 }

@@ -42,6 +42,10 @@ absl::Status Validate(const CoordinatorConfig& config) {
   }
   if (absl::Status s = ValidateOptions(config.coordination); !s.ok()) return s;
   if (absl::Status s = ValidateJobManagerOptions(config.jobs); !s.ok()) return s;
+  if (!config.security.auth.tokens_file.empty() && !config.security.tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "token authentication needs TLS: tokens would cross the network in clear text");
+  }
   if (config.max_message_bytes < 4096) {
     return absl::InvalidArgumentError(absl::StrCat("max message size ", config.max_message_bytes,
                                                    " is below the 4096-byte minimum"));
@@ -73,21 +77,60 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenStore(const std::string& state_dir
   return JobStore::Open((fs::path(state_dir) / "coordinator.db").string(), clock);
 }
 
+JobManagerOptions WithWorkerTokens(JobManagerOptions options, const Authenticator* auth) {
+  if (auth != nullptr) {
+    options.mint_worker_token = [auth](absl::string_view job_id) {
+      return auth->MintWorkerToken(job_id);
+    };
+  }
+  return options;
+}
+
 }  // namespace
 
+absl::Status CheckSecurityFlags(const CoordinatorSecurity& security, bool insecure) {
+  const bool tokens = !security.auth.tokens_file.empty();
+  if (insecure) {
+    if (security.tls.enabled() || !security.tls.client_ca_file.empty()) {
+      return absl::InvalidArgumentError("--insecure and the --tls-* flags exclude each other");
+    }
+    if (tokens) {
+      return absl::InvalidArgumentError(
+          "--auth-tokens needs TLS (--tls-cert, --tls-key): with --insecure the tokens would "
+          "cross the network in clear text");
+    }
+    return absl::OkStatus();
+  }
+  if (!security.tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "refusing to serve plaintext: give --tls-cert and --tls-key (docs/security.md), or "
+        "--insecure for a laptop or a trusted network");
+  }
+  if (security.tls.client_ca_file.empty() && !tokens) {
+    return absl::InvalidArgumentError(
+        "TLS alone authenticates no client: add --tls-client-ca (mTLS), --auth-tokens, or both");
+  }
+  return absl::OkStatus();
+}
+
 CoordinatorServer::CoordinatorServer(const CoordinatorConfig& config, const Clock* clock,
-                                     std::unique_ptr<JobStore> store)
+                                     std::unique_ptr<JobStore> store,
+                                     std::unique_ptr<Authenticator> authenticator)
     : config_(config),
       clock_(clock),
       server_info_(clock_),
       discovery_(config.sd_file),
       coordination_(clock_, config.coordination, config.metrics),
       store_(std::move(store)),
-      jobs_(clock_, store_.get(), &coordination_, config.jobs, config.metrics, &discovery_),
-      admin_service_(&server_info_, &coordination_),
-      worker_service_(&coordination_),
-      job_service_(&jobs_),
-      node_service_(&jobs_) {}
+      authenticator_(std::move(authenticator)),
+      jobs_(clock_, store_.get(), &coordination_,
+            WithWorkerTokens(config.jobs, authenticator_.get()), config.metrics, &discovery_),
+      authz_(authenticator_.get(),
+             [this](absl::string_view job_id) { return jobs_.OwnerOf(job_id); }),
+      admin_service_(&server_info_, &coordination_, &authz_),
+      worker_service_(&coordination_, &authz_),
+      job_service_(&jobs_, &authz_),
+      node_service_(&jobs_, &authz_) {}
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const CoordinatorConfig& config) {
@@ -102,8 +145,31 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   auto store = OpenStore(config.state_dir, clock);
   if (!store.ok()) return store.status();
   if (config.metrics != nullptr) (*store)->SetMetrics(config.metrics);
+
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (config.security.tls.enabled()) {
+    auto tls = security::MakeServerCredentials(config.security.tls);
+    if (!tls.ok()) return tls.status();
+    credentials = *std::move(tls);
+  }
+  std::unique_ptr<Authenticator> authenticator;
+  if (!config.security.auth.tokens_file.empty()) {
+    AuthOptions auth = config.security.auth;
+    if (auth.worker_token_key_file.empty() && !config.state_dir.empty()) {
+      auth.worker_token_key_file =
+          (std::filesystem::path(config.state_dir) / "worker-token.key").string();
+    }
+    auto created = Authenticator::Create(auth);
+    if (!created.ok()) return created.status();
+    authenticator = *std::move(created);
+    spdlog::info("token authentication on: {} tokens from {}", authenticator->token_count(),
+                 auth.tokens_file);
+    credentials->SetAuthMetadataProcessor(
+        std::make_shared<TokenAuthProcessor>(authenticator.get()));
+  }
+
   std::unique_ptr<CoordinatorServer> server(
-      new CoordinatorServer(config, clock, *std::move(store)));
+      new CoordinatorServer(config, clock, *std::move(store), std::move(authenticator)));
   // Recover logs how many jobs and nodes it loaded.
   if (absl::Status status = server->jobs_.Recover(); !status.ok()) {
     // DATA_LOSS names the one job that could not be decoded; the others are
@@ -114,8 +180,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 
   grpc::ServerBuilder builder;
   const std::string listen = JoinHostPort(config.listen_host, config.port);
-  // Plaintext for now; TLS/mTLS arrive with the security work (docs/deployment.md).
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(listen, credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(config.max_message_bytes);
   builder.SetMaxSendMessageSize(config.max_message_bytes);
   // gRPC sets SO_REUSEPORT by default, which would let a second coordinator
@@ -174,9 +239,12 @@ void CoordinatorServer::RunTicker() {
   // off and tests tick by hand.
   const absl::Duration coordination_interval = coordination_.TickInterval();
   const absl::Duration jobs_interval = jobs_.TickInterval();
-  const absl::Duration wake = std::min(coordination_interval, jobs_interval);
+  // The token file is checked for edits about once a second.
+  const absl::Duration auth_interval = absl::Seconds(1);
+  const absl::Duration wake = std::min({coordination_interval, jobs_interval, auth_interval});
   absl::Time next_coordination = absl::Now() + coordination_interval;
   absl::Time next_jobs = absl::Now() + jobs_interval;
+  absl::Time next_auth = absl::Now() + auth_interval;
   while (!stop_ticker_.WaitForNotificationWithTimeout(wake)) {
     const absl::Time now = absl::Now();
     if (now >= next_coordination) {
@@ -187,7 +255,22 @@ void CoordinatorServer::RunTicker() {
       jobs_.Tick();
       next_jobs = now + jobs_interval;
     }
+    if (authenticator_ != nullptr && now >= next_auth) {
+      ReloadTokens();
+      next_auth = now + auth_interval;
+    }
   }
+}
+
+void CoordinatorServer::ReloadTokens() {
+  const size_t before = authenticator_->token_count();
+  if (absl::Status reloaded = authenticator_->ReloadIfChanged(); !reloaded.ok()) {
+    spdlog::error("token file not reloaded, the previous tokens stay in force: {}",
+                  reloaded.ToString());
+    return;
+  }
+  const size_t after = authenticator_->token_count();
+  if (after != before) spdlog::info("token file reloaded: {} tokens", after);
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(absl::ZeroDuration()); }

@@ -28,7 +28,10 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/security.h"
 #include "coordinator/admin_service.h"
+#include "coordinator/auth.h"
+#include "coordinator/auth_grpc.h"
 #include "coordinator/coordination.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/job_service.h"
@@ -40,6 +43,18 @@
 #include "coordinator/worker_service.h"
 
 namespace mesh::coordinator {
+
+// Transport security and authentication (docs/security.md).
+struct CoordinatorSecurity {
+  // TLS (and mTLS with tls.client_ca_file) on the listener; not enabled():
+  // plaintext. The mesh-coordinator binary refuses plaintext unless given
+  // --insecure; this library leaves that policy to its caller.
+  security::ServerTlsOptions tls;
+  // Token authentication (coordinator/auth.h) when auth.tokens_file is set;
+  // it requires TLS. An empty auth.worker_token_key_file defaults to
+  // <state_dir>/worker-token.key (a key in memory without a state_dir).
+  AuthOptions auth;
+};
 
 struct CoordinatorConfig {
   // Address to listen on. The default serves this machine only; use
@@ -77,9 +92,19 @@ struct CoordinatorConfig {
   // The coordinator's own /metrics as "host:port", listed first in sd_file;
   // empty: not listed.
   std::string metrics_target;
+  // TLS and tokens; the default is plaintext with no authentication.
+  CoordinatorSecurity security;
 };
 
-// Possible errors of Start: INVALID_ARGUMENT for a bad config,
+// The deployment policy of the mesh-coordinator binary (docs/security.md):
+// plaintext only when asked for (`insecure`), never together with TLS or
+// tokens, and TLS must authenticate clients somehow (mTLS or tokens).
+// INVALID_ARGUMENT naming the flags otherwise.
+absl::Status CheckSecurityFlags(const CoordinatorSecurity& security, bool insecure);
+
+// Possible errors of Start: INVALID_ARGUMENT for a bad config (tokens
+// without TLS included), the errors of MakeServerCredentials and
+// Authenticator::Create for unusable certificate, key or token files,
 // UNAVAILABLE when the address cannot be bound; FAILED_PRECONDITION when the
 // state directory cannot be created or used, and the store's errors
 // (JobStore::Open, JobManager::Recover; DATA_LOSS for a corrupt database).
@@ -120,11 +145,13 @@ class CoordinatorServer {
 
  private:
   CoordinatorServer(const CoordinatorConfig& config, const Clock* clock,
-                    std::unique_ptr<JobStore> store);
+                    std::unique_ptr<JobStore> store, std::unique_ptr<Authenticator> authenticator);
 
   // Runs each manager's Tick about every its TickInterval() until
   // stop_ticker_.
   void RunTicker();
+  // authenticator_->ReloadIfChanged, logged.
+  void ReloadTokens();
 
   const CoordinatorConfig config_;
   const Clock* const clock_;
@@ -135,7 +162,11 @@ class CoordinatorServer {
   ServiceDiscovery discovery_;
   Coordination coordination_;
   const std::unique_ptr<JobStore> store_;
-  JobManager jobs_;  // Uses store_, coordination_ and discovery_.
+  // Null: no token authentication.
+  const std::unique_ptr<Authenticator> authenticator_;
+  JobManager jobs_;  // Uses store_, coordination_, discovery_, authenticator_.
+  // Who may do what; asks jobs_ for owners.
+  CallAuthorizer authz_;
 
   // gRPC adapters over the managers above.
   AdminServiceImpl admin_service_;

@@ -119,6 +119,7 @@ struct JobManager::Job {
   std::string id;
   int64_t number = 0;  // Submission order.
   JobSpec spec;
+  std::string owner;  // The submitting principal; empty: none.
   std::unique_ptr<JobStateMachine> machine;
   int64_t version = 0;  // The store version this process last wrote or read.
   // The latest placement; kept after the job ends so its logs can be found.
@@ -393,6 +394,7 @@ mesh::v1::Job JobManager::JobProtoLocked(const Job& job, bool with_events) const
   mesh::v1::Job proto;
   proto.set_id(job.id);
   *proto.mutable_spec() = job.spec;
+  proto.set_owner(job.owner);
   job.machine->ToProto(proto);
   if (!with_events) proto.clear_events();
   if (job.placement.has_value()) {
@@ -526,6 +528,7 @@ void JobManager::SendLaunchLocked(Job& job, Node& node) {
   order.set_max_restarts(job.machine->max_restarts());
   order.set_gpu_job(job.spec.gpus_per_proc() > 0);
   order.set_reason(absl::StrCat("generation ", job.generation()));
+  if (options_.mint_worker_token) order.set_worker_token(options_.mint_worker_token(job.id));
   node.sink->Send(order);
 }
 
@@ -792,6 +795,7 @@ absl::Status JobManager::Recover() {
         job->id = record.id;
         job->number = JobNumber(record.id);
         job->version = record.version;
+        job->owner = record.owner;
         if (!job->spec.ParseFromString(record.spec)) {
           return absl::DataLossError(absl::StrCat("job ", record.id, ": unreadable spec"));
         }
@@ -894,7 +898,7 @@ absl::Status JobManager::Recover() {
 
 // ---- JobService -----------------------------------------------------------------------------
 
-absl::StatusOr<mesh::v1::SubmitJobResponse> JobManager::Submit(JobSpec spec) {
+absl::StatusOr<mesh::v1::SubmitJobResponse> JobManager::Submit(JobSpec spec, std::string owner) {
   if (absl::Status valid = ValidateJobSpec(spec, options_.spec_limits); !valid.ok()) return valid;
   NormalizeJobSpec(options_.spec_limits, spec);
   Effects effects;
@@ -909,6 +913,7 @@ absl::StatusOr<mesh::v1::SubmitJobResponse> JobManager::Submit(JobSpec spec) {
     record.state = JobStateName(JOB_STATE_PENDING);
     record.pending_reason = "waiting for the scheduler";
     record.reason = "submitted";
+    record.owner = owner;
     if (!spec.SerializeToString(&record.spec)) {
       return absl::InternalError("cannot serialize the job spec");
     }
@@ -919,6 +924,10 @@ absl::StatusOr<mesh::v1::SubmitJobResponse> JobManager::Submit(JobSpec spec) {
       if (existing == nullptr) {
         return absl::InternalError(
             absl::StrCat("idempotency key names job ", created->job.id, ", which is not loaded"));
+      }
+      if (existing->owner != owner) {
+        return absl::AlreadyExistsError(absl::StrCat("idempotency key '", spec.idempotency_key(),
+                                                     "' was used by another owner"));
       }
       if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec, spec)) {
         return absl::AlreadyExistsError(absl::StrCat("idempotency key '", spec.idempotency_key(),
@@ -934,6 +943,7 @@ absl::StatusOr<mesh::v1::SubmitJobResponse> JobManager::Submit(JobSpec spec) {
     job->number = JobNumber(job->id);
     job->version = created->job.version;
     job->spec = std::move(spec);
+    job->owner = std::move(owner);
     job->machine = std::make_unique<JobStateMachine>(job->id, job->spec.max_restarts(),
                                                      absl::Seconds(job->spec.deadline_seconds()),
                                                      record.pending_reason, *clock_);
@@ -950,6 +960,13 @@ absl::StatusOr<mesh::v1::SubmitJobResponse> JobManager::Submit(JobSpec spec) {
   }
   effects.Run();
   return response;
+}
+
+std::optional<std::string> JobManager::OwnerOf(absl::string_view job_id) const {
+  absl::MutexLock lock(&mu_);
+  const Job* job = FindJobLocked(std::string(job_id));
+  if (job == nullptr) return std::nullopt;
+  return job->owner;
 }
 
 absl::StatusOr<mesh::v1::Job> JobManager::GetJob(const std::string& job_id) const {

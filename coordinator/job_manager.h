@@ -78,11 +78,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -120,6 +122,10 @@ struct JobManagerOptions {
   // Longer than kill_grace: an agent applies orders in order, and an upload
   // queued behind a restart waits for the old workers to stop.
   absl::Duration log_attach_timeout = absl::Seconds(30);
+  // Mints the token a job's workers get in their LAUNCH order
+  // (Assignment.worker_token, docs/security.md); null: no tokens (the
+  // coordinator runs without token authentication).
+  std::function<std::string(absl::string_view job_id)> mint_worker_token;
 };
 
 // Possible errors: INVALID_ARGUMENT naming the bad field.
@@ -189,7 +195,15 @@ class JobManager {
   // Possible errors: INVALID_ARGUMENT naming the field (nothing stored);
   // ALREADY_EXISTS when the idempotency key names a job with a different
   // spec; UNAVAILABLE after Shutdown; the store's errors (nothing stored).
-  absl::StatusOr<mesh::v1::SubmitJobResponse> Submit(mesh::v1::JobSpec spec);
+  // `owner` is the submitting principal's name (docs/security.md; empty
+  // without token authentication); a matching idempotency key of another
+  // owner's job is ALREADY_EXISTS too.
+  absl::StatusOr<mesh::v1::SubmitJobResponse> Submit(mesh::v1::JobSpec spec,
+                                                     std::string owner = {});
+
+  // The owner of a job this manager holds; nullopt for any other job id
+  // (ad-hoc rendezvous jobs, unknown ids). For authorization.
+  std::optional<std::string> OwnerOf(absl::string_view job_id) const;
 
   // The job with its events. Possible errors: NOT_FOUND.
   absl::StatusOr<mesh::v1::Job> GetJob(const std::string& job_id) const;

@@ -59,13 +59,17 @@ class LogReactor final : public SinkWriteReactor<LogChunk> {
 
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(Ctx* ctx, const SubmitJobRequest* request,
                                                     SubmitJobResponse* response) {
-  auto submitted = jobs_->Submit(request->spec());
+  absl::StatusOr<std::string> owner = authz_->OwnerName(*ctx);
+  if (!owner.ok()) return Finish(ctx, owner.status());
+  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return Finish(ctx, denied);
+  auto submitted = jobs_->Submit(request->spec(), *std::move(owner));
   if (submitted.ok()) *response = *std::move(submitted);
   return Finish(ctx, submitted.status());
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(Ctx* ctx, const GetJobRequest* request,
                                                  GetJobResponse* response) {
+  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return Finish(ctx, denied);
   auto job = jobs_->GetJob(request->job_id());
   if (job.ok()) *response->mutable_job() = *std::move(job);
   return Finish(ctx, job.status());
@@ -73,6 +77,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(Ctx* ctx, const GetJobRequest* 
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(Ctx* ctx, const ListJobsRequest* request,
                                                    ListJobsResponse* response) {
+  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return Finish(ctx, denied);
   auto page = jobs_->ListJobs(*request);
   if (page.ok()) *response = *std::move(page);
   return Finish(ctx, page.status());
@@ -80,6 +85,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(Ctx* ctx, const ListJobsReque
 
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(Ctx* ctx, const CancelJobRequest* request,
                                                     CancelJobResponse* response) {
+  if (absl::Status denied = authz_->JobControl(*ctx, request->job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   auto job = jobs_->Cancel(request->job_id(), request->reason());
   if (job.ok()) *response->mutable_job() = *std::move(job);
   return Finish(ctx, job.status());
@@ -87,6 +95,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(Ctx* ctx, const CancelJobReq
 
 grpc::ServerUnaryReactor* JobServiceImpl::WaitJob(Ctx* ctx, const WaitJobRequest* request,
                                                   WaitJobResponse* response) {
+  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return Finish(ctx, denied);
   // The default reactor stays alive until Finish, which the callback calls
   // exactly once (the manager guarantees it, Shutdown included).
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -99,22 +108,28 @@ grpc::ServerUnaryReactor* JobServiceImpl::WaitJob(Ctx* ctx, const WaitJobRequest
 }
 
 grpc::ServerWriteReactor<WatchJobStateResponse>* JobServiceImpl::WatchJobState(
-    Ctx*, const WatchJobStateRequest* request) {
+    Ctx* ctx, const WatchJobStateRequest* request) {
   auto* reactor = new JobStateReactor(jobs_);
-  reactor->Begin([&](JobStateSink* sink) {
+  reactor->Begin([&](JobStateSink* sink) -> absl::StatusOr<uint64_t> {
+    if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return denied;
     return jobs_->WatchJobState(request->job_id(), request->replay(), sink);
   });
   return reactor;
 }
 
-grpc::ServerWriteReactor<LogChunk>* JobServiceImpl::GetLogs(Ctx*, const GetLogsRequest* request) {
+grpc::ServerWriteReactor<LogChunk>* JobServiceImpl::GetLogs(Ctx* ctx,
+                                                            const GetLogsRequest* request) {
   auto* reactor = new LogReactor(jobs_);
-  reactor->Begin([&](LogSink* sink) { return jobs_->StartLogs(*request, sink); });
+  reactor->Begin([&](LogSink* sink) -> absl::StatusOr<uint64_t> {
+    if (absl::Status denied = authz_->JobControl(*ctx, request->job_id()); !denied.ok()) {
+      return denied;
+    } return jobs_->StartLogs(*request, sink); });
   return reactor;
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListNodes(Ctx* ctx, const ListNodesRequest*,
                                                     ListNodesResponse* response) {
+  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return Finish(ctx, denied);
   for (Node& node : jobs_->ListNodes()) *response->add_nodes() = std::move(node);
   return Finish(ctx, absl::OkStatus());
 }

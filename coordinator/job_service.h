@@ -25,6 +25,7 @@
 
 #include <cstddef>
 
+#include "coordinator/auth_grpc.h"
 #include "coordinator/job_manager.h"
 #include "mesh/v1/job.grpc.pb.h"
 
@@ -38,7 +39,9 @@ class JobServiceImpl final : public mesh::v1::JobService::CallbackService {
 
   // `jobs` must outlive this service and every call it started: shut it down
   // (which ends every wait and stream) before the gRPC server.
-  explicit JobServiceImpl(JobManager* jobs) : jobs_(jobs) {}
+  // `authz` decides who may submit, read and control which job
+  // (coordinator/auth_grpc.h).
+  JobServiceImpl(JobManager* jobs, const CallAuthorizer* authz) : jobs_(jobs), authz_(authz) {}
 
   using Ctx = grpc::CallbackServerContext;
   using Unary = grpc::ServerUnaryReactor;
@@ -56,6 +59,7 @@ class JobServiceImpl final : public mesh::v1::JobService::CallbackService {
 
  private:
   JobManager* const jobs_;
+  const CallAuthorizer* const authz_;
 };
 
 }  // namespace mesh::coordinator

@@ -81,13 +81,18 @@ CREATE TABLE nodes (
 ALTER TABLE jobs ADD COLUMN placement BLOB;
 ALTER TABLE job_events ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
 )sql",
+    // Version 3: who submitted the job (the authenticated principal's name;
+    // empty for jobs submitted without authentication).
+    R"sql(
+ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+)sql",
 };
 static_assert(std::size(kMigrations) == JobStore::kSchemaVersion,
               "one migration per schema version");
 
 constexpr const char* kJobColumns =
     "id, idempotency_key, name, state, pending_reason, generation, restarts, spec, root_cause, "
-    "version, created_at, updated_at, number, placement";
+    "version, created_at, updated_at, number, placement, owner";
 constexpr const char* kNodeColumns = "name, address, slots, gpus, state, last_seen, labels";
 
 absl::StatusCode CodeFor(int rc) {
@@ -349,6 +354,7 @@ JobRecord ReadJob(const auto& row) {
   job.created_at = FromMicros(row.Int(10));
   job.updated_at = FromMicros(row.Int(11));
   job.placement = row.Bytes(13);
+  job.owner = row.Bytes(14);
   return job;
 }
 
@@ -428,13 +434,14 @@ absl::StatusOr<CreateJobResult> JobStore::CreateJob(const NewJob& job) {
   record.state = job.state;
   record.pending_reason = job.pending_reason;
   record.spec = job.spec;
+  record.owner = job.owner;
   record.version = 1;
   record.created_at = now;
   record.updated_at = now;
   {
     Statement insert(*this, absl::StrCat("INSERT INTO jobs (", kJobColumns,
                                          ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
-                                         "?11, ?12, ?13, ?14)"));
+                                         "?11, ?12, ?13, ?14, ?15)"));
     insert.Bind(1, record.id);
     insert.BindOrNull(2, record.idempotency_key, /*blob=*/false);
     insert.Bind(3, record.name);
@@ -449,6 +456,7 @@ absl::StatusOr<CreateJobResult> JobStore::CreateJob(const NewJob& job) {
     insert.Bind(12, Micros(now));
     insert.Bind(13, number);
     insert.BindOrNull(14, record.placement, /*blob=*/true);
+    insert.Bind(15, record.owner);
     JOB_STORE_RETURN_IF_ERROR(insert.Run("insert job"));
   }
   JOB_STORE_RETURN_IF_ERROR(AppendEventLocked(

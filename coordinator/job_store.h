@@ -75,6 +75,7 @@ struct JobRecord {
   std::string spec;        // Opaque bytes.
   std::string root_cause;  // Opaque bytes; empty: none.
   std::string placement;   // Opaque bytes; empty: none (schema 2).
+  std::string owner;       // Who submitted it; empty: unauthenticated (schema 3).
   // 1 at creation; +1 on every UpdateJob. The optimistic-concurrency token.
   int64_t version = 0;
   absl::Time created_at;
@@ -89,6 +90,7 @@ struct NewJob {
   std::string state;  // The initial state; must not be empty.
   std::string pending_reason;
   std::string spec;
+  std::string owner;  // The submitting principal's name; empty: none.
   std::string reason = "created";  // The first event's reason.
 };
 
@@ -164,7 +166,7 @@ struct JobStoreStats {
 class JobStore {
  public:
   // The schema this build writes. Open migrates older files up to it.
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
   static constexpr int kDefaultPageSize = 100;
   static constexpr int kMaxPageSize = 1000;
 

@@ -69,6 +69,28 @@ int main(int argc, char** argv) {
       ->envname("MESH_PORT")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
+  // Security (docs/security.md). Plaintext must be asked for.
+  bool insecure = false;
+  mesh::coordinator::CoordinatorSecurity& security = config.security;
+  app.add_flag("--insecure", insecure,
+               "Serve plaintext with no authentication (a laptop or a trusted network only); "
+               "otherwise --tls-cert and --tls-key are required")
+      ->envname("MESH_INSECURE");
+  app.add_option("--tls-cert", security.tls.cert_file, "PEM certificate chain of the server")
+      ->envname("MESH_SERVER_TLS_CERT");
+  app.add_option("--tls-key", security.tls.key_file, "PEM private key of --tls-cert")
+      ->envname("MESH_SERVER_TLS_KEY");
+  app.add_option("--tls-client-ca", security.tls.client_ca_file,
+                 "PEM CA bundle; clients must present a certificate it signed (mTLS)")
+      ->envname("MESH_TLS_CLIENT_CA");
+  app.add_option("--auth-tokens", security.auth.tokens_file,
+                 "YAML file of bearer tokens (name, role admin|user|agent, token or "
+                 "token_sha256); reloaded when it changes")
+      ->envname("MESH_AUTH_TOKENS");
+  app.add_option("--worker-token-key", security.auth.worker_token_key_file,
+                 "File of the key that signs per-job worker tokens; created when missing "
+                 "(default: <state-dir>/worker-token.key)")
+      ->envname("MESH_WORKER_TOKEN_KEY");
   app.add_option("--max-message-bytes", config.max_message_bytes,
                  "Largest gRPC message sent or accepted")
       ->envname("MESH_MAX_MESSAGE_BYTES")
@@ -197,6 +219,11 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (absl::Status status = mesh::coordinator::CheckSecurityFlags(security, insecure);
+      !status.ok()) {
+    std::fprintf(stderr, "mesh-coordinator: %s\n", std::string(status.message()).c_str());
+    return 2;
+  }
   coordination.heartbeat_interval = absl::Seconds(heartbeat_interval_s);
   coordination.heartbeat_timeout = absl::Seconds(heartbeat_timeout_s);
   coordination.default_wait = absl::Seconds(default_wait_s);
@@ -233,6 +260,12 @@ int main(int argc, char** argv) {
   // mutexes are absl::Mutex). It is a debugging aid; the tests keep it on.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
+  if (insecure) {
+    spdlog::warn(
+        "--insecure: plaintext gRPC with no authentication on {}; anyone who can reach it can "
+        "submit jobs and read every job's data",
+        config.listen_host);
+  }
   if (config.state_dir.empty()) {
     spdlog::warn(
         "no --state-dir: jobs and nodes are kept in memory only and are lost when the "

@@ -43,7 +43,8 @@ class AssignmentReactor final : public SinkWriteReactor<Assignment> {
 class UploadReactor final : public grpc::ServerReadReactor<UploadLogsRequest>,
                             public UploadControl {
  public:
-  UploadReactor(JobManager* jobs, grpc::CallbackServerContext* ctx) : jobs_(jobs), ctx_(ctx) {
+  UploadReactor(JobManager* jobs, const CallAuthorizer* authz, grpc::CallbackServerContext* ctx)
+      : jobs_(jobs), authz_(authz), ctx_(ctx) {
     StartRead(&request_);
   }
 
@@ -63,6 +64,11 @@ class UploadReactor final : public grpc::ServerReadReactor<UploadLogsRequest>,
       return;
     }
     if (!Attached()) {
+      // The first message names the node; only its agent may upload.
+      if (absl::Status denied = authz_->Node(*ctx_, request_.name()); !denied.ok()) {
+        FinishOnce(ToGrpcStatus(denied));
+        return;
+      }
       // Not under mu_: the manager may call Abort (which takes mu_) with its
       // own mutex held.
       auto upload = jobs_->AttachUpload(request_.name(), request_.session_id(),
@@ -140,6 +146,7 @@ class UploadReactor final : public grpc::ServerReadReactor<UploadLogsRequest>,
   }
 
   JobManager* const jobs_;
+  const CallAuthorizer* const authz_;
   grpc::CallbackServerContext* const ctx_;
   UploadLogsRequest request_;
 
@@ -156,6 +163,9 @@ class UploadReactor final : public grpc::ServerReadReactor<UploadLogsRequest>,
 grpc::ServerUnaryReactor* NodeServiceImpl::RegisterNode(Ctx* ctx,
                                                         const RegisterNodeRequest* request,
                                                         RegisterNodeResponse* response) {
+  if (absl::Status denied = authz_->Node(*ctx, request->name()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   auto registered = jobs_->RegisterNode(*request);
   if (registered.ok()) *response = *std::move(registered);
   return Finish(ctx, registered.status());
@@ -164,13 +174,17 @@ grpc::ServerUnaryReactor* NodeServiceImpl::RegisterNode(Ctx* ctx,
 grpc::ServerUnaryReactor* NodeServiceImpl::NodeHeartbeat(Ctx* ctx,
                                                          const NodeHeartbeatRequest* request,
                                                          NodeHeartbeatResponse*) {
+  if (absl::Status denied = authz_->Node(*ctx, request->name()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   return Finish(ctx, jobs_->NodeHeartbeat(request->name(), request->session_id()));
 }
 
 grpc::ServerWriteReactor<Assignment>* NodeServiceImpl::WatchAssignments(
-    Ctx*, const WatchAssignmentsRequest* request) {
+    Ctx* ctx, const WatchAssignmentsRequest* request) {
   auto* reactor = new AssignmentReactor(jobs_);
-  reactor->Begin([&](AssignmentSink* sink) {
+  reactor->Begin([&](AssignmentSink* sink) -> absl::StatusOr<uint64_t> {
+    if (absl::Status denied = authz_->Node(*ctx, request->name()); !denied.ok()) return denied;
     return jobs_->WatchAssignments(request->name(), request->session_id(), sink);
   });
   return reactor;
@@ -178,18 +192,24 @@ grpc::ServerWriteReactor<Assignment>* NodeServiceImpl::WatchAssignments(
 
 grpc::ServerUnaryReactor* NodeServiceImpl::ReportWorkersStarted(
     Ctx* ctx, const ReportWorkersStartedRequest* request, ReportWorkersStartedResponse*) {
+  if (absl::Status denied = authz_->Node(*ctx, request->name()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   return Finish(ctx, jobs_->ReportWorkersStarted(*request));
 }
 
 grpc::ServerUnaryReactor* NodeServiceImpl::ReportWorkerExit(Ctx* ctx,
                                                             const ReportWorkerExitRequest* request,
                                                             ReportWorkerExitResponse*) {
+  if (absl::Status denied = authz_->Node(*ctx, request->name()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   return Finish(ctx, jobs_->ReportWorkerExit(*request));
 }
 
 grpc::ServerReadReactor<UploadLogsRequest>* NodeServiceImpl::UploadLogs(Ctx* ctx,
                                                                         UploadLogsResponse*) {
-  return new UploadReactor(jobs_, ctx);
+  return new UploadReactor(jobs_, authz_, ctx);
 }
 
 }  // namespace mesh::coordinator

@@ -19,6 +19,7 @@
 // Thread safety: thread-safe.
 #pragma once
 
+#include "coordinator/auth_grpc.h"
 #include "coordinator/job_manager.h"
 #include "mesh/v1/job.grpc.pb.h"
 
@@ -27,8 +28,9 @@ namespace mesh::coordinator {
 class NodeServiceImpl final : public mesh::v1::NodeService::CallbackService {
  public:
   // `jobs` must outlive this service and every call it started: shut it down
-  // (which ends every stream) before the gRPC server.
-  explicit NodeServiceImpl(JobManager* jobs) : jobs_(jobs) {}
+  // (which ends every stream) before the gRPC server. `authz` lets each
+  // agent act only for its own node (coordinator/auth_grpc.h).
+  NodeServiceImpl(JobManager* jobs, const CallAuthorizer* authz) : jobs_(jobs), authz_(authz) {}
 
   using Ctx = grpc::CallbackServerContext;
   using Unary = grpc::ServerUnaryReactor;
@@ -48,6 +50,7 @@ class NodeServiceImpl final : public mesh::v1::NodeService::CallbackService {
 
  private:
   JobManager* const jobs_;
+  const CallAuthorizer* const authz_;
 };
 
 }  // namespace mesh::coordinator

@@ -158,6 +158,9 @@ class WatchReactor final : public grpc::ServerWriteReactor<JobEvent> {
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Join(Ctx* ctx, const JoinRequest* request,
                                                   JoinResponse* response) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   JoinArgs args;
   args.caller = ToCaller(request->context());
@@ -190,6 +193,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Join(Ctx* ctx, const JoinRequest* r
 grpc::ServerUnaryReactor* WorkerServiceImpl::DescribeRanks(Ctx* ctx,
                                                            const DescribeRanksRequest* request,
                                                            DescribeRanksResponse* response) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   auto ranks = coordination_->DescribeRanks(
       ToCaller(request->context()),
       std::vector<int>(request->ranks().begin(), request->ranks().end()));
@@ -208,12 +214,18 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::DescribeRanks(Ctx* ctx,
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvSet(Ctx* ctx, const KvSetRequest* request,
                                                    KvSetResponse*) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   return Finish(
       ctx, coordination_->KvSet(ToCaller(request->context()), request->key(), request->value()));
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvGet(Ctx* ctx, const KvGetRequest* request,
                                                    KvGetResponse* response) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   coordination_->KvGet(ToCaller(request->context()), request->key(), request->wait(),
                        EffectiveTimeout(ctx, request->timeout_seconds()),
@@ -226,6 +238,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvGet(Ctx* ctx, const KvGetRequest*
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvAdd(Ctx* ctx, const KvAddRequest* request,
                                                    KvAddResponse* response) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   auto value = coordination_->KvAdd(ToCaller(request->context()), request->key(), request->delta());
   if (value.ok()) response->set_value(*value);
   return Finish(ctx, value.status());
@@ -234,6 +249,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvAdd(Ctx* ctx, const KvAddRequest*
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvCompareSet(Ctx* ctx,
                                                           const KvCompareSetRequest* request,
                                                           KvCompareSetResponse* response) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   std::optional<std::string> expected;
   if (request->has_expected()) expected = request->expected();
   auto result = coordination_->KvCompareSet(ToCaller(request->context()), request->key(),
@@ -248,6 +266,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvCompareSet(Ctx* ctx,
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvDelete(Ctx* ctx, const KvDeleteRequest* request,
                                                       KvDeleteResponse* response) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   auto deleted =
       coordination_->KvDelete(ToCaller(request->context()), request->key(), request->prefix());
   if (deleted.ok()) response->set_deleted(*deleted);
@@ -256,6 +277,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvDelete(Ctx* ctx, const KvDeleteRe
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvList(Ctx* ctx, const KvListRequest* request,
                                                     KvListResponse* response) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   auto result = coordination_->KvList(ToCaller(request->context()), request->prefix(),
                                       request->start_after(), request->limit());
   if (result.ok()) {
@@ -267,6 +291,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvList(Ctx* ctx, const KvListReques
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvNumKeys(Ctx* ctx, const KvNumKeysRequest* request,
                                                        KvNumKeysResponse* response) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   auto stats = coordination_->KvNumKeys(ToCaller(request->context()));
   if (stats.ok()) {
     response->set_num_keys(stats->num_keys);
@@ -277,6 +304,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvNumKeys(Ctx* ctx, const KvNumKeys
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvWait(Ctx* ctx, const KvWaitRequest* request,
                                                     KvWaitResponse*) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   coordination_->KvWait(ToCaller(request->context()), Keys(request->keys()),
                         EffectiveTimeout(ctx, request->timeout_seconds()),
@@ -286,6 +316,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvWait(Ctx* ctx, const KvWaitReques
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvMultiGet(Ctx* ctx, const KvMultiGetRequest* request,
                                                         KvMultiGetResponse* response) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   coordination_->KvMultiGet(ToCaller(request->context()), Keys(request->keys()), request->wait(),
                             EffectiveTimeout(ctx, request->timeout_seconds()),
@@ -300,6 +333,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvMultiGet(Ctx* ctx, const KvMultiG
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvMultiSet(Ctx* ctx, const KvMultiSetRequest* request,
                                                         KvMultiSetResponse*) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   std::vector<std::pair<std::string, std::string>> entries;
   entries.reserve(request->entries_size());
   for (const auto& e : request->entries()) entries.emplace_back(e.key(), e.value());
@@ -308,6 +344,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvMultiSet(Ctx* ctx, const KvMultiS
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Barrier(Ctx* ctx, const BarrierRequest* request,
                                                      BarrierResponse* response) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   coordination_->Barrier(ToCaller(request->context()), request->name(),
                          std::vector<int>(request->ranks().begin(), request->ranks().end()),
@@ -321,6 +360,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Barrier(Ctx* ctx, const BarrierRequ
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::PublishUniqueIds(
     Ctx* ctx, const PublishUniqueIdsRequest* request, PublishUniqueIdsResponse*) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   std::vector<std::pair<std::string, std::string>> ids(request->ids().begin(),
                                                        request->ids().end());
   return Finish(ctx, coordination_->PublishUniqueIds(ToCaller(request->context()), std::move(ids)));
@@ -329,6 +371,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::PublishUniqueIds(
 grpc::ServerUnaryReactor* WorkerServiceImpl::GetUniqueIds(Ctx* ctx,
                                                           const GetUniqueIdsRequest* request,
                                                           GetUniqueIdsResponse* response) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   coordination_->GetUniqueIds(ToCaller(request->context()), Keys(request->keys()),
                               EffectiveTimeout(ctx, request->timeout_seconds()),
@@ -343,6 +388,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::GetUniqueIds(Ctx* ctx,
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(Ctx* ctx, const HeartbeatRequest* request,
                                                        HeartbeatResponse* response) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   auto error = coordination_->Heartbeat(ToCaller(request->context()));
   if (error.ok() && error->has_value()) FillJobError(**error, response->mutable_error());
   return Finish(ctx, error.status());
@@ -351,16 +399,25 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(Ctx* ctx, const Heartbeat
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportError(Ctx* ctx,
                                                          const ReportErrorRequest* request,
                                                          ReportErrorResponse*) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   return Finish(ctx, coordination_->ReportError(ToCaller(request->context()), request->reason()));
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Leave(Ctx* ctx, const LeaveRequest* request,
                                                    LeaveResponse*) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return Finish(ctx, denied);
+  }
   return Finish(ctx, coordination_->Leave(ToCaller(request->context())));
 }
 
-grpc::ServerWriteReactor<JobEvent>* WorkerServiceImpl::WatchJob(Ctx*,
+grpc::ServerWriteReactor<JobEvent>* WorkerServiceImpl::WatchJob(Ctx* ctx,
                                                                 const WatchJobRequest* request) {
+  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+    return RejectedStream<JobEvent>(denied);
+  }
   return new WatchReactor(coordination_, *request);
 }
 

@@ -7,6 +7,7 @@
 // timeout_seconds and the client's gRPC deadline.
 #pragma once
 
+#include "coordinator/auth_grpc.h"
 #include "coordinator/coordination.h"
 #include "mesh/v1/worker.grpc.pb.h"
 
@@ -17,7 +18,9 @@ class WorkerServiceImpl final : public mesh::v1::WorkerService::CallbackService 
  public:
   // `coordination` must outlive this service and every call it started:
   // shut it down (which ends every wait) before the gRPC server.
-  explicit WorkerServiceImpl(Coordination* coordination) : coordination_(coordination) {}
+  // `authz` decides who may touch which job (coordinator/auth_grpc.h).
+  WorkerServiceImpl(Coordination* coordination, const CallAuthorizer* authz)
+      : coordination_(coordination), authz_(authz) {}
 
   using Ctx = grpc::CallbackServerContext;
   using Unary = grpc::ServerUnaryReactor;
@@ -52,6 +55,7 @@ class WorkerServiceImpl final : public mesh::v1::WorkerService::CallbackService 
 
  private:
   Coordination* const coordination_;
+  const CallAuthorizer* const authz_;
 };
 
 }  // namespace mesh::coordinator

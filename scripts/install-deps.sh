@@ -21,6 +21,8 @@ core_packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   # Abseil, metrics, CPU collectives, persistence.
   libabsl-dev prometheus-cpp-dev libgloo-dev libsqlite3-dev
+  # Security: libcrypto for token hashes, the openssl CLI for test certificates.
+  libssl-dev openssl
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev
   # Parsing and output.

@@ -402,10 +402,22 @@ absl::StatusOr<std::vector<std::string>> CoordinatorClient::GetUniqueIds(
   return NotImplemented("GetUniqueIds");
 }
 
-std::shared_ptr<grpc::Channel> NewCoordinatorChannel(const std::string& target) {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewCoordinatorChannel(
+    const std::string& target, const security::ClientSecurity& security) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  security::ClientSecurity channel_security = security;
+  channel_security.token.clear();
+  return security::MakeChannel(target, channel_security, std::move(args));
+}
+
+security::ClientSecurity ChannelSecurityOf(const WorkerConfig& config) {
+  security::ClientSecurity security;
+  security.ca_file = config.tls_ca;
+  security.cert_file = config.tls_cert;
+  security.key_file = config.tls_key;
+  security.server_name = config.tls_server_name;
+  return security;
 }
 
 std::shared_ptr<CoordinatorClient> NewGrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,

@@ -38,7 +38,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/security.h"
 #include "mesh/coordinator_store.h"
+#include "mesh/runtime.h"
 
 namespace grpc {
 class Channel;
@@ -66,7 +68,7 @@ struct CoordinatorClientOptions {
   // Added to each call's timeout to form its gRPC deadline.
   absl::Duration deadline_margin = absl::Seconds(2);
   // When non-empty, every call (the WatchJob stream included) carries the
-  // metadata "authorization: Bearer <auth_token>" (MESH_AUTH_TOKEN). Must be
+  // metadata "authorization: Bearer <auth_token>" (MESH_TOKEN). Must be
   // a valid header value (printable ASCII).
   std::string auth_token;
 };
@@ -196,7 +198,14 @@ class CoordinatorClient {
 // A plaintext channel to `target` that accepts replies of any size (the
 // server's own message limit is the one that counts). gRPC channels are
 // lazy: this never fails for an unreachable target.
-std::shared_ptr<grpc::Channel> NewCoordinatorChannel(const std::string& target);
+// A channel to the coordinator at `target` with `security`'s TLS settings
+// (its token is ignored: CoordinatorClientOptions.auth_token sends it per
+// call). Errors of security::MakeChannel.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewCoordinatorChannel(
+    const std::string& target, const security::ClientSecurity& security = {});
+
+// The TLS settings of a worker's config (no token).
+security::ClientSecurity ChannelSecurityOf(const WorkerConfig& config);
 
 // The gRPC client. `channel` must not be null (checked) and may be shared
 // with other clients; `target` is only used in messages.

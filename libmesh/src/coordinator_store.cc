@@ -52,9 +52,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorStore>> CoordinatorStore::Create(
   }
   internal::CoordinatorClientOptions client_options;
   client_options.deadline_margin = options.rpc_margin;
-  auto client =
-      internal::NewGrpcCoordinatorClient(internal::NewCoordinatorChannel(options.address),
-                                         options.address, options.identity, client_options);
+  client_options.auth_token = options.auth_token;
+  security::ClientSecurity security;
+  security.ca_file = options.tls_ca;
+  security.cert_file = options.tls_cert;
+  security.key_file = options.tls_key;
+  security.server_name = options.tls_server_name;
+  auto channel = internal::NewCoordinatorChannel(options.address, security);
+  if (!channel.ok()) return channel.status();
+  auto client = internal::NewGrpcCoordinatorClient(*std::move(channel), options.address,
+                                                   options.identity, client_options);
   return std::make_unique<CoordinatorStore>(std::move(client), options.timeout);
 }
 

@@ -177,7 +177,7 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const RuntimeOptions& options) 
   static constexpr Source kLocalRank{"MESH_LOCAL_RANK", "local_rank"};
   static constexpr Source kLocalWorldSize{"MESH_LOCAL_WORLD_SIZE", "local_world_size"};
   static constexpr Source kNodeRank{"MESH_NODE_RANK", "node_rank"};
-  static constexpr Source kAuthToken{"MESH_AUTH_TOKEN", "auth_token"};
+  static constexpr Source kAuthToken{"MESH_TOKEN", "auth_token"};
   constexpr int kIntMax = std::numeric_limits<int>::max();
   const EnvLookup& env = options.env;
   WorkerConfig config;
@@ -239,6 +239,22 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const RuntimeOptions& options) 
           "leading or trailing spaces)"));
     }
     config.auth_token = token->first;
+  }
+  static constexpr Source kTlsCa{"MESH_TLS_CA", "tls_ca"};
+  static constexpr Source kTlsCert{"MESH_TLS_CERT", "tls_cert"};
+  static constexpr Source kTlsKey{"MESH_TLS_KEY", "tls_key"};
+  static constexpr Source kTlsServerName{"MESH_TLS_SERVER_NAME", "tls_server_name"};
+  if (auto v = Raw(options.tls_ca, kTlsCa, env)) config.tls_ca = v->first;
+  if (auto v = Raw(options.tls_cert, kTlsCert, env)) config.tls_cert = v->first;
+  if (auto v = Raw(options.tls_key, kTlsKey, env)) config.tls_key = v->first;
+  if (auto v = Raw(options.tls_server_name, kTlsServerName, env)) {
+    config.tls_server_name = v->first;
+  }
+  // Files are checked here, so a wrong path fails Init with its name rather
+  // than as a handshake error at the first RPC.
+  if (absl::Status s = security::ValidateClientSecurity(internal::ChannelSecurityOf(config));
+      !s.ok()) {
+    return s;
   }
   return config;
 }
@@ -512,8 +528,11 @@ absl::Status Runtime::Start() {
   identity.incarnation = info_.incarnation;
   internal::CoordinatorClientOptions client_options;
   client_options.auth_token = config_.auth_token;
-  client_ = internal::NewGrpcCoordinatorClient(internal::NewCoordinatorChannel(config_.coordinator),
-                                               config_.coordinator, identity, client_options);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      internal::NewCoordinatorChannel(config_.coordinator, internal::ChannelSecurityOf(config_));
+  if (!channel.ok()) return channel.status();
+  client_ = internal::NewGrpcCoordinatorClient(*std::move(channel), config_.coordinator, identity,
+                                               client_options);
 
   internal::JoinParams join;
   join.host = info_.host;

@@ -77,7 +77,7 @@ TEST(BuildWorkerEnv, GpuJobGetsItsDevicesAndToken) {
   auto env = BuildWorkerEnv(a, {});
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_THAT(*env, Contains("CUDA_VISIBLE_DEVICES=2,3"));
-  EXPECT_THAT(*env, Contains("MESH_AUTH_TOKEN=s3cret"));
+  EXPECT_THAT(*env, Contains("MESH_TOKEN=s3cret"));
 }
 
 TEST(BuildWorkerEnv, OptionalPartsOmitted) {
@@ -87,7 +87,7 @@ TEST(BuildWorkerEnv, OptionalPartsOmitted) {
   ASSERT_TRUE(env.ok()) << env.status();
   for (const std::string& entry : *env) {
     EXPECT_THAT(entry, Not(HasSubstr("MASTER_"))) << entry;
-    EXPECT_THAT(entry, Not(HasSubstr("MESH_AUTH_TOKEN"))) << entry;
+    EXPECT_THAT(entry, Not(HasSubstr("MESH_TOKEN"))) << entry;
     EXPECT_THAT(entry, Not(HasSubstr("MESH_METRICS_PORT"))) << entry;
   }
 }

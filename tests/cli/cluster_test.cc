@@ -80,7 +80,7 @@ ClusterConfig TwoAgents() {
 TEST(ArgvTest, Coordinator) {
   EXPECT_THAT(
       CoordinatorArgv(TwoAgents()),
-      ElementsAre("/b/coordinator/mesh-coordinator", "--listen", "127.0.0.1", "--port", "0",
+      ElementsAre("/b/coordinator/mesh-coordinator", "--insecure", "--listen", "127.0.0.1", "--port", "0",
                   "--port-file", "/tmp/s/coordinator.port", "--state-dir", "/tmp/s/coordinator"));
 }
 
@@ -96,7 +96,7 @@ TEST(ArgvTest, MetricsAddsPortsAndServiceDiscovery) {
   config.metrics = true;
   EXPECT_THAT(
       CoordinatorArgv(config),
-      ElementsAre("/b/coordinator/mesh-coordinator", "--listen", "127.0.0.1", "--port", "0",
+      ElementsAre("/b/coordinator/mesh-coordinator", "--insecure", "--listen", "127.0.0.1", "--port", "0",
                   "--port-file", "/tmp/s/coordinator.port", "--state-dir", "/tmp/s/coordinator",
                   "--metrics-port", "0", "--sd-file", "/tmp/s/prometheus-targets.json"));
   EXPECT_THAT(AgentArgv(config, 0, "127.0.0.1:7450"),

@@ -81,7 +81,7 @@ sigset_t Block(std::initializer_list<int> signals) {
 }
 
 int RunCoordinator(const std::map<std::string, std::string>& flags) {
-  for (const char* required : {"--listen", "--port", "--state-dir"}) {
+  for (const char* required : {"--insecure", "--listen", "--port", "--state-dir"}) {
     if (!flags.contains(required)) return Fail("coordinator flag missing");
   }
   const fs::path cluster_dir = fs::path(flags.at("--state-dir")).parent_path();
@@ -148,7 +148,15 @@ int RunAgent(const std::map<std::string, std::string>& flags) {
 
 int main(int argc, char** argv) {
   std::map<std::string, std::string> flags;
-  for (int i = 1; i + 1 < argc; i += 2) flags[argv[i]] = argv[i + 1];
+  for (int i = 1; i < argc;) {
+    // --insecure is the one flag without a value.
+    if (std::string(argv[i]) == "--insecure" || i + 1 == argc) {
+      flags[argv[i++]] = "";
+      continue;
+    }
+    flags[argv[i]] = argv[i + 1];
+    i += 2;
+  }
   if (flags.contains("--port-file")) return RunCoordinator(flags);
   if (flags.contains("--name")) return RunAgent(flags);
   return Fail("neither --port-file nor --name given");

@@ -219,7 +219,7 @@ TEST(JobSpecTest, CudaVisibleDevicesIsReservedForEveryJob) {
 // is refused in a spec, so an accepted spec is never refused at launch.
 TEST(JobSpecTest, EveryNameTheAgentSetsIsRejected) {
   for (const char* name : {"GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "ROLE_NAME",
-                           "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "MESH_AUTH_TOKEN"}) {
+                           "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "MESH_TOKEN"}) {
     JobSpec spec = Valid();
     (*spec.mutable_env())[name] = "1";
     EXPECT_THAT(ValidateJobSpec(spec, {}),

@@ -32,7 +32,7 @@ constexpr char kBanner[] = "mesh-coordinator listening on ";
 // Starts the coordinator and returns it with the address it printed.
 std::pair<Subprocess, std::string> StartCoordinator(std::vector<std::string> args,
                                                     std::vector<std::string> env = {}) {
-  args.insert(args.begin(), MESH_COORDINATOR_BIN);
+  args.insert(args.begin(), {MESH_COORDINATOR_BIN, "--insecure"});
   auto process = Subprocess::Start(args, env);
   EXPECT_TRUE(process.ok()) << process.status();
   auto line = process->ReadLine(kStartTimeout);

@@ -84,7 +84,7 @@ class JobsProcessTest : public ::testing::Test {
 
   void StartCoordinator(int port) {
     auto process = Subprocess::Start(
-        {MESH_COORDINATOR_BIN, "--listen", "127.0.0.1", "--port", absl::StrCat(port), "--state-dir",
+        {MESH_COORDINATOR_BIN, "--insecure", "--listen", "127.0.0.1", "--port", absl::StrCat(port), "--state-dir",
          dir_ + "/state", "--node-heartbeat-interval", "0.2", "--node-heartbeat-timeout", "2",
          "--kill-grace", "1", "--shutdown-grace", "0.5"});
     ASSERT_TRUE(process.ok()) << process.status();

@@ -47,7 +47,7 @@ std::map<std::string, std::string> FullEnv() {
           {"MESH_LOCAL_RANK", "1"},
           {"MESH_LOCAL_WORLD_SIZE", "4"},
           {"MESH_NODE_RANK", "1"},
-          {"MESH_AUTH_TOKEN", "s3cr3t-token"}};
+          {"MESH_TOKEN", "s3cr3t-token"}};
 }
 
 RuntimeOptions WithEnv(std::map<std::string, std::string> vars) {
@@ -81,7 +81,7 @@ TEST(WorkerConfigTest, OptionalVariablesMayBeAbsentOrEmpty) {
   auto env = FullEnv();
   env.erase("MESH_LOCAL_RANK");
   env.erase("MESH_NODE_RANK");
-  env.erase("MESH_AUTH_TOKEN");
+  env.erase("MESH_TOKEN");
   env["MESH_LOCAL_WORLD_SIZE"] = "";  // `export X=` counts as unset.
   absl::StatusOr<WorkerConfig> config = ResolveWorkerConfig(WithEnv(env));
   ASSERT_TRUE(config.ok()) << config.status();
@@ -185,11 +185,11 @@ TEST(WorkerConfigTest, AcceptedCoordinatorForms) {
 
 TEST(WorkerConfigTest, BadTokenIsRejectedWithoutEchoingIt) {
   auto env = FullEnv();
-  env["MESH_AUTH_TOKEN"] = "secret\nvalue";
+  env["MESH_TOKEN"] = "secret\nvalue";
   absl::StatusOr<WorkerConfig> config = ResolveWorkerConfig(WithEnv(env));
   ASSERT_FALSE(config.ok());
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(config.status().message()), HasSubstr("MESH_AUTH_TOKEN"));
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("MESH_TOKEN"));
   EXPECT_THAT(std::string(config.status().message()), Not(HasSubstr("secret")));
 }
 
@@ -569,7 +569,7 @@ TEST_F(RuntimeTest, ClientPublishesAndFetchesUniqueIdsInOneCallEach) {
     internal::CoordinatorClientOptions options;
     options.auth_token = "token";  // Sent as metadata; this coordinator ignores it.
     clients.push_back(
-        internal::NewGrpcCoordinatorClient(internal::NewCoordinatorChannel(server_->address()),
+        internal::NewGrpcCoordinatorClient(*internal::NewCoordinatorChannel(server_->address()),
                                            server_->address(), identity, options));
   }
   std::vector<absl::StatusOr<internal::JoinResult>> joined(2);

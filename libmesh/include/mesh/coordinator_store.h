@@ -80,6 +80,14 @@ struct CoordinatorStoreOptions {
   // coordinator's own timeout (whose message names the missing keys) fires
   // first. Non-negative.
   absl::Duration rpc_margin = absl::Seconds(2);
+  // Credentials (docs/security.md): a bearer token sent with every call, and
+  // TLS files (tls_ca empty: plaintext), as MESH_TOKEN and MESH_TLS_* in
+  // mesh/runtime.h.
+  std::string auth_token;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_server_name;
 };
 
 class CoordinatorStore final : public Store {
@@ -87,7 +95,8 @@ class CoordinatorStore final : public Store {
   // Creates a store with its own channel to `options.address`.
   // Possible errors: INVALID_ARGUMENT for an empty address or job id, a
   // negative rank or generation, a timeout that is not positive and finite,
-  // or a negative margin.
+  // or a negative margin, and the errors of the TLS settings (a token
+  // without a CA, an unreadable file).
   static absl::StatusOr<std::unique_ptr<CoordinatorStore>> Create(
       const CoordinatorStoreOptions& options);
 

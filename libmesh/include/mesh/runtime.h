@@ -19,7 +19,11 @@
 //   MESH_NODE_RANK         index of the host                   optional, cross-checked
 //   MESH_NODE_NAME         the node, as the coordinator groups optional; default: the
 //                          ranks (the agent's name)                host name
-//   MESH_AUTH_TOKEN        sent as "authorization: Bearer <t>" optional
+//   MESH_TOKEN             sent as "authorization: Bearer <t>" optional
+//   MESH_TLS_CA            PEM CA that verifies the            optional; unset:
+//                          coordinator (TLS)                       plaintext
+//   MESH_TLS_CERT/_KEY     client certificate and key (mTLS)   optional, with the CA
+//   MESH_TLS_SERVER_NAME   name checked in the server's cert   optional
 //   MESH_METRICS_PORT      serve Prometheus /metrics on        optional; unset: no
 //                          0.0.0.0:port (0: a free port)           metrics
 //
@@ -101,6 +105,11 @@ struct WorkerConfig {
   int node_rank = -1;
   // Empty when not given.
   std::string auth_token;
+  // TLS to the coordinator (docs/security.md); tls_ca empty: plaintext.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_server_name;
 };
 
 // Looks up an environment variable; nullopt when unset.
@@ -191,7 +200,11 @@ struct RuntimeOptions {
   std::optional<int> local_rank;           // MESH_LOCAL_RANK
   std::optional<int> local_world_size;     // MESH_LOCAL_WORLD_SIZE
   std::optional<int> node_rank;            // MESH_NODE_RANK
-  std::optional<std::string> auth_token;   // MESH_AUTH_TOKEN
+  std::optional<std::string> auth_token;   // MESH_TOKEN
+  std::optional<std::string> tls_ca;       // MESH_TLS_CA
+  std::optional<std::string> tls_cert;     // MESH_TLS_CERT
+  std::optional<std::string> tls_key;      // MESH_TLS_KEY
+  std::optional<std::string> tls_server_name;  // MESH_TLS_SERVER_NAME
   std::optional<int> metrics_port;         // MESH_METRICS_PORT
   // Where unset fields come from; null reads nothing (every required field
   // must then be set), which is what tests running ranks as threads want.
