@@ -13,6 +13,10 @@
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_certificate_verifier.h>
 #include <grpcpp/security/tls_credentials_options.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -67,24 +71,78 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, const std::st
   return content;
 }
 
-// Checks that `path` is readable and holds a PEM block with `marker`.
-absl::Status CheckPemFile(const std::string& path, const std::string& what,
-                          absl::string_view marker) {
+// The content of `path` when it is readable and holds a PEM block with
+// `marker`.
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& what,
+                                        absl::string_view marker) {
   absl::StatusOr<std::string> content = ReadSmallFile(path, what);
   if (!content.ok()) return content.status();
   if (!absl::StrContains(*content, marker)) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " '", path, "' holds no PEM block with \"", marker, "\""));
   }
+  return content;
+}
+
+// Checks that `path` is readable PEM and that its first certificate parses.
+absl::Status CheckCertificateFile(const std::string& path, const std::string& what) {
+  absl::StatusOr<std::string> pem = ReadPemFile(path, what, kCertificateMarker);
+  if (!pem.ok()) return pem.status();
+  BIO* bio = BIO_new_mem_buf(pem->data(), static_cast<int>(pem->size()));
+  X509* cert = bio == nullptr ? nullptr : PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
+  const bool parsed = cert != nullptr;
+  X509_free(cert);
+  BIO_free(bio);
+  ERR_clear_error();  // see CheckKeyPair
+  if (!parsed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", path, "' cannot be parsed as X.509"));
+  }
   return absl::OkStatus();
 }
 
-absl::Status CheckCertificateFile(const std::string& path, const std::string& what) {
-  return CheckPemFile(path, what, kCertificateMarker);
-}
+// Refuses a pass phrase: PEM_read_bio_PrivateKey would otherwise prompt on
+// the terminal for an encrypted key.
+int NoPassphrase(char*, int, int, void*) { return 0; }
 
-absl::Status CheckKeyFile(const std::string& path, const std::string& what) {
-  return CheckPemFile(path, what, kPrivateKeyMarker);
+// Checks that `cert_file` and `key_file` are readable PEM, that both parse,
+// and that the key belongs to the first certificate. gRPC accepts a
+// mismatched pair silently and then fails every handshake ("Socket closed"
+// on the client); this turns that into a start-up error.
+absl::Status CheckKeyPair(const std::string& cert_file, const std::string& key_file,
+                          const std::string& who) {
+  absl::StatusOr<std::string> cert_pem =
+      ReadPemFile(cert_file, who + " certificate", kCertificateMarker);
+  if (!cert_pem.ok()) return cert_pem.status();
+  absl::StatusOr<std::string> key_pem = ReadPemFile(key_file, who + " key", kPrivateKeyMarker);
+  if (!key_pem.ok()) return key_pem.status();
+
+  absl::Status status = absl::OkStatus();
+  BIO* cert_bio = BIO_new_mem_buf(cert_pem->data(), static_cast<int>(cert_pem->size()));
+  BIO* key_bio = BIO_new_mem_buf(key_pem->data(), static_cast<int>(key_pem->size()));
+  X509* cert =
+      cert_bio == nullptr ? nullptr : PEM_read_bio_X509(cert_bio, nullptr, nullptr, nullptr);
+  EVP_PKEY* key = key_bio == nullptr
+                      ? nullptr
+                      : PEM_read_bio_PrivateKey(key_bio, nullptr, NoPassphrase, nullptr);
+  if (cert == nullptr) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat(who, " certificate '", cert_file, "' cannot be parsed as X.509"));
+  } else if (key == nullptr) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        who, " key '", key_file, "' cannot be parsed (encrypted keys are not supported)"));
+  } else if (X509_check_private_key(cert, key) != 1) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        who, " key '", key_file, "' does not belong to the certificate '", cert_file, "'"));
+  }
+  EVP_PKEY_free(key);
+  X509_free(cert);
+  BIO_free(key_bio);
+  BIO_free(cert_bio);
+  // gRPC's TLS code reads this thread's OpenSSL error queue after its own
+  // calls; leave nothing of ours there.
+  ERR_clear_error();
+  return status;
 }
 
 // FileWatcherCertificateProvider takes whole seconds, at least one.
@@ -127,10 +185,9 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     return absl::InvalidArgumentError(
         absl::StrCat("server certificate '", options.cert_file, "' given without a key"));
   }
-  if (absl::Status s = CheckCertificateFile(options.cert_file, "server certificate"); !s.ok()) {
+  if (absl::Status s = CheckKeyPair(options.cert_file, options.key_file, "server"); !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckKeyFile(options.key_file, "server key"); !s.ok()) return s;
   const bool mtls = !options.client_ca_file.empty();
   if (mtls) {
     if (absl::Status s = CheckCertificateFile(options.client_ca_file, "client CA"); !s.ok()) {
@@ -184,10 +241,9 @@ absl::Status ValidateClientSecurity(const ClientSecurity& security) {
   }
   if (absl::Status s = CheckCertificateFile(security.ca_file, "CA"); !s.ok()) return s;
   if (!security.cert_file.empty()) {
-    if (absl::Status s = CheckCertificateFile(security.cert_file, "client certificate"); !s.ok()) {
+    if (absl::Status s = CheckKeyPair(security.cert_file, security.key_file, "client"); !s.ok()) {
       return s;
     }
-    if (absl::Status s = CheckKeyFile(security.key_file, "client key"); !s.ok()) return s;
   }
   return CheckToken(security.token);
 }

@@ -488,6 +488,43 @@ TEST_F(SecurityTest, ServerOptionsValidation) {
   EXPECT_TRUE(MakeServerCredentials(Mtls()).ok());
 }
 
+// gRPC itself would accept these and fail every handshake later.
+TEST_F(SecurityTest, BrokenOrMismatchedPemIsInvalidArgument) {
+  const std::string garbage = dir_ + "/garbage.pem";
+  WriteFile(garbage, "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n");
+  const std::string garbage_key = dir_ + "/garbage.key";
+  WriteFile(garbage_key, "-----BEGIN PRIVATE KEY-----\nbm90IGEga2V5\n-----END PRIVATE KEY-----\n");
+
+  ServerTlsOptions options = Tls();
+  options.key_file = pki().other_server_key;  // a real key, of another certificate
+  absl::Status status = MakeServerCredentials(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr("does not belong"));
+  options = Tls();
+  options.cert_file = garbage;
+  EXPECT_EQ(MakeServerCredentials(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = Tls();
+  options.key_file = garbage_key;
+  EXPECT_EQ(MakeServerCredentials(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = Mtls();
+  options.client_ca_file = garbage;
+  EXPECT_EQ(MakeServerCredentials(options).status().code(), absl::StatusCode::kInvalidArgument);
+
+  status = ValidateClientSecurity(Client(pki().ca_cert, pki().client_cert, pki().other_client_key));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr("does not belong"));
+  EXPECT_EQ(ValidateClientSecurity(Client(garbage)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateClientSecurity(Client(pki().ca_cert, garbage, pki().client_key)).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // The error queue is left clean: a good server and client still work.
+  auto server = StartServer(Mtls());
+  ASSERT_NE(server, nullptr);
+  grpc::Status call =
+      CallWith(server->target(), Client(pki().ca_cert, pki().client_cert, pki().client_key));
+  EXPECT_TRUE(call.ok()) << Describe(call);
+}
+
 TEST_F(SecurityTest, UnreadableFileIsPermissionDenied) {
   if (::geteuid() == 0) GTEST_SKIP() << "root reads files whatever their mode";
   const std::string cert = dir_ + "/unreadable.pem";
