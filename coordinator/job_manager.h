@@ -120,6 +120,11 @@ struct JobManagerOptions {
   // Longer than kill_grace: an agent applies orders in order, and an upload
   // queued behind a restart waits for the old workers to stop.
   absl::Duration log_attach_timeout = absl::Seconds(30);
+  // Jobs waiting to be placed (PENDING) at once. A submit beyond it gets
+  // RESOURCE_EXHAUSTED and stores nothing; it may succeed once jobs start
+  // or end. A resubmit of a stored idempotency key is not a new job and is
+  // always answered.
+  int64_t max_pending_jobs = 10'000;
 };
 
 // Possible errors: INVALID_ARGUMENT naming the bad field.
@@ -188,7 +193,9 @@ class JobManager {
 
   // Possible errors: INVALID_ARGUMENT naming the field (nothing stored);
   // ALREADY_EXISTS when the idempotency key names a job with a different
-  // spec; UNAVAILABLE after Shutdown; the store's errors (nothing stored).
+  // spec; RESOURCE_EXHAUSTED when max_pending_jobs jobs are PENDING
+  // (nothing stored); UNAVAILABLE after Shutdown; the store's errors
+  // (nothing stored).
   absl::StatusOr<mesh::v1::SubmitJobResponse> Submit(mesh::v1::JobSpec spec);
 
   // The job with its events. Possible errors: NOT_FOUND.
