@@ -86,6 +86,10 @@ class BarrierTable {
   // Null when absent.
   Barrier* Find(const std::string& name);
 
+  // Barriers created so far, open and finished (finished ones are kept for
+  // late callers until the generation ends).
+  size_t size() const { return barriers_.size(); }
+
   // Gives the open barrier `name` its result and returns its waiters, which
   // the owner completes: with expected() when `status` is OK, else with it.
   std::vector<uint64_t> Finish(const std::string& name, absl::Status status);

@@ -109,7 +109,7 @@ struct Coordination::Generation {
         rendezvous(job_layout.world_size),
         liveness(job_layout.world_size, options.heartbeat_timeout),
         kv(options.kv),
-        ids(options.kv.max_key_bytes),
+        ids(options.kv.max_key_bytes, options.max_unique_ids),
         barriers(job_layout.world_size) {}
 
   const std::string job_id;
@@ -160,8 +160,26 @@ absl::Status ValidateOptions(const CoordinationOptions& o) {
   if (o.default_wait <= absl::ZeroDuration() || o.max_wait < o.default_wait) {
     return absl::InvalidArgumentError("need 0 < default_wait <= max_wait");
   }
+  for (auto [value, name] :
+       {std::pair{o.max_barriers, "max_barriers"}, std::pair{o.max_unique_ids, "max_unique_ids"},
+        std::pair{o.max_keys_per_request, "max_keys_per_request"}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must be positive, not ", value));
+    }
+  }
   return ValidateKvLimits(o.kv);
 }
+
+namespace {
+
+// INVALID_ARGUMENT when a request names more keys than one request may.
+absl::Status CheckKeysPerRequest(size_t count, int64_t limit) {
+  if (static_cast<int64_t>(count) <= limit) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(count, " keys in one request, over the limit of ", limit, " per request"));
+}
+
+}  // namespace
 
 Coordination::Metrics::Metrics(metrics::Registry& registry)
     : kv_operations(registry.AddCounter("mesh_coordinator_kv_operations_total",
@@ -479,6 +497,10 @@ absl::Status Coordination::SetEntries(const Caller& caller,
   auto resolved = ResolveLocked(caller, true, false);
   if (!resolved.ok()) return resolved.status();
   Generation& gen = **resolved;
+  if (absl::Status s = CheckKeysPerRequest(entries.size(), options_.max_keys_per_request);
+      !s.ok()) {
+    return gen.Annotate(s);
+  }
   std::vector<std::string> keys;
   keys.reserve(entries.size());
   for (const auto& entry : entries) keys.push_back(entry.first);
@@ -522,6 +544,9 @@ void Coordination::GetKeys(const Caller& caller, std::vector<std::string> keys, 
   auto resolved = ResolveLocked(caller, true, false);
   if (!resolved.ok()) return done.Complete(callback, Result(resolved.status()));
   Generation& gen = **resolved;
+  if (absl::Status s = CheckKeysPerRequest(keys.size(), options_.max_keys_per_request); !s.ok()) {
+    return done.Complete(callback, Result(gen.Annotate(s)));
+  }
   if (!wait) {
     Result values = gen.kv.Get(keys);
     return done.Complete(callback,
@@ -625,9 +650,27 @@ void Coordination::Barrier(const Caller& caller, const std::string& name, std::v
                                 absl::StrCat(gen.Name(), ": barrier '", name, "': ", why))));
   };
   if (name.empty()) return invalid("the name must not be empty");
+  auto exhausted = [&](absl::string_view why) {
+    // An over-long name is shown cut, not echoed whole.
+    const std::string shown =
+        name.size() > 64 ? absl::StrCat(name.substr(0, 64), "...") : std::string(name);
+    done.Complete(callback, Result(absl::ResourceExhaustedError(
+                                absl::StrCat(gen.Name(), ": barrier '", shown, "': ", why))));
+  };
+  // The name is stored (and echoed in messages) as a KV key would be.
+  if (name.size() > options_.kv.max_key_bytes) {
+    return exhausted(absl::StrCat("name of ", name.size(), " bytes exceeds the limit of ",
+                                  options_.kv.max_key_bytes));
+  }
   absl::StatusOr<std::vector<int>> participants =
       gen.barriers.NormalizeParticipants(std::move(ranks), caller.rank);
   if (!participants.ok()) return invalid(participants.status().message());
+  if (gen.barriers.Find(name) == nullptr &&
+      static_cast<int64_t>(gen.barriers.size()) >= options_.max_barriers) {
+    return exhausted(absl::StrCat("a new barrier would make ", gen.barriers.size() + 1,
+                                  ", over the limit of ", options_.max_barriers,
+                                  " per generation"));
+  }
 
   bool created = false;
   BarrierTable::Barrier& b =
@@ -665,6 +708,9 @@ absl::Status Coordination::PublishUniqueIds(const Caller& caller,
   auto resolved = ResolveLocked(caller, true, false);
   if (!resolved.ok()) return resolved.status();
   Generation& gen = **resolved;
+  if (absl::Status s = CheckKeysPerRequest(ids.size(), options_.max_keys_per_request); !s.ok()) {
+    return gen.Annotate(s);
+  }
   absl::StatusOr<std::vector<std::string>> added = gen.ids.Publish(std::move(ids));
   if (!added.ok()) return gen.Annotate(added.status());
   metrics_.unique_ids->Increment(static_cast<double>(added->size()));
@@ -680,6 +726,10 @@ void Coordination::GetUniqueIds(const Caller& caller, std::vector<std::string> k
   auto resolved = ResolveLocked(caller, true, false);
   if (!resolved.ok()) {
     return done.Complete(callback, absl::StatusOr<std::vector<std::string>>(resolved.status()));
+  }
+  if (absl::Status s = CheckKeysPerRequest(keys.size(), options_.max_keys_per_request); !s.ok()) {
+    return done.Complete(callback,
+                         absl::StatusOr<std::vector<std::string>>((*resolved)->Annotate(s)));
   }
   WaitForKeysLocked(**resolved, KeySpace::kUniqueIds, caller.rank, std::move(keys), timeout,
                     std::move(callback), done);

@@ -92,6 +92,15 @@ struct CoordinationOptions {
   absl::Duration default_wait = absl::Minutes(5);
   absl::Duration max_wait = absl::Hours(1);
   KvLimits kv;
+  // Per generation: barriers created (a finished one still counts, as its
+  // result is kept for late callers) and unique IDs published. Barrier names
+  // follow the KV key rules (kv.max_key_bytes). RESOURCE_EXHAUSTED beyond.
+  int64_t max_barriers = 100'000;
+  int64_t max_unique_ids = 100'000;
+  // Keys (or entries) in one KvWait, KvMultiGet, KvMultiSet, GetUniqueIds or
+  // PublishUniqueIds request: each parks or checks that many keys under the
+  // one mutex. INVALID_ARGUMENT beyond: the request can never succeed.
+  int64_t max_keys_per_request = 100'000;
 };
 
 // Possible errors of Validate: INVALID_ARGUMENT naming the bad field.
@@ -219,7 +228,9 @@ class Coordination {
   // ---- Key-value store, scoped to (job, generation) ------------------------
   // Keys and limits as in kv_table.h: an empty key (an empty prefix is
   // fine) is INVALID_ARGUMENT; a limit (key or value size, key count, total
-  // bytes) is RESOURCE_EXHAUSTED and leaves stored data unchanged.
+  // bytes) is RESOURCE_EXHAUSTED and leaves stored data unchanged. A
+  // KvWait, KvMultiGet or KvMultiSet naming more than max_keys_per_request
+  // keys is INVALID_ARGUMENT, and nothing is stored or parked.
 
   absl::Status KvSet(const Caller& caller, const std::string& key, std::string value);
   // wait=false: NOT_FOUND at once when absent. wait=true: waits for the key.
@@ -261,7 +272,8 @@ class Coordination {
   // caller outside the set; bad ranks); DEADLINE_EXCEEDED naming k/n arrived
   // and the missing ranks with their hosts; ABORTED at once when the
   // generation fails; FAILED_PRECONDITION when a participant that has not
-  // arrived leaves cleanly.
+  // arrived leaves cleanly; RESOURCE_EXHAUSTED for a name over
+  // kv.max_key_bytes, or a new barrier beyond max_barriers.
   void Barrier(const Caller& caller, const std::string& name, std::vector<int> ranks,
                absl::Duration timeout, Callback<int> done);
 
@@ -269,13 +281,14 @@ class Coordination {
 
   // Publishes 128-byte IDs under group keys, all or none. Same bytes again:
   // no-op. Keys follow the KV key rules. Extra errors: INVALID_ARGUMENT
-  // (size), ALREADY_EXISTS (different bytes than published, or than given
-  // for the same key in this call).
+  // (size; more than max_keys_per_request IDs), ALREADY_EXISTS (different
+  // bytes than published, or than given for the same key in this call),
+  // RESOURCE_EXHAUSTED (the generation would hold more than max_unique_ids).
   absl::Status PublishUniqueIds(const Caller& caller,
                                 std::vector<std::pair<std::string, std::string>> ids);
   // Completes with the IDs, in key order, once all are published. The same
   // wait as KvMultiGet's, over the ID table: DEADLINE_EXCEEDED names the IDs
-  // nobody published.
+  // nobody published; INVALID_ARGUMENT for more than max_keys_per_request.
   void GetUniqueIds(const Caller& caller, std::vector<std::string> keys, absl::Duration timeout,
                     Callback<std::vector<std::string>> done);
 

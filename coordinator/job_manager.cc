@@ -224,6 +224,10 @@ absl::Status ValidateJobManagerOptions(const JobManagerOptions& options) {
   if (options.kill_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("kill_grace must not be negative");
   }
+  if (options.max_pending_jobs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_pending_jobs must be positive, not ", options.max_pending_jobs));
+  }
   if (options.node_heartbeat_timeout <= options.node_heartbeat_interval) {
     return absl::InvalidArgumentError(absl::StrCat(
         "node_heartbeat_timeout (", absl::FormatDuration(options.node_heartbeat_timeout),
@@ -907,6 +911,20 @@ absl::StatusOr<mesh::v1::SubmitJobResponse> JobManager::Submit(JobSpec spec, std
     absl::MutexLock lock(&mu_);
     recovered_or_used_ = true;
     if (shut_down_) return Unavailable();
+    // The queue cap. Counted here rather than kept as a counter: submits are
+    // rare next to worker calls, and a count cannot drift from the states.
+    int64_t pending = 0;
+    bool resubmit = false;
+    for (const auto& [id, job] : jobs_) {
+      pending += job->machine->state() == JOB_STATE_PENDING;
+      resubmit |=
+          !spec.idempotency_key().empty() && job->spec.idempotency_key() == spec.idempotency_key();
+    }
+    if (pending >= options_.max_pending_jobs && !resubmit) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(pending, " jobs are pending, the limit of ", options_.max_pending_jobs,
+                       "; submit again once some have started or ended"));
+    }
     NewJob record;
     record.idempotency_key = spec.idempotency_key();
     record.name = spec.name();

@@ -122,6 +122,11 @@ struct JobManagerOptions {
   // Longer than kill_grace: an agent applies orders in order, and an upload
   // queued behind a restart waits for the old workers to stop.
   absl::Duration log_attach_timeout = absl::Seconds(30);
+  // Jobs waiting to be placed (PENDING) at once. A submit beyond it gets
+  // RESOURCE_EXHAUSTED and stores nothing; it may succeed once jobs start
+  // or end. A resubmit of a stored idempotency key is not a new job and is
+  // always answered.
+  int64_t max_pending_jobs = 10'000;
   // Mints the token a job's workers get in their LAUNCH order
   // (Assignment.worker_token, docs/security.md); null: no tokens (the
   // coordinator runs without token authentication).
@@ -194,10 +199,11 @@ class JobManager {
 
   // Possible errors: INVALID_ARGUMENT naming the field (nothing stored);
   // ALREADY_EXISTS when the idempotency key names a job with a different
-  // spec; UNAVAILABLE after Shutdown; the store's errors (nothing stored).
-  // `owner` is the submitting principal's name (docs/security.md; empty
-  // without token authentication); a matching idempotency key of another
-  // owner's job is ALREADY_EXISTS too.
+  // spec; RESOURCE_EXHAUSTED when max_pending_jobs jobs are PENDING
+  // (nothing stored); UNAVAILABLE after Shutdown; the store's errors
+  // (nothing stored). `owner` is the submitting principal's name
+  // (docs/security.md; empty without token authentication); a matching
+  // idempotency key of another owner's job is ALREADY_EXISTS too.
   absl::StatusOr<mesh::v1::SubmitJobResponse> Submit(mesh::v1::JobSpec spec,
                                                      std::string owner = {});
 

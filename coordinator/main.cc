@@ -198,6 +198,46 @@ int main(int argc, char** argv) {
       ->envname("MESH_MAX_ARGV_BYTES")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  // The other caps of docs/limits.md; each is inclusive (the limit passes).
+  app.add_option("--max-env-vars", jobs.spec_limits.max_env_count,
+                 "Variables in a job's environment")
+      ->envname("MESH_MAX_ENV_VARS")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-argv-count", jobs.spec_limits.max_argv_count,
+                 "Elements of a job's command (program and arguments)")
+      ->envname("MESH_MAX_ARGV_COUNT")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-labels", jobs.spec_limits.max_labels, "Labels on a job")
+      ->envname("MESH_MAX_LABELS")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--max-idempotency-key-bytes", jobs.spec_limits.max_idempotency_key_bytes,
+                 "Bytes of a job's idempotency key")
+      ->envname("MESH_MAX_IDEMPOTENCY_KEY_BYTES")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--max-pending-jobs", jobs.max_pending_jobs,
+                 "Jobs waiting to be placed at once; a submit beyond gets RESOURCE_EXHAUSTED")
+      ->envname("MESH_MAX_PENDING_JOBS")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-barriers", coordination.max_barriers,
+                 "Per job generation: barriers created")
+      ->envname("MESH_MAX_BARRIERS")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-unique-ids", coordination.max_unique_ids,
+                 "Per job generation: NCCL unique IDs published")
+      ->envname("MESH_MAX_UNIQUE_IDS")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-keys-per-request", coordination.max_keys_per_request,
+                 "Keys in one KvWait, KvMultiGet, KvMultiSet, GetUniqueIds or PublishUniqueIds")
+      ->envname("MESH_MAX_KEYS_PER_REQUEST")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--log-format", log_format, "text or json")
       ->envname("MESH_LOG_FORMAT")
       ->check(CLI::IsMember({"text", "json"}))

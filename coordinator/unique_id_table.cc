@@ -35,6 +35,12 @@ absl::StatusOr<std::vector<std::string>> UniqueIdTable::Publish(Ids ids) {
           absl::StrCat("unique ID '", key, "' was already published with different bytes"));
     }
   }
+  // `given` holds exactly the keys that are new to the table.
+  if (static_cast<int64_t>(ids_.size() + given.size()) > max_ids_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(given.size(), " new unique IDs would make ", ids_.size() + given.size(),
+                     ", over the limit of ", max_ids_, " per generation"));
+  }
   std::vector<std::string> added;
   for (auto& [key, id] : ids) {
     if (ids_.try_emplace(key, std::move(id)).second) added.push_back(key);

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -28,8 +29,11 @@ class UniqueIdTable {
  public:
   using Ids = std::vector<std::pair<std::string, std::string>>;
 
-  // Keys follow the KV key rules (CheckKvKey) with this size limit.
-  explicit UniqueIdTable(size_t max_key_bytes) : max_key_bytes_(max_key_bytes) {}
+  // Keys follow the KV key rules (CheckKvKey) with this size limit; the
+  // table holds at most `max_ids` IDs (a generation needs one per
+  // communicator, so a cap stops a runaway loop, not a real job).
+  explicit UniqueIdTable(size_t max_key_bytes, int64_t max_ids = int64_t{1} << 62)
+      : max_key_bytes_(max_key_bytes), max_ids_(max_ids) {}
 
   UniqueIdTable(const UniqueIdTable&) = delete;
   UniqueIdTable& operator=(const UniqueIdTable&) = delete;
@@ -44,13 +48,15 @@ class UniqueIdTable {
   // before, in the order given, once each. Errors (nothing published):
   // CheckKey's; INVALID_ARGUMENT for an ID that is not kUniqueIdBytes long;
   // ALREADY_EXISTS for a key that holds, or is given in the same call with,
-  // different bytes. Messages name the key, not the job.
+  // different bytes; RESOURCE_EXHAUSTED when the new keys would take the
+  // table over `max_ids`. Messages name the key, not the job.
   absl::StatusOr<std::vector<std::string>> Publish(Ids ids);
 
   size_t size() const { return ids_.size(); }
 
  private:
   const size_t max_key_bytes_;
+  const int64_t max_ids_;
   std::map<std::string, std::string> ids_;
 };
 

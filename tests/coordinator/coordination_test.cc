@@ -213,6 +213,49 @@ TEST_F(CoordinationTest, ValidateOptionsAcceptsDefaultsAndNamesTheBadField) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("heartbeat_timeout")));
 }
 
+TEST_F(CoordinationTest, BarrierUniqueIdAndPerRequestCapsLeaveStateUnchanged) {
+  CoordinationOptions options = TestOptions();
+  options.max_barriers = 1;
+  options.max_unique_ids = 1;
+  options.max_keys_per_request = 2;
+  options.kv.max_key_bytes = 8;
+  for (int64_t CoordinationOptions::*field :
+       {&CoordinationOptions::max_barriers, &CoordinationOptions::max_unique_ids,
+        &CoordinationOptions::max_keys_per_request}) {
+    CoordinationOptions bad = options;
+    bad.*field = 0;
+    EXPECT_THAT(ValidateOptions(bad), StatusIs(absl::StatusCode::kInvalidArgument));
+  }
+  Recreate(options);
+  StartJob("job", {"h"});
+  const Caller r0 = Rank("job", 0);
+  CapturedOr<int> first, second, long_name;
+  coord().Barrier(r0, "b", {}, absl::Seconds(5), first.Callback());
+  ASSERT_TRUE(first.fired());
+  EXPECT_THAT(first.result(), IsOk());
+  coord().Barrier(r0, "c", {}, absl::Seconds(5), second.Callback());
+  ASSERT_TRUE(second.fired());
+  EXPECT_THAT(second.result(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("limit of 1")));
+  coord().Barrier(r0, "123456789", {}, absl::Seconds(5), long_name.Callback());
+  ASSERT_TRUE(long_name.fired());
+  EXPECT_THAT(long_name.result(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("limit of 8")));
+
+  ASSERT_THAT(coord().PublishUniqueIds(r0, {{"g", Id128('a')}}), IsOk());
+  EXPECT_THAT(coord().PublishUniqueIds(r0, {{"h", Id128('b')}}),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("limit of 1")));
+
+  EXPECT_THAT(coord().KvMultiSet(r0, {{"a", "1"}, {"b", "2"}, {"c", "3"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("limit of 2")));
+  EXPECT_EQ(coord().KvNumKeys(r0)->num_keys, 0);
+  Captured<absl::Status> wait;
+  coord().KvWait(r0, {"a", "b", "c"}, absl::Seconds(5), wait.Callback());
+  ASSERT_TRUE(wait.fired());
+  EXPECT_THAT(wait.result(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(coord().PendingWaits(), 0u);
+}
+
 TEST_F(CoordinationTest, TickIntervalIsPositive) {
   EXPECT_GT(coord().TickInterval(), absl::ZeroDuration());
 }

@@ -57,6 +57,17 @@ TEST(UniqueIdTableTest, DifferentBytesForAPublishedKeyAreRejectedAndNothingChang
   EXPECT_EQ(table.Find("new"), nullptr) << "a rejected call published part of its IDs";
 }
 
+TEST(UniqueIdTableTest, MaxIdsIsAQuotaOnNewKeysAllOrNothing) {
+  UniqueIdTable table(16, /*max_ids=*/2);
+  ASSERT_THAT(table.Publish({{"a", Id('a')}, {"b", Id('b')}}), IsOk());
+  // Republishing is not new; one new key over the quota fails the call.
+  EXPECT_THAT(table.Publish({{"a", Id('a')}, {"c", Id('c')}}),
+              StatusIs(Code::kResourceExhausted, HasSubstr("over the limit of 2")));
+  EXPECT_EQ(table.Find("c"), nullptr);
+  EXPECT_THAT(table.Publish({{"a", Id('a')}, {"b", Id('b')}}), IsOk());
+  EXPECT_EQ(table.size(), 2u);
+}
+
 TEST(UniqueIdTableTest, OneKeyWithTwoIdsInOneCallIsRejected) {
   UniqueIdTable table(16);
   EXPECT_THAT(table.Publish({{"g", Id('a')}, {"g", Id('b')}}), StatusIs(Code::kAlreadyExists));

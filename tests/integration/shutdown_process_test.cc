@@ -1,0 +1,437 @@
+// Graceful shutdown with the real binaries on 127.0.0.1 (docs/limits.md,
+// "Graceful shutdown"):
+//   - SIGTERM to mesh-coordinator ends every pending wait (a Join, a KvWait
+//     on a missing key, a Barrier not every rank reaches, a WaitJob) with
+//     UNAVAILABLE at once, long before their own deadlines; new calls are
+//     refused; the process exits 0 within the shutdown grace plus a margin;
+//     and a job acknowledged just before SIGTERM is there after a restart on
+//     the same state directory.
+//   - An agent leaves its workers running when the coordinator is stopped
+//     with SIGTERM, and the job completes once the coordinator is back.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "mesh/v1/admin.grpc.pb.h"
+#include "mesh/v1/job.grpc.pb.h"
+#include "mesh/v1/worker.grpc.pb.h"
+#include "tests/common/http_get.h"
+#include "tests/util/proc.h"
+#include "tests/util/subprocess.h"
+
+namespace mesh {
+namespace {
+
+using ::mesh::testing::Subprocess;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+using namespace mesh::v1;  // NOLINT
+
+constexpr absl::Duration kStartTimeout = absl::Seconds(20);
+// --shutdown-grace of the coordinator under test, and how much longer its
+// exit may take (process teardown, a loaded machine).
+constexpr absl::Duration kGrace = absl::Seconds(2);
+constexpr absl::Duration kExitMargin = absl::Seconds(5);
+// The pending calls' own deadlines: far beyond anything a shutdown takes.
+constexpr absl::Duration kWaitDeadline = absl::Seconds(120);
+constexpr char kBanner[] = "mesh-coordinator listening on ";
+
+int ExitCode(int wait_status) {
+  return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status);
+}
+
+std::string MakeTempDir() {
+  char pattern[] = "/tmp/mesh-shutdown-test-XXXXXX";
+  const char* dir = mkdtemp(pattern);
+  EXPECT_NE(dir, nullptr);
+  return dir == nullptr ? "/tmp" : dir;
+}
+
+// {"--insecure"} when `binary --help` lists that flag, else {}: plaintext
+// on loopback needs it once the binaries default to TLS, and is an unknown
+// flag before.
+std::vector<std::string> PlaintextFlags(const std::string& binary) {
+  auto process = Subprocess::Start({binary, "--help"});
+  EXPECT_TRUE(process.ok()) << process.status();
+  if (!process.ok()) return {};
+  bool listed = false;
+  for (;;) {
+    auto line = process->ReadLine(absl::Seconds(20));
+    if (!line.ok()) break;
+    listed |= absl::StrContains(*line, "--insecure");
+  }
+  EXPECT_TRUE(process->Wait(absl::Seconds(20)).ok());
+  return listed ? std::vector<std::string>{"--insecure"} : std::vector<std::string>{};
+}
+
+std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(10)) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return context;
+}
+
+class ShutdownProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = MakeTempDir(); }
+
+  void TearDown() override {
+    agent_.reset();
+    coordinator_.reset();
+    std::system(absl::StrCat("rm -rf '", dir_, "'").c_str());
+  }
+
+  // Starts mesh-coordinator on `port` (0: any) with a state directory and
+  // /metrics; connects the stubs.
+  void StartCoordinator(int port) {
+    std::vector<std::string> argv = {
+        MESH_COORDINATOR_BIN, "--listen", "127.0.0.1", "--port", absl::StrCat(port), "--state-dir",
+        dir_ + "/state", "--shutdown-grace", absl::StrCat(absl::ToDoubleSeconds(kGrace)),
+        // Node timeout above the agent's 5 s reconnect backoff cap; our ranks
+        // never heartbeat, and must not be declared dead mid-test.
+        "--node-heartbeat-interval", "0.2", "--node-heartbeat-timeout", "10", "--heartbeat-timeout",
+        "300", "--metrics-port", "0", "--sd-file", dir_ + "/targets.json"};
+    for (const std::string& flag : PlaintextFlags(MESH_COORDINATOR_BIN)) argv.push_back(flag);
+    auto process = Subprocess::Start(argv);
+    ASSERT_TRUE(process.ok()) << process.status();
+    auto line = process->ReadLine(kStartTimeout);
+    ASSERT_TRUE(line.ok()) << line.status();
+    ASSERT_THAT(*line, StartsWith(kBanner));
+    address_ = line->substr(sizeof(kBanner) - 1);
+    port_ = std::stoi(address_.substr(address_.rfind(':') + 1));
+    coordinator_ = std::make_unique<Subprocess>(*std::move(process));
+    channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+    workers_ = WorkerService::NewStub(channel_);
+    admin_ = AdminService::NewStub(channel_);
+    jobs_ = JobService::NewStub(channel_);
+  }
+
+  void StartAgent() {
+    std::vector<std::string> argv = {
+        MESH_AGENT_BIN, "--coordinator", address_,          "--name",  "node-0",
+        "--address",    "127.0.0.1",     "--slots",         "2",       "--gpus",
+        "none",         "--work-dir",    dir_ + "/agent-0", "--grace", "1"};
+    for (const std::string& flag : PlaintextFlags(MESH_AGENT_BIN)) argv.push_back(flag);
+    auto process = Subprocess::Start(argv);
+    ASSERT_TRUE(process.ok()) << process.status();
+    agent_ = std::make_unique<Subprocess>(*std::move(process));
+  }
+
+  // mesh_coordinator_pending_waits from the coordinator's /metrics, whose
+  // port is the first target of the service-discovery file; -1 when either
+  // cannot be read yet.
+  int PendingWaits() {
+    std::ifstream file(dir_ + "/targets.json");
+    std::stringstream text;
+    text << file.rdbuf();
+    const std::string sd = text.str();
+    const size_t at = sd.find("127.0.0.1:");
+    if (at == std::string::npos) return -1;
+    int metrics_port = 0;
+    const std::string digits = sd.substr(at + 10, sd.find('"', at) - at - 10);
+    if (!absl::SimpleAtoi(digits, &metrics_port)) return -1;
+    auto reply = ::mesh::testing::HttpGet(metrics_port, "/metrics", absl::Seconds(5));
+    if (!reply.ok() || reply->status != 200) return -1;
+    for (absl::string_view line : absl::StrSplit(reply->body, '\n')) {
+      if (!absl::ConsumePrefix(&line, "mesh_coordinator_pending_waits ")) continue;
+      double value = -1;
+      return absl::SimpleAtod(line, &value) ? static_cast<int>(value) : -1;
+    }
+    return -1;
+  }
+
+  RankContext Rank(const std::string& job, int rank) {
+    RankContext context;
+    context.set_job_id(job);
+    context.set_rank(rank);
+    context.set_incarnation(100 + rank);
+    return context;
+  }
+
+  void CreateJob(const std::string& id, int world_size) {
+    CreateJobRequest request;
+    request.set_job_id(id);
+    request.set_world_size(world_size);
+    CreateJobResponse response;
+    const grpc::Status status = admin_->CreateJob(Context().get(), request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+
+  grpc::Status Join(const RankContext& rank, absl::Duration timeout) {
+    JoinRequest request;
+    *request.mutable_context() = rank;
+    request.set_host("host-a");
+    request.set_timeout_seconds(absl::ToDoubleSeconds(timeout));
+    JoinResponse response;
+    return workers_->Join(Context(timeout + absl::Seconds(5)).get(), request, &response);
+  }
+
+  JobSpec ShellJob(const std::string& script, int nproc) {
+    JobSpec spec;
+    spec.set_name("sh");
+    spec.add_command("/bin/sh");
+    spec.add_command("-c");
+    spec.add_command(script);
+    spec.mutable_nodes()->set_min(1);
+    spec.set_nproc_per_node(nproc);
+    (*spec.mutable_env())["MARKER"] = marker_;
+    return spec;
+  }
+
+  std::string Submit(const JobSpec& spec) {
+    SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    SubmitJobResponse response;
+    const grpc::Status status = jobs_->SubmitJob(Context().get(), request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.job().id();
+  }
+
+  std::optional<Job> Get(const std::string& id) {
+    GetJobRequest request;
+    request.set_job_id(id);
+    GetJobResponse response;
+    if (!jobs_->GetJob(Context().get(), request, &response).ok()) return std::nullopt;
+    return response.job();
+  }
+
+  int ReadyNodes() {
+    ListNodesRequest request;
+    ListNodesResponse response;
+    if (!jobs_->ListNodes(Context().get(), request, &response).ok()) return -1;
+    int ready = 0;
+    for (const auto& node : response.nodes()) ready += node.state() == NODE_STATE_READY;
+    return ready;
+  }
+
+  std::string dir_;
+  std::string address_;
+  int port_ = 0;
+  std::string marker_ =
+      absl::StrCat("shutdown-process-test-", getpid(), "-", absl::ToUnixNanos(absl::Now()));
+  std::unique_ptr<Subprocess> coordinator_;
+  std::unique_ptr<Subprocess> agent_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<WorkerService::Stub> workers_;
+  std::unique_ptr<AdminService::Stub> admin_;
+  std::unique_ptr<JobService::Stub> jobs_;
+};
+
+// One call made on its own thread: its status and when it ended.
+class PendingCall {
+ public:
+  template <typename Call>
+  explicit PendingCall(Call call)
+      : thread_([this, call = std::move(call)]() mutable {
+          grpc::Status status = call();
+          absl::MutexLock lock(&mu_);
+          status_ = std::move(status);
+          ended_ = absl::Now();
+        }) {}
+  ~PendingCall() { thread_.join(); }
+
+  bool ended() {
+    absl::MutexLock lock(&mu_);
+    return ended_.has_value();
+  }
+  grpc::Status status() {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+  absl::Time ended_at() {
+    absl::MutexLock lock(&mu_);
+    return ended_.value_or(absl::InfiniteFuture());
+  }
+
+ private:
+  absl::Mutex mu_;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Time> ended_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+TEST_F(ShutdownProcessTest, SigtermEndsPendingWaitsRefusesCallsExitsZeroAndKeepsCommittedJobs) {
+  StartCoordinator(/*port=*/0);
+
+  // kv: one rank, joined; barrier: two ranks, both joined; join: two ranks,
+  // only rank 0 comes.
+  CreateJob("kv", 1);
+  ASSERT_TRUE(Join(Rank("kv", 0), absl::Seconds(10)).ok());
+  CreateJob("barrier", 2);
+  {
+    PendingCall other([&] { return Join(Rank("barrier", 1), absl::Seconds(10)); });
+    ASSERT_TRUE(Join(Rank("barrier", 0), absl::Seconds(10)).ok());
+  }
+  CreateJob("join", 2);
+  // Acknowledged before SIGTERM: PENDING, as no agent runs.
+  const std::string job_id = Submit(ShellJob("true", 1));
+  ASSERT_FALSE(job_id.empty());
+
+  std::vector<std::unique_ptr<PendingCall>> calls;
+  calls.push_back(std::make_unique<PendingCall>([&] {
+    WaitJobRequest request;
+    request.set_job_id(job_id);
+    request.set_timeout_seconds(absl::ToDoubleSeconds(kWaitDeadline));
+    WaitJobResponse response;
+    return jobs_->WaitJob(Context(kWaitDeadline).get(), request, &response);
+  }));
+  calls.push_back(std::make_unique<PendingCall>([&] {
+    KvWaitRequest request;
+    *request.mutable_context() = Rank("kv", 0);
+    request.add_keys("never-set");
+    request.set_timeout_seconds(absl::ToDoubleSeconds(kWaitDeadline));
+    KvWaitResponse response;
+    return workers_->KvWait(Context(kWaitDeadline).get(), request, &response);
+  }));
+  calls.push_back(std::make_unique<PendingCall>([&] {
+    BarrierRequest request;
+    *request.mutable_context() = Rank("barrier", 0);
+    request.set_name("rank-1-never-comes");
+    request.set_timeout_seconds(absl::ToDoubleSeconds(kWaitDeadline));
+    BarrierResponse response;
+    return workers_->Barrier(Context(kWaitDeadline).get(), request, &response);
+  }));
+  calls.push_back(
+      std::make_unique<PendingCall>([&] { return Join(Rank("join", 0), kWaitDeadline); }));
+  // The join, KV wait and barrier are parked on the server (WaitJob has no
+  // gauge; it was sent first).
+  ASSERT_TRUE(::mesh::testing::WaitUntil([&] { return PendingWaits() == 3; }, absl::Seconds(20)))
+      << "pending waits: " << PendingWaits();
+  for (auto& call : calls) ASSERT_FALSE(call->ended()) << call->status().error_message();
+
+  const absl::Time sigterm = absl::Now();
+  coordinator_->Signal(SIGTERM);
+  ASSERT_TRUE(::mesh::testing::WaitUntil(
+      [&] {
+        for (auto& call : calls) {
+          if (!call->ended()) return false;
+        }
+        return true;
+      },
+      kGrace + kExitMargin));
+  for (size_t i = 0; i < calls.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("call ", i));
+    const grpc::Status status = calls[i]->status();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+    // Ended by the server's shutdown, not by a dropped connection.
+    EXPECT_THAT(status.error_message(), HasSubstr("shutting down"));
+    // At once: not after the grace, let alone their own deadline.
+    EXPECT_LT(calls[i]->ended_at() - sigterm, kGrace);
+  }
+
+  // A new call once shutdown has begun is refused, quickly: UNAVAILABLE
+  // from the services, or CANCELLED from gRPC itself when the call reaches
+  // a server that is already closing (see docs/limits.md).
+  KvSetRequest set;
+  *set.mutable_context() = Rank("kv", 0);
+  set.set_key("late");
+  set.set_value("v");
+  KvSetResponse set_response;
+  const absl::Time before_late = absl::Now();
+  const grpc::Status late = workers_->KvSet(Context(kWaitDeadline).get(), set, &set_response);
+  EXPECT_THAT(late.error_code(),
+              ::testing::AnyOf(grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::CANCELLED))
+      << late.error_message();
+  EXPECT_LT(absl::Now() - before_late, kGrace + absl::Seconds(1));
+  SubmitJobRequest submit;
+  *submit.mutable_spec() = ShellJob("true", 1);
+  SubmitJobResponse submitted;
+  EXPECT_THAT(jobs_->SubmitJob(Context().get(), submit, &submitted).error_code(),
+              ::testing::AnyOf(grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::CANCELLED));
+
+  auto exited = coordinator_->Wait(kGrace + kExitMargin - (absl::Now() - sigterm));
+  ASSERT_TRUE(exited.ok()) << "still running " << absl::Now() - sigterm << " after SIGTERM";
+  EXPECT_EQ(ExitCode(*exited), 0);
+  coordinator_.reset();
+
+  // The acknowledged job survived; the refused one was never stored.
+  StartCoordinator(port_);
+  const auto job = Get(job_id);
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->state(), JOB_STATE_PENDING);
+  EXPECT_EQ(job->spec().command(2), "true");
+  ListJobsRequest list;
+  ListJobsResponse listed;
+  ASSERT_TRUE(jobs_->ListJobs(Context().get(), list, &listed).ok());
+  EXPECT_EQ(listed.jobs_size(), 1);
+}
+
+TEST_F(ShutdownProcessTest, AgentKeepsWorkersRunningThroughCoordinatorSigtermAndRestart) {
+  StartCoordinator(/*port=*/0);
+  StartAgent();
+  ASSERT_TRUE(::mesh::testing::WaitUntil([&] { return ReadyNodes() == 1; }, absl::Seconds(20)));
+  const std::string release = dir_ + "/release";
+  const std::string id = Submit(ShellJob(
+      absl::StrCat("while [ ! -e '", release, "' ]; do sleep 0.1; done; echo done $RANK"), 2));
+  ASSERT_TRUE(::mesh::testing::WaitUntil(
+      [&] {
+        auto job = Get(id);
+        return job.has_value() && job->state() == JOB_STATE_RUNNING;
+      },
+      absl::Seconds(20)));
+  // The two worker shells; their short-lived `sleep` children, which share
+  // the environment, are left out.
+  auto workers = [&] {
+    std::vector<pid_t> shells;
+    for (pid_t pid :
+         ::mesh::testing::LiveProcessesWithEnv({"MARKER=" + marker_, "MESH_JOB_ID=" + id})) {
+      std::ifstream comm(absl::StrCat("/proc/", pid, "/comm"));
+      std::string name;
+      if (std::getline(comm, name) && name == "sh") shells.push_back(pid);
+    }
+    return shells;
+  };
+  ASSERT_TRUE(::mesh::testing::WaitUntil([&] { return workers().size() == 2; }, absl::Seconds(10)));
+  const std::vector<pid_t> before = workers();
+
+  coordinator_->Signal(SIGTERM);
+  auto exited = coordinator_->Wait(kGrace + kExitMargin);
+  ASSERT_TRUE(exited.ok()) << exited.status();
+  EXPECT_EQ(ExitCode(*exited), 0);
+  coordinator_.reset();
+
+  // With no coordinator for a while (the agent retries in the meantime),
+  // the same workers run on: none exits.
+  EXPECT_FALSE(::mesh::testing::WaitUntil([&] { return workers() != before; }, absl::Seconds(3)))
+      << workers().size() << " of " << before.size() << " workers left";
+  ASSERT_TRUE(agent_->Wait(absl::ZeroDuration()).status().code() ==
+              absl::StatusCode::kDeadlineExceeded)
+      << "the agent exited";
+
+  StartCoordinator(port_);
+  ASSERT_TRUE(::mesh::testing::WaitUntil([&] { return ReadyNodes() == 1; }, absl::Seconds(20)));
+  EXPECT_EQ(workers(), before);
+  std::ofstream(release).put('\n');
+
+  WaitJobRequest request;
+  request.set_job_id(id);
+  request.set_timeout_seconds(60);
+  WaitJobResponse response;
+  const grpc::Status status = jobs_->WaitJob(Context(absl::Seconds(65)).get(), request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.job().state(), JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(response.job().restarts(), 0);
+  EXPECT_EQ(response.job().generation(), 0);
+}
+
+}  // namespace
+}  // namespace mesh
