@@ -25,6 +25,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/metrics_prometheus.h"
+#include "common/systemd_notify.h"
 #include "common/version.h"
 
 namespace mesh::agent {
@@ -290,11 +291,21 @@ int RunAgentMain(int argc, const char* const* argv) {
   spdlog::info("mesh-agent {} as {} (address {}, {} slots, {} GPUs, work dir {}), coordinator {}",
                kVersion, config.name, config.address, config.slots, config.gpus.size(),
                config.work_dir, config.coordinator);
+  // systemd Type=notify and WatchdogSec (no-ops elsewhere): ready once
+  // running (registration retries on its own, and a coordinator outage must
+  // not restart the agent); a ping means the agent's lock could be taken.
+  systemd::NotifyReady("running; coordinator " + config.coordinator).IgnoreError();
+  auto sd_watchdog = systemd::WatchdogPinger::StartIfEnabled([&agent] {
+    (void)agent.registrations();
+    return true;
+  });
 
   int signal_number = 0;
   sigwait(&shutdown_signals, &signal_number);
   spdlog::info("received {}, stopping workers (grace {})", strsignal(signal_number),
                absl::FormatDuration(config.grace));
+  if (sd_watchdog) sd_watchdog->Stop();
+  systemd::NotifyStopping().IgnoreError();
   agent.Shutdown();
   spdlog::info("stopped");
   return kAgentExitOk;

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "cli/admin_client.h"
 #include "cli/cluster.h"
+#include "cli/health_command.h"
 #include "cli/job_commands.h"
 #include "cli/output.h"
 #include "common/client_flags.h"
@@ -67,20 +68,6 @@ int RunVersion(const GlobalOptions& options, bool client_only, OutputFormat form
   return code;
 }
 
-// meshctl health: grpc.health.v1 status of the server or one service.
-int RunHealth(const GlobalOptions& options, const std::string& service, OutputFormat format,
-              std::ostream& out, std::ostream& err) {
-  AdminClient client(options.channel);
-  auto status = client.CheckHealth(service, absl::Seconds(options.timeout_s));
-  if (!status.ok()) return ReportError(options, status.status(), err);
-  nlohmann::json result;
-  result["coordinator"] = options.coordinator;
-  result["service"] = service;
-  result["status"] = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*status);
-  Render(result, format, out);
-  return *status == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk : kExitFailed;
-}
-
 // meshctl create-job: a bare job record for workers started by hand (or by
 // a script), until `meshctl submit` and the agents launch them.
 int RunCreateJob(const GlobalOptions& options, const mesh::v1::CreateJobRequest& request,
@@ -124,11 +111,8 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
   CLI::App* version = app.add_subcommand("version", "Show client and server versions");
   version->add_flag("--client", client_only, "Do not contact the coordinator");
 
-  std::string service;
-  CLI::App* health = app.add_subcommand(
-      "health", "Check the coordinator's grpc.health.v1 status (exit 0 when SERVING)");
-  health->add_option("--service", service,
-                     "Service to ask about, e.g. mesh.v1.AdminService; default: the server");
+  // meshctl health: cli/health_command.h.
+  HealthCommand health(app);
 
   mesh::v1::CreateJobRequest create;
   int world_size = 0;
@@ -179,7 +163,10 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
     options.channel = *std::move(channel);
   }
   if (version->parsed()) return RunVersion(options, client_only, format, out, err);
-  if (health->parsed()) return RunHealth(options, service, format, out, err);
+  if (health.Parsed()) {
+    return health.Run(options.channel, options.coordinator, absl::Seconds(options.timeout_s),
+                      format, out, err);
+  }
   if (cluster->parsed()) return cluster->Run(out, err);
   if (create_job->parsed()) {
     create.set_job_id(job_id);

@@ -17,6 +17,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/metrics_prometheus.h"
+#include "common/systemd_notify.h"
 #include "common/version.h"
 #include "coordinator/coordination.h"
 #include "coordinator/coordinator_server.h"
@@ -361,11 +362,21 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   spdlog::info("mesh-coordinator {} serving on {} (protocol v{})", mesh::kVersion,
                (*server)->address(), mesh::kProtocolVersion);
+  // systemd Type=notify and WatchdogSec (no-ops elsewhere). A ping means
+  // both managers' locks could be taken: a deadlock stops the pings.
+  mesh::systemd::NotifyReady("serving on " + (*server)->address()).IgnoreError();
+  auto watchdog = mesh::systemd::WatchdogPinger::StartIfEnabled([&server] {
+    (void)(*server)->jobs().stats();  // Each takes its manager's lock.
+    (void)(*server)->coordination().PendingWaits();
+    return true;
+  });
 
   int signal_number = 0;
   sigwait(&shutdown_signals, &signal_number);
   spdlog::info("received {}, shutting down (grace {} s)", strsignal(signal_number),
                shutdown_grace_s);
+  if (watchdog) watchdog->Stop();
+  mesh::systemd::NotifyStopping().IgnoreError();
   (*server)->Shutdown(absl::Seconds(shutdown_grace_s));
   spdlog::info("stopped");
   return 0;

@@ -29,6 +29,10 @@ core_packages=(
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   # Tensor interchange.
   libdlpack-dev
+  # systemd readiness and watchdog (sd_notify).
+  libsystemd-dev
+  # Deployment file checks (scripts/check_deploy.py).
+  python3-yaml
   # Format and lint.
   clang-format clang-tidy
 )
