@@ -22,7 +22,10 @@
 //
 // Timing: `warmup` untimed rounds, then `iterations` rounds; in each, the
 // ranks meet at a barrier before each side, and a side's time is the slowest
-// rank's. Rows report the median over rounds. Each row first checks one
+// rank's. Even rounds run Redistribute first, odd rounds the raw side, so
+// neither side always follows the other. Rows report the median over
+// rounds of each side (ratio: their quotient) and the median of the
+// rounds' own quotients (paired_ratio). Each row first checks one
 // Redistribute's local result against the global tensor ("wrong" counts
 // mismatched elements over all ranks).
 //
@@ -80,6 +83,10 @@ struct RedistributeRow {
   double redistribute_us = 0;       // Median.
   double raw_us = 0;                // Median.
   double ratio = 0;                 // redistribute_us / raw_us.
+  // The median over rounds of that round's Redistribute / raw: the two
+  // sides of a round run back to back, so a load change between rounds
+  // (this machine is shared) moves both.
+  double paired_ratio = 0;
   int64_t wrong = 0;
 };
 

@@ -154,16 +154,65 @@ int64_t StepBytes(absl::Span<const int64_t> global_shape, int64_t element_size,
   }
 }
 
+// Product of the extents of `box` before tensor dim `d`: above 1, blocks cut
+// along d are strided in the box (not one contiguous run).
+int64_t OuterExtent(const Box& box, int d) {
+  int64_t n = 1;
+  for (int t = 0; t < d; ++t) n *= box.shape[static_cast<size_t>(t)];
+  return n;
+}
+
+// Elements the executor copies locally in a step besides what the
+// collective itself moves, for the rank at coordinate 0 (the first chunk is
+// the largest): the pieces it must pack because they are strided where they
+// are, or unpack because they are strided where they go (Gloo's transport
+// sends contiguous ranges only), and the copies of the local steps. Only a
+// tie-break between plans that receive the same bytes in as many steps:
+// e.g. [S(0), S(1)] -> [R, R] gathers the column-sharded mesh dim first,
+// which unpacks a quarter of the tensor instead of half of it.
+int64_t StepCopyElements(absl::Span<const int64_t> global_shape,
+                         absl::Span<const int64_t> mesh_shape, const Placements& before,
+                         const Placements& after, const Placement& from, const Placement& to,
+                         RedistributeOp op) {
+  const std::vector<int64_t> coordinate(mesh_shape.size(), 0);
+  const Box old_box = LayoutOf(global_shape, mesh_shape, before, coordinate);
+  const Box new_box = LayoutOf(global_shape, mesh_shape, after, coordinate);
+  switch (op) {
+    case RedistributeOp::kAllGather:
+      return OuterExtent(new_box, from.dim()) > 1 ? Numel(new_box) - Numel(old_box) : 0;
+    case RedistributeOp::kAllToAll: {
+      const int64_t kept = OverlapNumel(new_box, old_box);
+      int64_t copied = 0;
+      if (OuterExtent(old_box, to.dim()) > 1) copied += Numel(old_box) - kept;
+      if (OuterExtent(new_box, from.dim()) > 1) copied += Numel(new_box) - kept;
+      return copied;
+    }
+    case RedistributeOp::kReduceScatter:
+      return OuterExtent(old_box, to.dim()) > 1 ? Numel(old_box) : 0;
+    case RedistributeOp::kAllReduce:
+      return 0;
+    case RedistributeOp::kLocalSlice:
+      return Numel(new_box);
+    case RedistributeOp::kLocalPartial:
+      return Numel(old_box);
+  }
+  return 0;
+}
+
 int64_t SaturatingAdd(int64_t a, int64_t b) {
   if (a > std::numeric_limits<int64_t>::max() - b) return std::numeric_limits<int64_t>::max();
   return a + b;
 }
 
-// A path in the search, ordered by (bytes, steps, the steps' mesh dims and
-// choices lexicographically). Appending a step keeps that order between two
-// paths to the same state, which is what makes Dijkstra exact here.
+// A path in the search, ordered by (bytes, steps, local copies, the steps'
+// mesh dims and choices lexicographically). Appending a step adds the same
+// amounts to two paths to the same state, so it keeps their order, which is
+// what makes Dijkstra exact here.
 struct Path {
   int64_t bytes = 0;
+  // Elements copied locally (StepCopyElements), summed: the tie-break after
+  // the number of steps.
+  int64_t copies = 0;
   // (mesh dim, 0 = to dst, 1 = to Replicate) per step: the final tie-break,
   // lowest mesh dims first.
   std::vector<std::pair<int, int>> order;
@@ -174,6 +223,7 @@ struct Path {
 bool Before(const Path& a, const Path& b) {
   if (a.bytes != b.bytes) return a.bytes < b.bytes;
   if (a.order.size() != b.order.size()) return a.order.size() < b.order.size();
+  if (a.copies != b.copies) return a.copies < b.copies;
   return a.order < b.order;
 }
 
@@ -288,6 +338,9 @@ absl::StatusOr<RedistributePlan> PlanRedistribute(absl::Span<const int64_t> glob
         step.bytes_per_rank =
             StepBytes(global_shape, element_size, mesh_shape, step.before, step.after, i, step.op);
         next.bytes = SaturatingAdd(path.bytes, step.bytes_per_rank);
+        next.copies = SaturatingAdd(
+            path.copies,
+            StepCopyElements(global_shape, mesh_shape, step.before, step.after, from, to, step.op));
         next.order = path.order;
         next.order.emplace_back(i, choice);
         next.steps = path.steps;

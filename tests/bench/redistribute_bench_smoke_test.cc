@@ -65,6 +65,7 @@ TEST(RedistributeBenchSmoke, TheCommandLineRunsEveryCaseAndWritesJson) {
     EXPECT_GT(row->redistribute_us, 0);
     EXPECT_GT(row->raw_us, 0);
     EXPECT_NEAR(row->ratio, row->redistribute_us / row->raw_us, 1e-9);
+    EXPECT_GT(row->paired_ratio, 0);
     ASSERT_EQ(row->shape.size(), 2u);
     EXPECT_EQ(row->bytes, row->shape[0] * row->shape[1] * 4);
     EXPECT_GT(row->plan_bytes_per_rank, 0);

@@ -511,6 +511,29 @@ TEST(RedistributePlanTest, TiesPreferFewerStepsThenLowerMeshDims) {
             reduce.ToString());
 }
 
+TEST(RedistributePlanTest, TiesThenPreferFewerLocalCopies) {
+  // Both orders receive the same bytes in two all_gathers. Mesh dim 0 first
+  // would leave mesh dim 1's column blocks to unpack into the full [8, 8]
+  // (32 elements); mesh dim 1 first unpacks them into [4, 8] (16), then
+  // mesh dim 0's row blocks land contiguously.
+  const RedistributePlan plan = MustPlan({8, 8}, DType::kFloat32, {2, 2}, {S(0), S(1)}, {R, R});
+  ASSERT_EQ(plan.steps.size(), 2u) << plan.ToString();
+  EXPECT_EQ(plan.steps[0].mesh_dim, 1) << plan.ToString();
+  EXPECT_EQ(plan.steps[1].mesh_dim, 0) << plan.ToString();
+  EXPECT_EQ(plan.bytes_per_rank, (16 + 32) * 4);
+  // Sharding the same way the other way round: [S(1), S(0)] has mesh dim 0
+  // on the columns, so mesh dim 0 goes first.
+  const RedistributePlan swapped = MustPlan({8, 8}, DType::kFloat32, {2, 2}, {S(1), S(0)}, {R, R});
+  ASSERT_EQ(swapped.steps.size(), 2u) << swapped.ToString();
+  EXPECT_EQ(swapped.steps[0].mesh_dim, 0) << swapped.ToString();
+  // Copies only break ties: a cheaper order in bytes still wins (the
+  // example's [S(0), R] -> [R, S(1)] slices first).
+  const RedistributePlan example = MustPlan({8, 6}, DType::kFloat32, {2, 2}, {S(0), R}, {R, S(1)});
+  ASSERT_EQ(example.steps.size(), 2u) << example.ToString();
+  EXPECT_EQ(example.steps[0].op, RedistributeOp::kLocalSlice);
+  EXPECT_EQ(example.bytes_per_rank, 48);
+}
+
 TEST(RedistributePlanTest, Errors) {
   auto expect_invalid = [](const absl::StatusOr<RedistributePlan>& plan,
                            const std::string& substring) {

@@ -32,7 +32,9 @@
 // inside dim i's). The planner searches every order of single-dim steps,
 // including detours through Replicate where nesting requires them, and
 // returns one that receives the fewest bytes per rank in total (ties: fewest
-// steps, then the lowest mesh dims first). Doing the dims one at a time in
+// steps, then the fewest elements the executor must copy locally: pieces
+// packed or unpacked because they are strided, and local steps' copies;
+// then the lowest mesh dims first). Doing the dims one at a time in
 // any valid order is one of the candidates, so the result is never worse.
 //
 // Thread safety: values and pure functions; RedistributePlanCache is
