@@ -1,7 +1,8 @@
 # The README's commands. Everything builds with CMake + Ninja into $(BUILD_DIR).
 #
 #   make demo    install deps, build, run the end-to-end demo
-#   make test    install deps, build, run every test (what CI runs)
+#   make test    install deps, build, run every test but the slow ones (what CI runs)
+#   make test-slow  the tests labelled `slow` (long fault scenarios)
 #   make build   configure and build only
 #   make bench   build and run the benchmarks (never part of `make test`)
 #   make format  clang-format every C++ file in place
@@ -18,7 +19,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 CXX_SOURCES = $(shell git ls-files '*.cc' '*.h' 2>/dev/null)
 
-.PHONY: all deps configure build test demo bench format lint clean
+.PHONY: all deps configure build test test-slow demo bench format lint clean
 
 all: build
 
@@ -35,7 +36,10 @@ build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 test: build
-	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) -LE slow $(CTEST_ARGS)
+
+test-slow: build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) -L slow $(CTEST_ARGS)
 
 demo: build
 	scripts/demo.sh $(BUILD_DIR)

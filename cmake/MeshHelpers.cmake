@@ -32,20 +32,22 @@ function(mesh_apply_sanitizers list)
   message(STATUS "Sanitizers: ${list}")
 endfunction()
 
-# mesh_cc_test(NAME SRCS ... [DEPS ...] [LABELS unit|integration|gpu ...]
+# mesh_cc_test(NAME SRCS ... [DEPS ...] [LABELS unit|integration|gpu|fault|slow ...]
 #              [TIMEOUT seconds])
 #
 # Builds a gtest binary and registers each of its test cases with ctest under
 # the given labels (default: unit). A test that calls GTEST_SKIP() is reported
 # by ctest as skipped, not passed, so GPU tests on a machine without a device
-# show up honestly in the summary.
+# show up honestly in the summary. Label `slow` keeps a test out of
+# `make test` (it runs in `make test-slow`); `fault` marks the reliability
+# suite (docs/failure-semantics.md).
 function(mesh_cc_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
   foreach(label IN LISTS ARG_LABELS)
-    if(NOT label MATCHES "^(unit|integration|gpu|fault)$")
+    if(NOT label MATCHES "^(unit|integration|gpu|fault|slow)$")
       message(FATAL_ERROR "mesh_cc_test(${name}): unknown label '${label}'")
     endif()
   endforeach()
