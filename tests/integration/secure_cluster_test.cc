@@ -246,14 +246,20 @@ class SecureClusterTest : public ::testing::Test {
     coordinator_ = std::make_unique<Subprocess>(*std::move(process));
   }
 
-  // An agent whose stderr (its log) goes to <dir>/agent-<name>.log.
+  // An agent whose stderr (its log) goes to <dir>/agent-<name>.log. It runs
+  // in `dir_` and is given its TLS and token files by relative paths, as an
+  // operator would from /etc/mesh: its workers, which start in their job's
+  // directory, must still find them.
   std::unique_ptr<Subprocess> StartAgent(const std::string& name, const std::string& token_file) {
-    const std::string log = AgentLog(name);
+    auto relative = [&](const std::string& path) {
+      return std::string(absl::StripPrefix(path, dir_ + "/"));
+    };
     auto process = Subprocess::Start({"/bin/sh",
                                       "-c",
-                                      "log=$1; shift; exec \"$@\" 2>>\"$log\"",
+                                      "cd \"$1\" && log=$2 && shift 2 && exec \"$@\" 2>>\"$log\"",
                                       "sh",
-                                      log,
+                                      dir_,
+                                      AgentLog(name),
                                       MESH_AGENT_BIN,
                                       "--coordinator",
                                       address_,
@@ -270,13 +276,13 @@ class SecureClusterTest : public ::testing::Test {
                                       "--grace",
                                       "1",
                                       "--tls-ca",
-                                      pki_.ca_cert,
+                                      relative(pki_.ca_cert),
                                       "--tls-cert",
-                                      pki_.client_cert,
+                                      relative(pki_.client_cert),
                                       "--tls-key",
-                                      pki_.client_key,
+                                      relative(pki_.client_key),
                                       "--token-file",
-                                      token_file});
+                                      relative(token_file)});
     EXPECT_TRUE(process.ok()) << process.status();
     if (!process.ok()) return nullptr;
     return std::make_unique<Subprocess>(*std::move(process));
