@@ -412,11 +412,14 @@ TEST_F(SecureClusterTest, LibmeshJobSucceedsThroughTlsAndWorkerTokensAndIsOwnedB
 
 TEST_F(SecureClusterTest, OnlyTheOwnerAndAnAdminMayCancelOrReadLogs) {
   // The worker prints what kind of token it got (worker tokens are
-  // "mw1_<mac>_<job>"; alice's own must never reach it) and its TLS files.
+  // "mw1_<mac>_<job>"; alice's own must never reach it) and whether it can
+  // read the TLS files its agent passed (from the job's directory).
   const std::string id =
       SubmitAsAlice({"/bin/sh", "-c",
-                     "echo \"token=${MESH_TOKEN%%_*} job=${MESH_TOKEN##*_} ca=${MESH_TLS_CA:+set} "
-                     "cert=${MESH_TLS_CERT:+set}\"; exec sleep 300"});
+                     "ca=missing; [ -r \"$MESH_TLS_CA\" ] && ca=readable; "
+                     "cert=missing; [ -r \"$MESH_TLS_CERT\" ] && cert=readable; "
+                     "echo \"token=${MESH_TOKEN%%_*} job=${MESH_TOKEN##*_} ca=$ca cert=$cert\"; "
+                     "exec sleep 300"});
   ASSERT_FALSE(id.empty());
   ASSERT_TRUE(
       ::mesh::testing::WaitUntil([&] { return JobState(id) == "RUNNING"; }, absl::Seconds(30)))
@@ -435,7 +438,8 @@ TEST_F(SecureClusterTest, OnlyTheOwnerAndAnAdminMayCancelOrReadLogs) {
   EXPECT_THAT(bob_logs.out, Not(HasSubstr("token=")));
 
   // alice reads them: her workers got a worker token for this job, not hers.
-  const std::string expected_line = absl::StrCat("token=mw1 job=", id, " ca=set cert=set");
+  const std::string expected_line =
+      absl::StrCat("token=mw1 job=", id, " ca=readable cert=readable");
   CommandResult alice_logs;
   EXPECT_TRUE(::mesh::testing::WaitUntil(
       [&] {
@@ -523,6 +527,20 @@ TEST_F(SecureClusterTest, CallersWithoutATokenOrAClientCertificateAreRefused) {
   // The authenticated caller passes.
   CommandResult ok = Meshctl(Alice(), {"list"});
   EXPECT_EQ(ok.code, kExitOk) << ok.out << ok.err;
+}
+
+TEST_F(SecureClusterTest, UsersCreateAdHocJobsButNotUnderJobServiceIds) {
+  CommandResult adhoc =
+      Meshctl(Alice(), {"create-job", "--job-id", "alice-scratch", "--world-size", "2"});
+  EXPECT_EQ(adhoc.code, kExitOk) << adhoc.out << adhoc.err;
+  // "job-<n>" is the form of JobService's ids: taking one before it is
+  // handed out would give alice the rendezvous of somebody's future job.
+  CommandResult squat = Meshctl(Alice(), {"create-job", "--job-id", "job-50", "--world-size", "2"});
+  EXPECT_EQ(squat.code, kExitRefused) << squat.out << squat.err;
+  EXPECT_THAT(squat.err, AllOf(HasSubstr("PERMISSION_DENIED"), HasSubstr("job-<number>")));
+  // An admin may.
+  CommandResult admin = Meshctl(Ops(), {"create-job", "--job-id", "job-50", "--world-size", "2"});
+  EXPECT_EQ(admin.code, kExitOk) << admin.out << admin.err;
 }
 
 TEST_F(SecureClusterTest, AnAgentTokenCannotRegisterAnotherNode) {
