@@ -175,6 +175,7 @@ std::vector<std::vector<std::string>> SummaryRows(const Job& job, absl::Time now
   std::vector<std::vector<std::string>> rows = {
       {"ID:", job.id()},
       {"Name:", OrDash(job.spec().name())},
+      {"Owner:", OrDash(job.owner())},
       {"State:", ShowState(job)},
       {"Generation:", absl::StrCat(job.generation(), " (restarts ", job.restarts(), "/",
                                    job.spec().max_restarts(), ")")},

@@ -147,6 +147,7 @@ nlohmann::json JobToJson(const mesh::v1::Job& job, bool detail) {
   nlohmann::json json = {
       {"id", job.id()},
       {"name", spec.name()},
+      {"owner", job.owner()},
       {"state", JobStateName(job.state())},
       {"pending_reason", job.pending_reason()},
       {"generation", job.generation()},

@@ -336,9 +336,17 @@ std::map<std::string, std::string> ClientSecurityEnv(const ClientSecurity& secur
   auto put = [&env](const char* name, const std::string& value) {
     if (!value.empty()) env[name] = value;
   };
-  put(kEnvTlsCa, security.ca_file);
-  put(kEnvTlsCert, security.cert_file);
-  put(kEnvTlsKey, security.key_file);
+  // Not std::filesystem::absolute: it would throw when the working
+  // directory is gone; then the path is passed as it is.
+  auto absolute = [](const std::string& path) -> std::string {
+    if (path.empty() || path[0] == '/') return path;
+    char cwd[PATH_MAX];
+    if (::getcwd(cwd, sizeof(cwd)) == nullptr) return path;
+    return absl::StrCat(cwd, "/", path);
+  };
+  put(kEnvTlsCa, absolute(security.ca_file));
+  put(kEnvTlsCert, absolute(security.cert_file));
+  put(kEnvTlsKey, absolute(security.key_file));
   put(kEnvTlsServerName, security.server_name);
   put(kEnvToken, security.token);
   return env;

@@ -127,7 +127,9 @@ absl::StatusOr<ClientSecurity> ClientSecurityFromEnv();
 
 // The variables that carry `security` to a child process (the inverse of
 // ClientSecurityFromEnv; the token is passed by value as MESH_TOKEN). Empty
-// fields are left out.
+// fields are left out. Relative file paths are made absolute against this
+// process's working directory: the child usually starts in another one (an
+// agent's workers run in their job's directory).
 std::map<std::string, std::string> ClientSecurityEnv(const ClientSecurity& security);
 
 }  // namespace mesh::security

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -16,9 +17,11 @@
 #include <openssl/rand.h>
 #include <yaml-cpp/yaml.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace mesh::coordinator {
 namespace {
@@ -111,6 +114,13 @@ absl::StatusOr<Role> ParseRole(const std::string& role) {
 
 bool IsOwnerOf(const Principal& caller, const std::optional<std::string>& owner) {
   return owner.has_value() && *owner == caller.name;
+}
+
+// "job-<digits>": the ids JobService hands out (JobStore). Such an id without
+// an owner is a job not submitted yet, not an ad-hoc one.
+bool IsJobServiceId(absl::string_view job_id) {
+  if (!absl::ConsumePrefix(&job_id, "job-") || job_id.empty()) return false;
+  return std::all_of(job_id.begin(), job_id.end(), [](char c) { return absl::ascii_isdigit(c); });
 }
 
 }  // namespace
@@ -293,7 +303,18 @@ absl::Status AuthorizeJobData(const Principal& caller, absl::string_view job_id,
       if (caller.name == job_id) return absl::OkStatus();
       break;
     case Role::kUser:
-      if (!owner.has_value() || *owner == caller.name) return absl::OkStatus();
+      if (owner.has_value() ? *owner == caller.name : !IsJobServiceId(job_id)) {
+        return absl::OkStatus();
+      }
+      // A user who created (or joined) "job-<n>" ad hoc before JobService
+      // handed that id out would own the rendezvous of someone else's job:
+      // JobManager reuses a record of the right world size and generation,
+      // KV keys included.
+      if (!owner.has_value()) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            caller.Describe(), " may not use job ", job_id,
+            ": ids job-<number> are JobService's; pick another id for an ad-hoc job"));
+      }
       break;
     case Role::kAgent:
       break;

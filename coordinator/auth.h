@@ -31,9 +31,13 @@
 //   | caller | JobService                           | WorkerService / Admin.CreateJob | NodeService |
 //   |--------|--------------------------------------|---------------------------------|-------------|
 //   | admin  | everything                           | every job                       | every node  |
-//   | user   | submit; read all; cancel+logs own    | own and unowned (ad-hoc) jobs   | no          |
+//   | user   | submit; read all; cancel+logs own    | own and unowned (ad-hoc) jobs*  | no          |
 //   | agent  | no                                   | no                              | its node    |
 //   | worker | no                                   | its own job only                | no          |
+//
+// * An unowned job whose id has JobService's form, job-<number>, is a job not
+//   submitted yet, not an ad-hoc one: users may not create or join it (they
+//   would own the rendezvous, KV included, of someone else's future job).
 //
 // Errors: UNAUTHENTICATED for a missing or unknown token; PERMISSION_DENIED
 // for a known caller acting outside its rights (the message names both the

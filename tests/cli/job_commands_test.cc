@@ -419,6 +419,7 @@ TEST_F(JobCommandsTest, ListWithABadStateIsAUsageError) {
 
 TEST_F(JobCommandsTest, StatusAndDescribeJson) {
   Job job = MakeJob("job-1", mesh::v1::JOB_STATE_FAILED, 1);
+  job.set_owner("alice");
   job.mutable_root_cause()->set_rank(3);
   job.mutable_root_cause()->set_node("node-b");
   job.mutable_root_cause()->set_host("10.0.0.7");
@@ -434,14 +435,16 @@ TEST_F(JobCommandsTest, StatusAndDescribeJson) {
   const Result status = Run({"-o", "json", "status", "job-1"});
   ASSERT_EQ(status.code, kExitOk) << status.err;
   const auto s = nlohmann::json::parse(status.out);
-  for (const char* key : {"id", "name", "state", "pending_reason", "generation", "restarts",
-                          "max_restarts", "nodes", "world_size", "create_time", "update_time",
-                          "labels", "command", "mesh_shape", "mesh_dim_names", "root_cause"}) {
+  for (const char* key :
+       {"id", "name", "owner", "state", "pending_reason", "generation", "restarts", "max_restarts",
+        "nodes", "world_size", "create_time", "update_time", "labels", "command", "mesh_shape",
+        "mesh_dim_names", "root_cause"}) {
     EXPECT_TRUE(s.contains(key)) << key;
   }
   EXPECT_FALSE(s.contains("events"));
   EXPECT_FALSE(s.contains("spec"));
   EXPECT_EQ(s["state"], "FAILED");
+  EXPECT_EQ(s["owner"], "alice");
   EXPECT_EQ(s["create_time"], "2023-11-14T22:13:20.000Z");
   EXPECT_EQ(s["nodes"], nlohmann::json({"node-a", "node-b"}));
   EXPECT_EQ(s["mesh_shape"], nlohmann::json({2, 4}));
@@ -469,9 +472,11 @@ TEST_F(JobCommandsTest, DescribeTableShowsTheRootCauseInOneLine) {
   job.mutable_root_cause()->set_node("node-b");
   job.mutable_root_cause()->set_generation(1);
   job.mutable_root_cause()->set_signal(9);
+  job.set_owner("alice");
   ScriptJob({job});
   const Result r = Run({"describe", "job-1"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("Owner: +alice"));
   EXPECT_THAT(r.out, HasSubstr("rank 3 on node-b killed by signal 9 (SIGKILL) in generation 1"));
   EXPECT_THAT(r.out, HasSubstr("python train.py"));
   EXPECT_THAT(r.out, HasSubstr("Events:"));

@@ -667,6 +667,21 @@ TEST_F(SecurityTest, ClientSecurityEnvRoundTrip) {
   EXPECT_EQ(server->service().last_authorization(), "Bearer round-trip");
 }
 
+// Regression: an agent started with relative --tls-* paths passed them to
+// its workers as they were, and the workers, which start in their job's
+// directory, could not find them.
+TEST_F(SecurityTest, ClientSecurityEnvMakesRelativePathsAbsolute) {
+  ClientSecurity relative;
+  relative.ca_file = "certs/ca.pem";
+  relative.cert_file = "client.pem";
+  relative.key_file = "/etc/mesh/client.key";
+  const std::string cwd = std::filesystem::current_path().string();
+  const std::map<std::string, std::string> env = ClientSecurityEnv(relative);
+  EXPECT_EQ(env.at(kEnvTlsCa), cwd + "/certs/ca.pem");
+  EXPECT_EQ(env.at(kEnvTlsCert), cwd + "/client.pem");
+  EXPECT_EQ(env.at(kEnvTlsKey), "/etc/mesh/client.key");
+}
+
 TEST_F(SecurityTest, TokenFileFromEnv) {
   const std::string path = dir_ + "/token";
   WriteFile(path, "from-file\n");

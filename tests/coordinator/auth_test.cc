@@ -245,6 +245,21 @@ TEST(AuthorizeTest, UsersReachTheirOwnAndAdHocJobs) {
             absl::StatusCode::kPermissionDenied);
 }
 
+// Regression: a user could create (or join) "job-<n>" ad hoc before
+// JobService handed that id out, and JobManager then reused that rendezvous,
+// KV keys included, for the other user's job.
+TEST(AuthorizeTest, UsersMayNotSquatOnJobServiceIds) {
+  const absl::Status denied = AuthorizeJobData(kAlice, "job-7", std::nullopt);
+  EXPECT_EQ(denied.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(denied.message()), HasSubstr("job-<number>"));
+  EXPECT_TRUE(AuthorizeJobData(kAlice, "job-7", "alice").ok()) << "her own submitted job";
+  EXPECT_TRUE(AuthorizeJobData(kAdmin, "job-7", std::nullopt).ok());
+  // Ids that merely look alike stay usable for ad-hoc jobs.
+  for (const char* id : {"job-", "job-a", "job-7x", "my-job-7", "adhoc-7", "job7"}) {
+    EXPECT_TRUE(AuthorizeJobData(kAlice, id, std::nullopt).ok()) << id;
+  }
+}
+
 TEST(AuthorizeTest, OnlyOwnersAndAdminsControlAJob) {
   EXPECT_TRUE(AuthorizeJobControl(kAlice, "job-a", "alice").ok());
   EXPECT_TRUE(AuthorizeJobControl(kAdmin, "job-a", "alice").ok());
