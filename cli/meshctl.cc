@@ -177,8 +177,7 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
   }
   if (jobs.Parsed()) {
     return jobs.Run(
-        {options.coordinator, options.channel, absl::Seconds(options.timeout_s), format}, out,
-        err);
+        {options.coordinator, options.channel, absl::Seconds(options.timeout_s), format}, out, err);
   }
   err << "meshctl: no command given\n";
   return kExitUsage;

@@ -14,8 +14,7 @@ class AdminServiceImpl final : public mesh::v1::AdminService::CallbackService {
   // `info`, `coordination` and `authz` must outlive this service. Any
   // authenticated caller may read the server info; CreateJob is a job-data
   // call (coordinator/auth.h).
-  AdminServiceImpl(const ServerInfo* info, Coordination* coordination,
-                   const CallAuthorizer* authz)
+  AdminServiceImpl(const ServerInfo* info, Coordination* coordination, const CallAuthorizer* authz)
       : info_(info), coordination_(coordination), authz_(authz) {}
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,

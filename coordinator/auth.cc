@@ -40,8 +40,8 @@ std::string Sha256(absl::string_view data) {
 std::string WorkerMac(absl::string_view key, absl::string_view job_id) {
   // Domain-separated so that the key could never sign anything else by
   // accident.
-  const std::string message = absl::StrCat("mesh worker token v1", absl::string_view("\0", 1),
-                                           job_id);
+  const std::string message =
+      absl::StrCat("mesh worker token v1", absl::string_view("\0", 1), job_id);
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
@@ -97,9 +97,8 @@ absl::StatusOr<std::string> LoadOrCreateKey(const std::string& path) {
   content << in.rdbuf();
   std::string key = content.str();
   if (key.size() < kKeyBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " holds ", key.size(),
-                                                   " bytes; a worker-token key needs at least ",
-                                                   kKeyBytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " holds ", key.size(), " bytes; a worker-token key needs at least ", kKeyBytes));
   }
   return key;
 }
@@ -211,7 +210,8 @@ absl::StatusOr<Authenticator::TokenTable> Authenticator::LoadTokens(const std::s
       return absl::InvalidArgumentError(absl::StrCat(where, ": `name` is required"));
     }
     absl::StatusOr<Role> role = ParseRole(entry["role"] ? entry["role"].as<std::string>("") : "");
-    if (!role.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", role.status().message()));
+    if (!role.ok())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", role.status().message()));
     principal.role = *role;
     const bool has_plain = static_cast<bool>(entry["token"]);
     const bool has_hash = static_cast<bool>(entry["token_sha256"]);
@@ -223,12 +223,12 @@ absl::StatusOr<Authenticator::TokenTable> Authenticator::LoadTokens(const std::s
     if (has_plain) {
       const std::string token = entry["token"].as<std::string>("");
       if (token.size() < kMinTokenLength) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": the token is shorter than ", kMinTokenLength, " characters"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": the token is shorter than ", kMinTokenLength, " characters"));
       }
       if (absl::StartsWith(token, kWorkerTokenPrefix)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": tokens starting with \"", kWorkerTokenPrefix, "\" are worker tokens"));
+        return absl::InvalidArgumentError(absl::StrCat(where, ": tokens starting with \"",
+                                                       kWorkerTokenPrefix, "\" are worker tokens"));
       }
       digest = Sha256(token);
     } else {
@@ -311,9 +311,9 @@ absl::Status AuthorizeJobData(const Principal& caller, absl::string_view job_id,
       // JobManager reuses a record of the right world size and generation,
       // KV keys included.
       if (!owner.has_value()) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            caller.Describe(), " may not use job ", job_id,
-            ": ids job-<number> are JobService's; pick another id for an ad-hoc job"));
+        return absl::PermissionDeniedError(
+            absl::StrCat(caller.Describe(), " may not use job ", job_id,
+                         ": ids job-<number> are JobService's; pick another id for an ad-hoc job"));
       }
       break;
     case Role::kAgent:
@@ -333,9 +333,9 @@ absl::Status AuthorizeJobControl(const Principal& caller, absl::string_view job_
                                  const std::optional<std::string>& owner) {
   if (caller.role == Role::kAdmin) return absl::OkStatus();
   if (caller.role == Role::kUser && IsOwnerOf(caller, owner)) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      caller.Describe(), " does not own job ", job_id,
-      owner.has_value() ? absl::StrCat(" (owner: ", *owner, ")") : std::string()));
+  return absl::PermissionDeniedError(
+      absl::StrCat(caller.Describe(), " does not own job ", job_id,
+                   owner.has_value() ? absl::StrCat(" (owner: ", *owner, ")") : std::string()));
 }
 
 absl::Status AuthorizeNode(const Principal& caller, absl::string_view node) {

@@ -28,12 +28,13 @@
 // Authorization is a set of pure functions over a Principal (below), called
 // by the gRPC adapters with the job's owner when the decision needs it:
 //
-//   | caller | JobService                           | WorkerService / Admin.CreateJob | NodeService |
+//   | caller | JobService                           | WorkerService / Admin.CreateJob | NodeService
+//   |
 //   |--------|--------------------------------------|---------------------------------|-------------|
-//   | admin  | everything                           | every job                       | every node  |
-//   | user   | submit; read all; cancel+logs own    | own and unowned (ad-hoc) jobs*  | no          |
-//   | agent  | no                                   | no                              | its node    |
-//   | worker | no                                   | its own job only                | no          |
+//   | admin  | everything                           | every job                       | every node
+//   | | user   | submit; read all; cancel+logs own    | own and unowned (ad-hoc) jobs*  | no | |
+//   agent  | no                                   | no                              | its node    |
+//   | worker | no                                   | its own job only                | no |
 //
 // * An unowned job whose id has JobService's form, job-<number>, is a job not
 //   submitted yet, not an ad-hoc one: users may not create or join it (they

@@ -81,7 +81,8 @@ absl::Status CallAuthorizer::JobControl(const grpc::ServerContextBase& ctx,
   return AuthorizeJobControl(*caller, job_id, owner_of_(job_id));
 }
 
-absl::Status CallAuthorizer::Node(const grpc::ServerContextBase& ctx, absl::string_view node) const {
+absl::Status CallAuthorizer::Node(const grpc::ServerContextBase& ctx,
+                                  absl::string_view node) const {
   if (!enabled()) return absl::OkStatus();
   absl::StatusOr<Principal> caller = Caller(ctx);
   if (!caller.ok()) return caller.status();

@@ -42,8 +42,7 @@ std::string BearerToken(absl::string_view header);
 
 class TokenAuthProcessor final : public grpc::AuthMetadataProcessor {
  public:
-  explicit TokenAuthProcessor(const Authenticator* authenticator)
-      : authenticator_(authenticator) {}
+  explicit TokenAuthProcessor(const Authenticator* authenticator) : authenticator_(authenticator) {}
 
   // Token checks are CPU-only and short: run inline on the call's thread.
   bool IsBlocking() const override { return false; }

@@ -84,8 +84,8 @@
 #include <optional>
 #include <set>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"

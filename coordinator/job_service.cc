@@ -123,7 +123,9 @@ grpc::ServerWriteReactor<LogChunk>* JobServiceImpl::GetLogs(Ctx* ctx,
   reactor->Begin([&](LogSink* sink) -> absl::StatusOr<uint64_t> {
     if (absl::Status denied = authz_->JobControl(*ctx, request->job_id()); !denied.ok()) {
       return denied;
-    } return jobs_->StartLogs(*request, sink); });
+    }
+    return jobs_->StartLogs(*request, sink);
+  });
   return reactor;
 }
 

@@ -90,7 +90,7 @@ struct NewJob {
   std::string state;  // The initial state; must not be empty.
   std::string pending_reason;
   std::string spec;
-  std::string owner;  // The submitting principal's name; empty: none.
+  std::string owner;               // The submitting principal's name; empty: none.
   std::string reason = "created";  // The first event's reason.
 };
 

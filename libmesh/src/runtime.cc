@@ -250,6 +250,12 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const RuntimeOptions& options) 
   if (auto v = Raw(options.tls_server_name, kTlsServerName, env)) {
     config.tls_server_name = v->first;
   }
+  // A token is a secret: never sent over plaintext (docs/security.md).
+  if (!config.auth_token.empty() && config.tls_ca.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe(kAuthToken, token->second), " is set but ", kTlsCa.variable,
+                     " is not: a token is never sent in plaintext; give the coordinator's CA"));
+  }
   // Files are checked here, so a wrong path fails Init with its name rather
   // than as a handshake error at the first RPC.
   if (absl::Status s = security::ValidateClientSecurity(internal::ChannelSecurityOf(config));

@@ -73,11 +73,19 @@ TEST(BuildWorkerEnv, GpuJobGetsItsDevicesAndToken) {
   WorkerAssignment a = TwoByTwoRank3();
   a.gpu_job = true;
   a.gpus = {2, 3};
-  a.auth_token = "s3cret";
+  a.security.token = "s3cret";
+  a.security.ca_file = "/etc/mesh/ca.pem";
+  a.security.cert_file = "/etc/mesh/node.pem";
+  a.security.key_file = "/etc/mesh/node.key";
+  a.security.server_name = "coordinator";
   auto env = BuildWorkerEnv(a, {});
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_THAT(*env, Contains("CUDA_VISIBLE_DEVICES=2,3"));
   EXPECT_THAT(*env, Contains("MESH_TOKEN=s3cret"));
+  EXPECT_THAT(*env, Contains("MESH_TLS_CA=/etc/mesh/ca.pem"));
+  EXPECT_THAT(*env, Contains("MESH_TLS_CERT=/etc/mesh/node.pem"));
+  EXPECT_THAT(*env, Contains("MESH_TLS_KEY=/etc/mesh/node.key"));
+  EXPECT_THAT(*env, Contains("MESH_TLS_SERVER_NAME=coordinator"));
 }
 
 TEST(BuildWorkerEnv, OptionalPartsOmitted) {
@@ -88,6 +96,7 @@ TEST(BuildWorkerEnv, OptionalPartsOmitted) {
   for (const std::string& entry : *env) {
     EXPECT_THAT(entry, Not(HasSubstr("MASTER_"))) << entry;
     EXPECT_THAT(entry, Not(HasSubstr("MESH_TOKEN"))) << entry;
+    EXPECT_THAT(entry, Not(HasSubstr("MESH_TLS_"))) << entry;
     EXPECT_THAT(entry, Not(HasSubstr("MESH_METRICS_PORT"))) << entry;
   }
 }
@@ -182,7 +191,7 @@ TEST(BuildWorkerEnv, InconsistentAssignmentsNameTheField) {
 
 TEST(BuildWorkerEnv, TokenNeverInErrors) {
   WorkerAssignment a = TwoByTwoRank3();
-  a.auth_token = "s3cret";
+  a.security.token = "s3cret";
   a.rank = 9;
   auto env = BuildWorkerEnv(a, {});
   ASSERT_FALSE(env.ok());

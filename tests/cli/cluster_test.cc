@@ -78,10 +78,10 @@ ClusterConfig TwoAgents() {
 }
 
 TEST(ArgvTest, Coordinator) {
-  EXPECT_THAT(
-      CoordinatorArgv(TwoAgents()),
-      ElementsAre("/b/coordinator/mesh-coordinator", "--insecure", "--listen", "127.0.0.1", "--port", "0",
-                  "--port-file", "/tmp/s/coordinator.port", "--state-dir", "/tmp/s/coordinator"));
+  EXPECT_THAT(CoordinatorArgv(TwoAgents()),
+              ElementsAre("/b/coordinator/mesh-coordinator", "--insecure", "--listen", "127.0.0.1",
+                          "--port", "0", "--port-file", "/tmp/s/coordinator.port", "--state-dir",
+                          "/tmp/s/coordinator"));
 }
 
 TEST(ArgvTest, Agent) {
@@ -94,11 +94,11 @@ TEST(ArgvTest, Agent) {
 TEST(ArgvTest, MetricsAddsPortsAndServiceDiscovery) {
   ClusterConfig config = TwoAgents();
   config.metrics = true;
-  EXPECT_THAT(
-      CoordinatorArgv(config),
-      ElementsAre("/b/coordinator/mesh-coordinator", "--insecure", "--listen", "127.0.0.1", "--port", "0",
-                  "--port-file", "/tmp/s/coordinator.port", "--state-dir", "/tmp/s/coordinator",
-                  "--metrics-port", "0", "--sd-file", "/tmp/s/prometheus-targets.json"));
+  EXPECT_THAT(CoordinatorArgv(config),
+              ElementsAre("/b/coordinator/mesh-coordinator", "--insecure", "--listen", "127.0.0.1",
+                          "--port", "0", "--port-file", "/tmp/s/coordinator.port", "--state-dir",
+                          "/tmp/s/coordinator", "--metrics-port", "0", "--sd-file",
+                          "/tmp/s/prometheus-targets.json"));
   EXPECT_THAT(AgentArgv(config, 0, "127.0.0.1:7450"),
               ::testing::IsSupersetOf({"--metrics-port", "0"}));
 }

@@ -122,8 +122,8 @@ class AuthRpcTest : public ::testing::Test {
     ASSERT_TRUE(Workers(kAdminToken)->KvSet(Context().get(), set, &ignored).ok());
   }
 
-  std::string KvValue(const std::string& token, const std::string& job_id,
-                      const std::string& key, grpc::Status* status = nullptr) {
+  std::string KvValue(const std::string& token, const std::string& job_id, const std::string& key,
+                      grpc::Status* status = nullptr) {
     KvGetRequest get;
     get.mutable_context()->set_job_id(job_id);
     get.set_key(key);
@@ -168,16 +168,17 @@ TEST_F(AuthRpcTest, MissingTokenIsUnauthenticatedOnEveryService) {
               HasCode(grpc::StatusCode::UNAUTHENTICATED));
   GetServerInfoRequest info;
   GetServerInfoResponse info_response;
-  EXPECT_THAT(AdminService::NewStub(Channel(""))->GetServerInfo(Context().get(), info,
-                                                                &info_response),
-              HasCode(grpc::StatusCode::UNAUTHENTICATED));
+  EXPECT_THAT(
+      AdminService::NewStub(Channel(""))->GetServerInfo(Context().get(), info, &info_response),
+      HasCode(grpc::StatusCode::UNAUTHENTICATED));
 }
 
 TEST_F(AuthRpcTest, UnknownTokenIsUnauthenticated) {
   Start();
   ListJobsRequest list;
   ListJobsResponse jobs;
-  const grpc::Status status = Jobs("not-a-known-token-at-all")->ListJobs(Context().get(), list, &jobs);
+  const grpc::Status status =
+      Jobs("not-a-known-token-at-all")->ListJobs(Context().get(), list, &jobs);
   EXPECT_THAT(status, HasCode(grpc::StatusCode::UNAUTHENTICATED));
   EXPECT_THAT(status.error_message(), HasSubstr("unknown token"));
 }
@@ -372,8 +373,8 @@ TEST_F(AuthRpcTest, EditedTokenFileTakesEffectWithoutARestart) {
   ListJobsResponse page;
   ASSERT_TRUE(Jobs(kBobToken)->ListJobs(Context().get(), list, &page).ok());
   // Revoke bob (write-then-rename, as a Secret update does).
-  std::ofstream(tokens_ + ".new") << "tokens:\n  - {name: ops, role: admin, token: "
-                                  << kAdminToken << "}\n";
+  std::ofstream(tokens_ + ".new") << "tokens:\n  - {name: ops, role: admin, token: " << kAdminToken
+                                  << "}\n";
   std::filesystem::rename(tokens_ + ".new", tokens_);
   // The ticker re-reads the file about once a second.
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
@@ -396,8 +397,7 @@ TEST(CheckSecurityFlagsTest, PlaintextMustBeAskedForAndTlsMustAuthenticateClient
   CoordinatorSecurity tls;
   tls.tls.cert_file = "c.pem";
   tls.tls.key_file = "k.pem";
-  EXPECT_EQ(CheckSecurityFlags(tls, /*insecure=*/true).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckSecurityFlags(tls, /*insecure=*/true).code(), absl::StatusCode::kInvalidArgument);
   const absl::Status anyone = CheckSecurityFlags(tls, /*insecure=*/false);
   EXPECT_EQ(anyone.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(anyone.message()), HasSubstr("--tls-client-ca"));

@@ -104,8 +104,8 @@ TEST_F(AuthTest, HashedTokensAreAccepted) {
   ASSERT_EQ(hex.size(), 64u) << "sha256sum is part of coreutils";
   std::string upper = hex;
   for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  auto auth = Create(absl::StrCat("tokens:\n  - {name: alice, role: user, token_sha256: ", upper,
-                                  "}\n"));
+  auto auth =
+      Create(absl::StrCat("tokens:\n  - {name: alice, role: user, token_sha256: ", upper, "}\n"));
   ASSERT_TRUE(auth.ok()) << auth.status();
   auto alice = (*auth)->Authenticate(kAliceToken);
   ASSERT_TRUE(alice.ok()) << alice.status();
@@ -204,8 +204,7 @@ TEST_F(AuthTest, ReloadPicksUpEditsAndKeepsTheOldSetOnErrors) {
   - {name: bob, role: user, token: "a-user-token-of-bob-"}
 )");
   ASSERT_TRUE((*auth)->ReloadIfChanged().ok());
-  EXPECT_EQ((*auth)->Authenticate(kAliceToken).status().code(),
-            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*auth)->Authenticate(kAliceToken).status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_TRUE((*auth)->Authenticate("a-user-token-of-bob-").ok());
 
   // A broken edit is reported and changes nothing.
@@ -241,8 +240,7 @@ TEST(AuthorizeTest, UsersReachTheirOwnAndAdHocJobs) {
   EXPECT_EQ(AuthorizeJobData(kAlice, "job-x", "").code(), absl::StatusCode::kPermissionDenied)
       << "a job submitted without authentication is an admin's";
   EXPECT_TRUE(AuthorizeJobData(kAdmin, "job-a", "alice").ok());
-  EXPECT_EQ(AuthorizeJobData(kAgent, "job-a", "alice").code(),
-            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(AuthorizeJobData(kAgent, "job-a", "alice").code(), absl::StatusCode::kPermissionDenied);
 }
 
 // Regression: a user could create (or join) "job-<n>" ad hoc before

@@ -16,11 +16,13 @@
 #include "cli/admin_client.h"
 #include "mesh/v1/admin.grpc.pb.h"
 #include "mesh/v1/worker.grpc.pb.h"
+#include "tests/util/proc.h"
 #include "tests/util/subprocess.h"
 
 namespace mesh {
 namespace {
 
+using ::mesh::testing::ExitCode;
 using ::mesh::testing::Subprocess;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
@@ -39,10 +41,6 @@ std::pair<Subprocess, std::string> StartCoordinator(std::vector<std::string> arg
   EXPECT_TRUE(line.ok()) << line.status();
   EXPECT_THAT(*line, StartsWith(kBanner));
   return {*std::move(process), line->substr(sizeof(kBanner) - 1)};
-}
-
-int ExitCode(int wait_status) {
-  return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status);
 }
 
 int RunMeshctl(const std::vector<std::string>& args) {

@@ -41,6 +41,8 @@
 namespace mesh {
 namespace {
 
+using ::mesh::testing::ExitCode;
+using ::mesh::testing::MakeTempDir;
 using ::mesh::testing::Subprocess;
 using ::mesh::v1::JobState;
 using ::testing::HasSubstr;
@@ -48,17 +50,6 @@ using ::testing::StartsWith;
 
 constexpr absl::Duration kStartTimeout = absl::Seconds(20);
 constexpr char kBanner[] = "mesh-coordinator listening on ";
-
-int ExitCode(int wait_status) {
-  return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status);
-}
-
-std::string MakeTempDir() {
-  char pattern[] = "/tmp/mesh-jobs-test-XXXXXX";
-  const char* dir = mkdtemp(pattern);
-  EXPECT_NE(dir, nullptr);
-  return dir == nullptr ? "/tmp" : dir;
-}
 
 // Waits until `condition` holds, for at most `timeout`.
 template <typename Condition>
@@ -69,7 +60,7 @@ bool Eventually(absl::Duration timeout, Condition condition) {
 class JobsProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = MakeTempDir();
+    dir_ = MakeTempDir("mesh-jobs-test");
     StartCoordinator(/*port=*/0);
     for (int i = 0; i < 2; ++i) StartAgent(i);
     ASSERT_TRUE(Eventually(absl::Seconds(20), [&] { return ReadyNodes() == 2; }))
@@ -84,9 +75,9 @@ class JobsProcessTest : public ::testing::Test {
 
   void StartCoordinator(int port) {
     auto process = Subprocess::Start(
-        {MESH_COORDINATOR_BIN, "--insecure", "--listen", "127.0.0.1", "--port", absl::StrCat(port), "--state-dir",
-         dir_ + "/state", "--node-heartbeat-interval", "0.2", "--node-heartbeat-timeout", "2",
-         "--kill-grace", "1", "--shutdown-grace", "0.5"});
+        {MESH_COORDINATOR_BIN, "--insecure", "--listen", "127.0.0.1", "--port", absl::StrCat(port),
+         "--state-dir", dir_ + "/state", "--node-heartbeat-interval", "0.2",
+         "--node-heartbeat-timeout", "2", "--kill-grace", "1", "--shutdown-grace", "0.5"});
     ASSERT_TRUE(process.ok()) << process.status();
     auto line = process->ReadLine(kStartTimeout);
     ASSERT_TRUE(line.ok()) << line.status();

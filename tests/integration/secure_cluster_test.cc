@@ -40,6 +40,8 @@
 namespace mesh {
 namespace {
 
+using ::mesh::testing::ExitCode;
+using ::mesh::testing::MakeTempDir;
 using ::mesh::testing::Subprocess;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -60,17 +62,6 @@ constexpr char kOpsToken[] = "ops-token-0123456789abcdef";
 constexpr char kAliceToken[] = "alice-token-0123456789abcdef";
 constexpr char kBobToken[] = "bob-token-0123456789abcdef";
 constexpr char kNode1Token[] = "node-1-agent-token-0123456789";
-
-int ExitCode(int wait_status) {
-  return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status);
-}
-
-std::string MakeTempDir() {
-  char pattern[] = "/tmp/mesh-secure-test-XXXXXX";
-  const char* dir = mkdtemp(pattern);
-  EXPECT_NE(dir, nullptr);
-  return dir == nullptr ? "/tmp" : dir;
-}
 
 void WriteFile(const std::string& path, const std::string& content, mode_t mode = 0600) {
   std::ofstream(path, std::ios::trunc) << content;
@@ -140,7 +131,7 @@ class SecureClusterTest : public ::testing::Test {
       GTEST_SKIP() << "the openssl command-line tool is not on PATH; it makes the test PKI";
     }
     ClearMeshEnv();
-    dir_ = MakeTempDir();
+    dir_ = MakeTempDir("mesh-secure-test");
     auto pki = ::mesh::testing::MakeTestPki(dir_ + "/pki");
     ASSERT_TRUE(pki.ok()) << pki.status();
     pki_ = *std::move(pki);
@@ -568,7 +559,7 @@ class CoordinatorSecurityFlagsTest : public ::testing::Test {
       GTEST_SKIP() << "the openssl command-line tool is not on PATH; it makes the test PKI";
     }
     ClearMeshEnv();
-    dir_ = MakeTempDir();
+    dir_ = MakeTempDir("mesh-secure-test");
     auto pki = ::mesh::testing::MakeTestPki(dir_ + "/pki");
     ASSERT_TRUE(pki.ok()) << pki.status();
     pki_ = *std::move(pki);

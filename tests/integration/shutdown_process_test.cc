@@ -42,6 +42,8 @@
 namespace mesh {
 namespace {
 
+using ::mesh::testing::ExitCode;
+using ::mesh::testing::MakeTempDir;
 using ::mesh::testing::Subprocess;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
@@ -55,17 +57,6 @@ constexpr absl::Duration kExitMargin = absl::Seconds(5);
 // The pending calls' own deadlines: far beyond anything a shutdown takes.
 constexpr absl::Duration kWaitDeadline = absl::Seconds(120);
 constexpr char kBanner[] = "mesh-coordinator listening on ";
-
-int ExitCode(int wait_status) {
-  return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status);
-}
-
-std::string MakeTempDir() {
-  char pattern[] = "/tmp/mesh-shutdown-test-XXXXXX";
-  const char* dir = mkdtemp(pattern);
-  EXPECT_NE(dir, nullptr);
-  return dir == nullptr ? "/tmp" : dir;
-}
 
 // {"--insecure"} when `binary --help` lists that flag, else {}: plaintext
 // on loopback needs it once the binaries default to TLS, and is an unknown
@@ -92,7 +83,7 @@ std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seco
 
 class ShutdownProcessTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = MakeTempDir(); }
+  void SetUp() override { dir_ = MakeTempDir("mesh-shutdown-test"); }
 
   void TearDown() override {
     agent_.reset();

@@ -68,7 +68,7 @@ class DTensorExampleTest : public ::testing::Test {
            "MESH_LOCAL_WORLD_SIZE=2", absl::StrCat("MESH_NODE_RANK=", r / 2),
            // Two nodes on this one machine, as two agents would say: the
            // coordinator groups ranks by node name.
-           absl::StrCat("MESH_NODE_NAME=node-", r / 2), "MESH_TOKEN=example-token"});
+           absl::StrCat("MESH_NODE_NAME=node-", r / 2)});
       EXPECT_TRUE(worker.ok()) << worker.status();
       if (!worker.ok()) return {};
       workers.push_back(*std::move(worker));

@@ -257,7 +257,7 @@ TEST_F(RuntimeE2eTest, ExampleWorkersRunFromTheEnvironment) {
          // (the cross-check of the local ranks fails otherwise).
          absl::StrCat("MESH_WORLD_SIZE=", kWorld), absl::StrCat("MESH_LOCAL_RANK=", r % 2),
          "MESH_LOCAL_WORLD_SIZE=2", absl::StrCat("MESH_NODE_RANK=", r / 2),
-         absl::StrCat("MESH_NODE_NAME=node-", r / 2), "MESH_TOKEN=example-token"});
+         absl::StrCat("MESH_NODE_NAME=node-", r / 2)});
     ASSERT_TRUE(worker.ok()) << worker.status();
     workers.push_back(*std::move(worker));
   }

@@ -5,6 +5,7 @@
 #include "mesh/runtime.h"
 
 #include <atomic>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "coordinator/coordinator_server.h"
 #include "libmesh/src/coordinator_client.h"
 #include "mesh/store.h"
+#include "tests/util/test_pki.h"
 
 namespace mesh {
 namespace {
@@ -46,8 +48,7 @@ std::map<std::string, std::string> FullEnv() {
           {"MESH_WORLD_SIZE", "8"},
           {"MESH_LOCAL_RANK", "1"},
           {"MESH_LOCAL_WORLD_SIZE", "4"},
-          {"MESH_NODE_RANK", "1"},
-          {"MESH_TOKEN", "s3cr3t-token"}};
+          {"MESH_NODE_RANK", "1"}};
 }
 
 RuntimeOptions WithEnv(std::map<std::string, std::string> vars) {
@@ -74,7 +75,44 @@ TEST(WorkerConfigTest, ReadsEveryVariable) {
   EXPECT_EQ(config->local_rank, 1);
   EXPECT_EQ(config->local_world_size, 4);
   EXPECT_EQ(config->node_rank, 1);
+  EXPECT_EQ(config->auth_token, "");
+  EXPECT_EQ(config->tls_ca, "");
+}
+
+TEST(WorkerConfigTest, TokenNeedsTheCoordinatorsCa) {
+  auto env = FullEnv();
+  env["MESH_TOKEN"] = "s3cr3t-token";
+  ExpectInvalid(WithEnv(env), "MESH_TLS_CA is not");
+  absl::StatusOr<WorkerConfig> config = ResolveWorkerConfig(WithEnv(env));
+  EXPECT_THAT(std::string(config.status().message()), Not(HasSubstr("s3cr3t"))) << "a secret";
+}
+
+TEST(WorkerConfigTest, TlsFilesAreReadAndChecked) {
+  auto env = FullEnv();
+  env["MESH_TOKEN"] = "s3cr3t-token";
+  env["MESH_TLS_CA"] = "/nonexistent/ca.pem";
+  absl::StatusOr<WorkerConfig> config = ResolveWorkerConfig(WithEnv(env));
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound) << config.status();
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("/nonexistent/ca.pem"));
+
+  if (!::mesh::testing::HaveOpenssl()) GTEST_SKIP() << "no openssl to make a CA";
+  char dir[] = "/tmp/mesh-runtime-tls-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  auto pki = ::mesh::testing::MakeTestPki(std::string(dir) + "/pki");
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  env["MESH_TLS_CA"] = pki->ca_cert;
+  env["MESH_TLS_CERT"] = pki->client_cert;
+  env["MESH_TLS_KEY"] = pki->client_key;
+  env["MESH_TLS_SERVER_NAME"] = "localhost";
+  config = ResolveWorkerConfig(WithEnv(env));
+  ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->auth_token, "s3cr3t-token");
+  EXPECT_EQ(config->tls_ca, pki->ca_cert);
+  EXPECT_EQ(config->tls_cert, pki->client_cert);
+  EXPECT_EQ(config->tls_key, pki->client_key);
+  EXPECT_EQ(config->tls_server_name, "localhost");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(WorkerConfigTest, OptionalVariablesMayBeAbsentOrEmpty) {
@@ -101,7 +139,6 @@ TEST(WorkerConfigTest, OptionsOverrideTheEnvironment) {
   options.local_rank = 0;
   options.local_world_size = 2;
   options.node_rank = 0;
-  options.auth_token = "from-options";
   absl::StatusOr<WorkerConfig> config = ResolveWorkerConfig(options);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->coordinator, "127.0.0.1:9000");
@@ -110,7 +147,6 @@ TEST(WorkerConfigTest, OptionsOverrideTheEnvironment) {
   EXPECT_EQ(config->rank, 0);
   EXPECT_EQ(config->world_size, 2);
   EXPECT_EQ(config->local_world_size, 2);
-  EXPECT_EQ(config->auth_token, "from-options");
 
   // An option that is wrong is reported as the option.
   options.rank = 7;

@@ -211,10 +211,26 @@ absl::StatusOr<std::unique_ptr<MetricsCluster>> MetricsCluster::Start() {
 }
 
 absl::Status MetricsCluster::StartProcesses() {
-  auto coordinator = Subprocess::Start(
-      {MESH_COORDINATOR_BIN, "--insecure", "--listen", "127.0.0.1", "--port", "0", "--state-dir", dir_ + "/state",
-       "--node-heartbeat-interval", "0.2", "--node-heartbeat-timeout", "2", "--kill-grace", "1",
-       "--shutdown-grace", "0.5", "--metrics-port", "0", "--sd-file", sd_file_});
+  auto coordinator = Subprocess::Start({MESH_COORDINATOR_BIN,
+                                        "--insecure",
+                                        "--listen",
+                                        "127.0.0.1",
+                                        "--port",
+                                        "0",
+                                        "--state-dir",
+                                        dir_ + "/state",
+                                        "--node-heartbeat-interval",
+                                        "0.2",
+                                        "--node-heartbeat-timeout",
+                                        "2",
+                                        "--kill-grace",
+                                        "1",
+                                        "--shutdown-grace",
+                                        "0.5",
+                                        "--metrics-port",
+                                        "0",
+                                        "--sd-file",
+                                        sd_file_});
   if (!coordinator.ok()) return coordinator.status();
   auto line = coordinator->ReadLine(kStartTimeout);
   if (!line.ok()) return line.status();

@@ -1,6 +1,12 @@
 #include "tests/util/proc.h"
 
 #include <dirent.h>
+#include <sys/wait.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include <fstream>
 #include <iterator>
@@ -72,6 +78,19 @@ std::vector<pid_t> LiveProcessesWithEnv(const std::vector<std::string>& entries)
     if (all) found.push_back(pid);
   }
   return found;
+}
+
+int ExitCode(int wait_status) {
+  return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status);
+}
+
+std::string MakeTempDir(const std::string& prefix) {
+  std::string pattern = absl::StrCat("/tmp/", prefix, "-XXXXXX");
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    std::fprintf(stderr, "mkdtemp(%s): %s\n", pattern.c_str(), std::strerror(errno));
+    std::abort();
+  }
+  return pattern;
 }
 
 }  // namespace mesh::testing

@@ -24,6 +24,14 @@ std::vector<pid_t> LiveProcessesInGroup(pid_t pgid);
 // unreadable).
 std::vector<pid_t> LiveProcessesWithEnv(const std::vector<std::string>& entries);
 
+// The exit code of a waitpid status, or 128 + the signal that killed it (the
+// shell's convention).
+int ExitCode(int wait_status);
+
+// A fresh directory "/tmp/<prefix>-XXXXXX" (mkdtemp); aborts the test
+// binary when it cannot be made (nothing useful can run without it).
+std::string MakeTempDir(const std::string& prefix);
+
 // Polls `done` every 20 ms until it returns true (then true) or `timeout`
 // has passed (then false, after one last try).
 template <typename F>

@@ -192,20 +192,20 @@ RuntimeBackend NcclBackend(NcclBackendOptions options = {});
 struct RuntimeOptions {
   // Each field overrides its environment variable (see the top of this file);
   // unset fields are read from the environment.
-  std::optional<std::string> coordinator;  // MESH_COORDINATOR
-  std::optional<std::string> job_id;       // MESH_JOB_ID
-  std::optional<int64_t> generation;       // MESH_GENERATION
-  std::optional<int> rank;                 // MESH_RANK
-  std::optional<int> world_size;           // MESH_WORLD_SIZE
-  std::optional<int> local_rank;           // MESH_LOCAL_RANK
-  std::optional<int> local_world_size;     // MESH_LOCAL_WORLD_SIZE
-  std::optional<int> node_rank;            // MESH_NODE_RANK
-  std::optional<std::string> auth_token;   // MESH_TOKEN
-  std::optional<std::string> tls_ca;       // MESH_TLS_CA
-  std::optional<std::string> tls_cert;     // MESH_TLS_CERT
-  std::optional<std::string> tls_key;      // MESH_TLS_KEY
+  std::optional<std::string> coordinator;      // MESH_COORDINATOR
+  std::optional<std::string> job_id;           // MESH_JOB_ID
+  std::optional<int64_t> generation;           // MESH_GENERATION
+  std::optional<int> rank;                     // MESH_RANK
+  std::optional<int> world_size;               // MESH_WORLD_SIZE
+  std::optional<int> local_rank;               // MESH_LOCAL_RANK
+  std::optional<int> local_world_size;         // MESH_LOCAL_WORLD_SIZE
+  std::optional<int> node_rank;                // MESH_NODE_RANK
+  std::optional<std::string> auth_token;       // MESH_TOKEN
+  std::optional<std::string> tls_ca;           // MESH_TLS_CA
+  std::optional<std::string> tls_cert;         // MESH_TLS_CERT
+  std::optional<std::string> tls_key;          // MESH_TLS_KEY
   std::optional<std::string> tls_server_name;  // MESH_TLS_SERVER_NAME
-  std::optional<int> metrics_port;         // MESH_METRICS_PORT
+  std::optional<int> metrics_port;             // MESH_METRICS_PORT
   // Where unset fields come from; null reads nothing (every required field
   // must then be set), which is what tests running ranks as threads want.
   EnvLookup env = ProcessEnv;
