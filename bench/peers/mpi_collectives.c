@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
       if (rank == 0) {
         const double algbw = (double)(count * 4) / slowest / 1e9;
         printf("{\"op\":\"%s\",\"bytes\":%lld,\"count\":%lld,\"time_us\":%.3f,"
-               "\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f,\"wrong\":%lld}\n",
+               "\"algbw_gbps\":%.6g,\"busbw_gbps\":%.6g,\"wrong\":%lld}\n",
                op, (long long)bytes, (long long)count, slowest * 1e6, algbw,
                algbw * s.bus_factor, (long long)all_wrong);
         fflush(stdout);
