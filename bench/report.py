@@ -237,6 +237,12 @@ class Report:
                     if not ran:
                         peer = "skipped"
                         notes.append(pnote)
+                    elif not theirs and any(o == op and "error" in r[0]
+                                            for (o, _), r in peer_map.items()):
+                        # The peer stops an op after its first size fails.
+                        peer = "unsupported"
+                        notes.append(next(r[0]["error"] for (o, _), r in peer_map.items()
+                                          if o == op and "error" in r[0])[:120])
                     elif not theirs:
                         peer = "failed"
                         if errors:

@@ -27,6 +27,7 @@
 #   MESH_BENCH_REDISTRIBUTE_SIZES  default "16M,64M"
 #   MESH_BENCH_PYTHON          the interpreter with torch (default /usr/bin/python3;
 #                              a pyenv `python3` on PATH usually lacks torch)
+#   MESH_BENCH_MPICC           the MPI C compiler (default mpicc)
 #   MESH_BENCH_NO_INSTALL=1    never install peers
 set -euo pipefail
 
@@ -97,8 +98,9 @@ else
 fi
 have_mpi=false
 mpi_bin="$out/mpi_collectives"
-if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
-  if mpicc -O2 -o "$mpi_bin" "$peers/mpi_collectives.c" 2>>"$log"; then
+mpicc=${MESH_BENCH_MPICC:-mpicc}
+if command -v "$mpicc" >/dev/null && command -v mpirun >/dev/null; then
+  if "$mpicc" -O2 -o "$mpi_bin" "$peers/mpi_collectives.c" 2>>"$log"; then
     have_mpi=true
     note openmpi "$(mpirun --version 2>/dev/null | head -1)"
   else
