@@ -374,6 +374,11 @@ def main():
           f"at end {load_end[0]:.2f}.")
     print(f"Peers: torch {machine.get('torch') or '(none)'} ({torch_note}); "
           f"OpenMPI: {mpi_note}; {machine.get('python', '')}.")
+    ceil = rep.suite("ceilings") or {}
+    ping = rep.suites.get("ping") or {}
+    print(f"Ceilings: memcpy {fmt(ceil.get('memcpy_gbps'))} GB/s (one thread), loopback TCP "
+          f"{fmt(ceil.get('loopback_tcp_gbps'))} GB/s (one connection), bare gRPC unary call p50 "
+          f"{fmt(ping.get('baseline_health_check', {}).get('p50_us'))} µs.")
     print("ratio = Mesh / peer: for times and sizes below 1 favours Mesh, for GB/s above 1 does.")
     print()
     print(rep.table())

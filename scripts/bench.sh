@@ -167,6 +167,11 @@ else
   run_mesh waiters waiters --ranks "${MESH_BENCH_WAITERS_RANKS:-10000}"
 fi
 
+# ---- Ceilings: memcpy and loopback TCP bandwidth (bench/peers/ceilings.py) ----------
+if $smoke; then ceiling_args=(--mib 1 --repeat 1); else ceiling_args=(--mib 64 --repeat 5); fi
+"$python_any" "$peers/ceilings.py" "${ceiling_args[@]}" >"$raw/ceilings.json" 2>>"$log.stderr" ||
+  echo '{"error": "ceilings.py failed"}' >"$raw/ceilings.json"
+
 # ---- CPU collectives, 2 ranks: Mesh (TCP, shm) vs torch Gloo and OpenMPI ----------
 ops=all_reduce,all_gather,reduce_scatter,all_to_all
 if $smoke; then
