@@ -1,7 +1,9 @@
 // mesh-bench: Mesh's benchmark driver. Each subcommand prints a table of
 // Mesh's figure, the baseline's figure and their ratio; --json writes the
 // same as JSON. --smoke shrinks every size so tests can keep the harness from
-// rotting without timing anything.
+// rotting without timing anything; `mesh-bench --smoke` alone runs every
+// suite that way. scripts/bench.sh (`make bench`) runs the suites against
+// their peers (bench/peers/) and bench/report.py merges one table.
 #include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -160,7 +162,9 @@ int main(int argc, char** argv) {
   app.fallthrough();
   bool smoke = false;
   std::string json_path;
-  app.add_flag("--smoke", smoke, "Tiny sizes: checks the harness, measures nothing");
+  app.add_flag("--smoke", smoke,
+               "Tiny sizes: checks the harness, measures nothing; alone (no suite named): runs "
+               "every suite");
   app.add_option("--json", json_path, "Also write results as JSON to this file");
   std::string json_dir;
   app.add_option("--json-dir", json_dir,

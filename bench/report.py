@@ -268,7 +268,7 @@ class Report:
             self.add("redistribute", "Redistribute", "failed", None, note=r["error"])
             return
         for row in r.get("rows", []):
-            note = f"plan {row.get('plan')}"
+            note = f"plan {row.get('plan')}; ratio: median of per-round ratios"
             if row.get("wrong"):
                 note += f"; {row['wrong']} WRONG elements"
             self.add("redistribute",
