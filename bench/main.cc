@@ -1,9 +1,13 @@
 // mesh-bench: Mesh's benchmark driver. Each subcommand prints a table of
 // Mesh's figure, the baseline's figure and their ratio; --json writes the
 // same as JSON. --smoke shrinks every size so tests can keep the harness from
-// rotting without timing anything.
+// rotting without timing anything; `mesh-bench --smoke` alone runs every
+// suite that way. scripts/bench.sh (`make bench`) runs the suites against
+// their peers (bench/peers/) and bench/report.py merges one table.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -16,7 +20,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "bench/collectives_bench.h"
+#include "bench/dtensor_pack_bench.h"
 #include "bench/launch_bench.h"
+#include "bench/metrics_bench.h"
 #include "bench/nccl_overhead_bench.h"
 #include "bench/ping_bench.h"
 #include "bench/redistribute_bench.h"
@@ -104,18 +110,65 @@ void PrintWaiters(const mesh::bench::WaitersBenchResult& r) {
   }
 }
 
+// `mesh-bench --smoke` with no subcommand: every suite at smoke sizes, each
+// in a child process of this binary (the suites start servers and workers
+// of their own), with JSON into `json_dir` when given. Returns the number of
+// suites that failed, as the exit status.
+int RunAllSmoke(const std::string& json_dir) {
+  const std::vector<std::vector<std::string>> suites = {
+      {"ping"},         {"rendezvous"},
+      {"waiters"},      {"collectives", "-c"},
+      {"redistribute"}, {"launch", "--no-torchrun"},
+      {"metrics"},      {"nccl-overhead"},
+      {"dtensor-pack"}};
+  int failed = 0;
+  for (const auto& suite : suites) {
+    std::vector<std::string> args = {"/proc/self/exe", suite[0], "--smoke"};
+    args.insert(args.end(), suite.begin() + 1, suite.end());
+    if (!json_dir.empty()) {
+      args.push_back("--json");
+      args.push_back(json_dir + "/" + suite[0] + ".json");
+    }
+    std::printf("## mesh-bench %s --smoke\n", suite[0].c_str());
+    std::fflush(stdout);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+        WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "mesh-bench --smoke: suite %s failed (status %d)\n", suite[0].c_str(),
+                   status);
+      ++failed;
+    }
+  }
+  std::printf("# mesh-bench --smoke: %zu suites, %d failed\n", suites.size(), failed);
+  return failed;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"mesh-bench: Mesh performance harness", "mesh-bench"};
-  app.require_subcommand(1);
+  // None only with --smoke (every suite at smoke sizes); checked below.
+  app.require_subcommand(0, 1);
   // --smoke and --json may also follow the subcommand; subcommands inherit
   // this when they are added, so it comes first.
   app.fallthrough();
   bool smoke = false;
   std::string json_path;
-  app.add_flag("--smoke", smoke, "Tiny sizes: checks the harness, measures nothing");
+  app.add_flag("--smoke", smoke,
+               "Tiny sizes: checks the harness, measures nothing; alone (no suite named): runs "
+               "every suite");
   app.add_option("--json", json_path, "Also write results as JSON to this file");
+  std::string json_dir;
+  app.add_option("--json-dir", json_dir,
+                 "With --smoke and no subcommand: write each suite's JSON into this folder");
   bool deadlock_detection = false;
   app.add_flag("--absl-deadlock-detection", deadlock_detection,
                "Keep Abseil's debug mutex deadlock detection on (see docs/performance.md)");
@@ -315,6 +368,46 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
 
+  mesh::bench::MetricsBenchOptions metrics;
+  CLI::App* metrics_cmd = app.add_subcommand(
+      "metrics",
+      "GET /metrics after N jobs of history vs an exposer with one gauge; Counter::Increment "
+      "vs a raw atomic add");
+  metrics_cmd->add_option("--jobs", metrics.jobs, "Jobs of history before scraping")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  metrics_cmd->add_option("-n,--scrapes", metrics.scrapes, "Measured scrapes of each server")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  metrics_cmd->add_option("-w,--warmup", metrics.warmup, "Unmeasured scrapes of each first")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  metrics_cmd->add_option("--increments", metrics.increments, "Measured increments of each kind")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
+  mesh::bench::DTensorPackOptions pack;
+  CLI::App* pack_cmd = app.add_subcommand(
+      "dtensor-pack",
+      "DTensor local pack/unpack of a Shard(1) block on a CUDA device vs the device's copy "
+      "bandwidth (GPU)");
+  pack_cmd->add_option("--sizes", pack.sizes, "Block sizes, e.g. 1M,16M,64M")
+      ->delimiter(',')
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  pack_cmd->add_option("--width", pack.width, "float32 elements per row of the block")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  pack_cmd->add_option("-n,--iterations", pack.iterations, "Measured calls per size and kind")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  pack_cmd->add_option("-w,--warmup", pack.warmup, "Warm-up calls per size and kind")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  pack_cmd->add_option("--device", pack.device, "CUDA device ordinal")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+
   CLI::App* serve_cmd = app.add_subcommand(
       "serve",
       "Serve a coordinator set up like the in-process one (heartbeat timeout 1 h) for "
@@ -326,6 +419,82 @@ int main(int argc, char** argv) {
   mesh::LogOptions log_options;
   log_options.component = "mesh-bench";
   mesh::InitLogging(log_options);
+
+  if (app.get_subcommands().empty()) {
+    if (!smoke) {
+      std::fprintf(stderr,
+                   "mesh-bench: name a suite (see --help), or --smoke alone to run every suite "
+                   "at smoke sizes\n");
+      return 2;
+    }
+    return RunAllSmoke(json_dir) == 0 ? 0 : 1;
+  }
+
+  if (pack_cmd->parsed()) {
+    if (smoke) {
+      pack.sizes = {64 * 1024};
+      pack.width = 256;
+      pack.iterations = 3;
+      pack.warmup = 1;
+    }
+    auto result = mesh::bench::RunDTensorPackBench(pack);
+    if (!result.ok()) {
+      std::fprintf(stderr, "mesh-bench dtensor-pack: %s\n", result.status().ToString().c_str());
+      return 1;
+    }
+    if (result->skipped) {
+      std::printf("skipped: %s\n", result->skip_reason.c_str());
+      return Finish(mesh::bench::ToJson(*result), json_path);
+    }
+    std::printf(
+        "# mesh-bench dtensor-pack: Shard(1) block of a 2-way split, float32, cuda:%d; p50 per "
+        "call, GB/s = block bytes / time\n",
+        pack.device);
+    std::printf("| %10s | %10s | %10s | %12s | %10s | %12s |\n", "bytes", "copy GB/s", "pack GB/s",
+                "pack / copy", "unpack GB/s", "unpack / copy");
+    std::printf("%s\n", Rule({10, 10, 10, 12, 10, 12}).c_str());
+    for (const auto& row : result->rows) {
+      std::printf("| %10lld | %10.1f | %10.1f | %12.2f | %10.1f | %12.2f |\n",
+                  static_cast<long long>(row.bytes), row.copy_gbps, row.pack_gbps,
+                  row.pack_fraction, row.unpack_gbps, row.unpack_fraction);
+    }
+    return Finish(mesh::bench::ToJson(*result), json_path);
+  }
+
+  if (metrics_cmd->parsed()) {
+    if (smoke) {
+      metrics.jobs = 5;
+      metrics.scrapes = 3;
+      metrics.warmup = 1;
+      metrics.increments = 10000;
+    }
+    auto result = mesh::bench::RunMetricsBench(metrics);
+    if (!result.ok()) {
+      std::fprintf(stderr, "mesh-bench metrics: %s\n", result.status().ToString().c_str());
+      return 1;
+    }
+    const auto& r = *result;
+    std::printf("# mesh-bench metrics: in-process coordinator after %d jobs, load average %.2f\n",
+                r.jobs, r.load_average);
+    std::printf("| %-40s | %12s | %12s | %8s |\n", "measure", "Mesh", "baseline", "ratio");
+    std::printf("%s\n", Rule({40, 12, 12, 8}).c_str());
+    std::printf("| %-40s | %12.1f | %12.1f | %8.2f |\n", "GET /metrics p50 (us)", r.scrape.p50_us,
+                r.baseline_scrape.p50_us, r.scrape_p50_ratio);
+    std::printf("| %-40s | %12.1f | %12.1f | %8.2f |\n", "GET /metrics p99 (us)", r.scrape.p99_us,
+                r.baseline_scrape.p99_us, r.scrape.p99_us / r.baseline_scrape.p99_us);
+    std::printf("| %-40s | %12lld | %12lld | %8.2f |\n", "body bytes (baseline: after 1 job)",
+                static_cast<long long>(r.scrape_bytes), static_cast<long long>(r.one_job_bytes),
+                static_cast<double>(r.scrape_bytes) /
+                    static_cast<double>(std::max<int64_t>(1, r.one_job_bytes)));
+    std::printf("| %-40s | %12.2f | %12.2f | %8.2f |\n", "Counter::Increment (ns; atomic add)",
+                r.increment_ns, r.baseline_increment_ns, r.increment_ratio);
+    std::printf(
+        "# %d metric families; %lld bytes before any job; the baseline exposer's body is %lld "
+        "bytes\n",
+        r.families, static_cast<long long>(r.empty_coordinator_bytes),
+        static_cast<long long>(r.baseline_bytes));
+    return Finish(mesh::bench::ToJson(r), json_path);
+  }
 
   if (nccl_cmd->parsed()) {
     if (smoke) {
@@ -515,15 +684,18 @@ int main(int argc, char** argv) {
     }
     std::printf("# mesh-bench ping: %d calls per method against %s\n",
                 result->get_server_info.count, result->coordinator.c_str());
-    std::printf("| %-28s | %10s | %10s |\n", "call", "p50 (us)", "p99 (us)");
-    std::printf("|%s|%s|%s|\n", std::string(30, '-').c_str(), std::string(12, '-').c_str(),
-                std::string(12, '-').c_str());
-    std::printf("| %-28s | %10.1f | %10.1f |\n", "AdminService.GetServerInfo",
-                result->get_server_info.p50_us, result->get_server_info.p99_us);
-    std::printf("| %-28s | %10.1f | %10.1f |\n", "baseline: grpc.health Check",
-                result->health_check.p50_us, result->health_check.p99_us);
-    std::printf("| %-28s | %10.2f | %10.2f |\n", "ratio (Mesh / baseline)", result->p50_ratio,
-                result->p99_ratio);
+    std::printf("| %-28s | %10s | %10s | %10s | %10s |\n", "call", "p50 (us)", "p99 (us)",
+                "p50 ratio", "p99 ratio");
+    std::printf("%s\n", Rule({28, 10, 10, 10, 10}).c_str());
+    const auto row = [](const char* name, const mesh::bench::LatencyStats& s,
+                        const mesh::bench::LatencyStats& floor) {
+      std::printf("| %-28s | %10.1f | %10.1f | %10.2f | %10.2f |\n", name, s.p50_us, s.p99_us,
+                  s.p50_us / floor.p50_us, s.p99_us / floor.p99_us);
+    };
+    row("baseline: grpc.health Check", result->health_check, result->health_check);
+    row("AdminService.GetServerInfo", result->get_server_info, result->health_check);
+    row("WorkerService.KvGet", result->kv_get, result->health_check);
+    row("WorkerService.Heartbeat", result->heartbeat, result->health_check);
     return Finish(mesh::bench::ToJson(*result), json_path);
   }
 

@@ -1,47 +1,224 @@
 #!/usr/bin/env bash
-# `make bench`: runs every mesh-bench suite and writes bench/results/latest.json.
-# Knobs: MESH_BENCH_RENDEZVOUS_RANKS (default "1024 4096 16384"),
-#        MESH_BENCH_WAITERS_RANKS (default 10000).
-# Each suite prints Mesh's figure, its baseline's and the ratio; absolute times
-# on a shared machine drift, ratios measured in the same run do not.
+# `make bench`: every mesh-bench suite against its peer, then one report.
+#
+#   scripts/bench.sh [--smoke] [BUILD_DIR]
+#
+# Writes each run's JSON under $OUT/raw/, merges them with bench/report.py
+# into $OUT/latest.json and prints ONE Markdown table (suite, row, Mesh,
+# peer, ratio, note) on stdout; the suites' own tables go to $OUT/bench.log.
+# See docs/performance.md for what each row measures.
+#
+# Peers (bench/peers/): torch.distributed TCPStore and Gloo (python3-torch),
+# OpenMPI (openmpi-bin, libopenmpi-dev; mpi_collectives.c is built here with
+# mpicc). Missing ones are installed with `scripts/install-deps.sh --bench`;
+# when that is not possible their rows say "skipped" and why.
+#
+# --smoke: tiny sizes, one pass, nothing installed; checks the pipeline only
+# (tests/bench/bench_report_smoke_test runs it). Never timed in `make test`.
+#
+# Knobs (environment):
+#   MESH_BENCH_OUT             results folder (default bench/results)
+#   MESH_BENCH_PASSES          alternating Mesh/peer passes per suite (default 3)
+#   MESH_BENCH_RENDEZVOUS_RANKS  default "256 1024 4096 16384"; 65536 exists
+#                              but takes minutes on 2 cores: add it here
+#   MESH_BENCH_PEER_MAX_RANKS  largest N the TCPStore peer runs (default 4096)
+#   MESH_BENCH_PEER_TIMEOUT    seconds before a peer run counts as timed out (300)
+#   MESH_BENCH_WAITERS_RANKS   default 10000
+#   MESH_BENCH_REDISTRIBUTE_SIZES  default "16M,64M"
+#   MESH_BENCH_PYTHON          the interpreter with torch (default /usr/bin/python3;
+#                              a pyenv `python3` on PATH usually lacks torch)
+#   MESH_BENCH_MPICC           the MPI C compiler (default mpicc)
+#   MESH_BENCH_NO_INSTALL=1    never install peers
 set -euo pipefail
+
+smoke=false
+if [[ "${1:-}" == "--smoke" ]]; then smoke=true; shift; fi
 build_dir=${1:-build}
+repo=$(cd "$(dirname "$0")/.." && pwd)
 bench="$build_dir/bench/mesh-bench"
 [[ -x "$bench" ]] || { echo "bench: $bench is missing; run 'make build' first" >&2; exit 1; }
-out_dir="$(dirname "$0")/../bench/results"
-mkdir -p "$out_dir"
+bench=$(cd "$(dirname "$bench")" && pwd)/mesh-bench
+out=${MESH_BENCH_OUT:-$repo/bench/results}
+raw="$out/raw"
+mkdir -p "$out"
+# Figures from an earlier run must never be merged into this one's report.
+rm -rf "$raw"
+mkdir -p "$raw"
+log="$out/bench.log"
+: >"$log"
+python=${MESH_BENCH_PYTHON:-/usr/bin/python3}
+peers="$repo/bench/peers"
+peer_timeout=${MESH_BENCH_PEER_TIMEOUT:-300}
 
-echo "# Machine: $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)"
-"$bench" --json "$out_dir/ping.json" ping
+if $smoke; then
+  passes=1
+  rendezvous_ranks="64"
+  peer_max_ranks=64
+  smoke_flag=(--smoke)
+else
+  passes=${MESH_BENCH_PASSES:-3}
+  rendezvous_ranks=${MESH_BENCH_RENDEZVOUS_RANKS:-256 1024 4096 16384}
+  peer_max_ranks=${MESH_BENCH_PEER_MAX_RANKS:-4096}
+  smoke_flag=()
+fi
 
-# Rendezvous of N simulated ranks (docs/performance.md). 65536 ranks take
-# minutes here; add it with MESH_BENCH_RENDEZVOUS_RANKS="1024 4096 16384 65536".
-# Sizes from an earlier run must not be merged into this one's latest.json.
-rm -f "$out_dir"/rendezvous_*.json
-for ranks in ${MESH_BENCH_RENDEZVOUS_RANKS:-1024 4096 16384}; do
-  rounds=(--repeat 3 --warmup 1)
-  if (( ranks > 16384 )); then rounds=(--repeat 1 --warmup 0); fi
-  "$bench" --json "$out_dir/rendezvous_$ranks.json" rendezvous --ranks "$ranks" "${rounds[@]}"
-done
-"$bench" --json "$out_dir/waiters.json" waiters --ranks "${MESH_BENCH_WAITERS_RANKS:-10000}"
+say() { echo "bench: $*" >&2; }
+# Runs a suite, its own table to the log. A failure is recorded, not fatal:
+# the report shows the row as failed rather than losing the others.
+run_mesh() {  # run_mesh NAME ARGS...
+  local name=$1
+  shift
+  say "mesh-bench $*"
+  echo "## mesh-bench $*" >>"$log"
+  if ! "$bench" "$@" --json "$raw/$name.json" "${smoke_flag[@]}" >>"$log" 2>>"$log.stderr"; then
+    say "mesh-bench $1 failed (see $log.stderr)"
+    printf '{"error": "mesh-bench %s failed, exit status nonzero; see bench.log.stderr"}\n' "$1" \
+      >"$raw/$name.json"
+  fi
+}
+# Writes a note file the report turns into "skipped" rows.
+note() {  # note PEER TEXT
+  printf '{"peer": "%s", "note": %s}\n' "$1" "$("$python_any" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$2")" \
+    >"$raw/peer_$1.json"
+}
+python_any=$(command -v python3 || echo "$python")
 
-# CPU collectives, 2 local processes, TCP and shared memory (docs/collectives.md).
-"$bench" --json "$out_dir/collectives_tcp.json" collectives --nproc 2 -b 64K -e 64M -f 4 -c
-"$bench" --json "$out_dir/collectives_shm.json" collectives --nproc 2 -b 64K -e 64M -f 4 -c --shm
-# DTensor Redistribute vs the raw collectives of its plan, 16 and 64 MiB,
-# worlds of 2 and 4 processes plus a (2, 2) mesh (docs/sharding.md).
-"$bench" --json "$out_dir/redistribute.json" redistribute --nproc 2,4 --sizes 16M,64M
-# Launch: SubmitJob reply -> 8 ranks joined, real coordinator + agent as
-# processes, vs torchrun (skipped without python3-torch) (docs/performance.md).
-"$bench" --json "$out_dir/launch.json" launch --nproc 8 --rounds 5
-# GPU section: prints "skipped" and exits 0 without a CUDA device.
-"$bench" --json "$out_dir/nccl_overhead.json" nccl-overhead
+# ---- Peers: install when missing, then see which are usable -------------------
+if ! $smoke && [[ "${MESH_BENCH_NO_INSTALL:-0}" != 1 ]]; then
+  if ! "$repo/scripts/install-deps.sh" --bench >>"$log" 2>&1; then
+    say "installing the peers failed (see $log); their rows will be skipped"
+  fi
+fi
+have_torch=false
+if "$python" -c 'import torch, torch.distributed' 2>/dev/null; then
+  have_torch=true
+  note torch "torch $("$python" -c 'import torch; print(torch.__version__)')"
+else
+  note torch "skipped: $python cannot import torch (python3-torch not installed or not installable here)"
+fi
+have_mpi=false
+mpi_bin="$out/mpi_collectives"
+mpicc=${MESH_BENCH_MPICC:-mpicc}
+if command -v "$mpicc" >/dev/null && command -v mpirun >/dev/null; then
+  if "$mpicc" -O2 -o "$mpi_bin" "$peers/mpi_collectives.c" 2>>"$log"; then
+    have_mpi=true
+    note openmpi "$(mpirun --version 2>/dev/null | head -1)"
+  else
+    note openmpi "skipped: mpicc could not build bench/peers/mpi_collectives.c (see bench.log)"
+  fi
+else
+  note openmpi "skipped: no mpicc/mpirun (openmpi-bin, libopenmpi-dev not installed or not installable here)"
+fi
+mpirun_args=(-np 2 --oversubscribe --bind-to none)
+[[ $(id -u) -eq 0 ]] && mpirun_args+=(--allow-run-as-root)
 
-# Merge the per-suite files into one document.
-python3 - "$out_dir" <<'PY'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-suites = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.stem != "latest"}
-(out / "latest.json").write_text(json.dumps(suites, indent=2) + "\n")
-print(f"\nwrote {out / 'latest.json'} ({', '.join(suites)})")
+# Machine and versions, for the report's header.
+"$python_any" - "$raw/machine.json" "$python" <<'PY'
+import json, os, platform, subprocess, sys
+def cmd(*a):
+    try:
+        return subprocess.run(a, capture_output=True, text=True, timeout=60).stdout.strip()
+    except Exception:
+        return ""
+model = ""
+for line in open("/proc/cpuinfo"):
+    if line.startswith("model name"):
+        model = line.split(":", 1)[1].strip()
+        break
+info = {"cores": os.cpu_count(), "cpu": model, "kernel": platform.release(),
+        "load_average_start": os.getloadavg(),
+        "python": cmd(sys.argv[2], "--version"),
+        "torch": cmd(sys.argv[2], "-c", "import torch; print(torch.__version__)"),
+        "openmpi": (cmd("mpirun", "--version").splitlines() or [""])[0],
+        "gpu": (cmd("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader").splitlines() or [""])[0]}
+json.dump(info, open(sys.argv[1], "w"), indent=1)
 PY
+
+# ---- Coordinator RPC latency (its own floor: grpc.health Check) -----------------
+run_mesh ping ping
+
+# ---- Rendezvous: Mesh vs TCPStore, alternating passes --------------------------
+for ranks in $rendezvous_ranks; do
+  for ((pass = 1; pass <= passes; pass++)); do
+    rounds=(--repeat 1 --warmup 1)
+    if ((ranks > 16384)); then rounds=(--repeat 1 --warmup 0); fi
+    $smoke && rounds=()
+    run_mesh "rendezvous_${ranks}_$pass" rendezvous --ranks "$ranks" "${rounds[@]}"
+    if $have_torch && ((ranks <= peer_max_ranks)); then
+      say "tcpstore_rendezvous.py --ranks $ranks (pass $pass)"
+      # A failure or a timeout is the peer's result at this N, not a lost row.
+      rc=0
+      timeout -k 10 "$peer_timeout" "$python" "$peers/tcpstore_rendezvous.py" --ranks "$ranks" \
+        --repeat 1 --warmup 1 --timeout "$peer_timeout" >"$raw/tcpstore_${ranks}_$pass.json" \
+        2>>"$log.stderr" || rc=$?
+      if ((rc == 124 || rc == 137)); then
+        printf '{"ranks": %d, "error": "timed out after %d s"}\n' "$ranks" "$peer_timeout" \
+          >"$raw/tcpstore_${ranks}_$pass.json"
+      elif [[ ! -s "$raw/tcpstore_${ranks}_$pass.json" ]]; then
+        printf '{"ranks": %d, "error": "exited with status %d and no result"}\n' "$ranks" "$rc" \
+          >"$raw/tcpstore_${ranks}_$pass.json"
+      fi
+    fi
+  done
+done
+if $smoke; then
+  run_mesh waiters waiters
+else
+  run_mesh waiters waiters --ranks "${MESH_BENCH_WAITERS_RANKS:-10000}"
+fi
+
+# ---- Ceilings: memcpy and loopback TCP bandwidth (bench/peers/ceilings.py) ----------
+if $smoke; then ceiling_args=(--mib 1 --repeat 1); else ceiling_args=(--mib 64 --repeat 5); fi
+"$python_any" "$peers/ceilings.py" "${ceiling_args[@]}" >"$raw/ceilings.json" 2>>"$log.stderr" ||
+  echo '{"error": "ceilings.py failed"}' >"$raw/ceilings.json"
+
+# ---- CPU collectives, 2 ranks: Mesh (TCP, shm) vs torch Gloo and OpenMPI ----------
+ops=all_reduce,all_gather,reduce_scatter,all_to_all
+if $smoke; then
+  sizes=(-b 1K -e 4K -f 4 -n 2 -w 1)  # What `collectives --smoke` runs.
+else
+  sizes=(-b 64K -e 64M -f 4 -n 20 -w 5)
+fi
+for ((pass = 1; pass <= passes; pass++)); do
+  if $smoke; then
+    run_mesh "collectives_tcp_$pass" collectives --nproc 2 --ops "$ops" -c
+    run_mesh "collectives_shm_$pass" collectives --nproc 2 --ops "$ops" -c --shm
+  else
+    run_mesh "collectives_tcp_$pass" collectives --nproc 2 --ops "$ops" "${sizes[@]}" -c
+    run_mesh "collectives_shm_$pass" collectives --nproc 2 --ops "$ops" "${sizes[@]}" -c --shm
+  fi
+  if $have_torch; then
+    say "torch_gloo_collectives.py (pass $pass)"
+    timeout -k 10 "$peer_timeout" "$python" "$peers/torch_gloo_collectives.py" --nproc 2 \
+      --ops "$ops" "${sizes[@]}" --timeout "$peer_timeout" >"$raw/gloo_$pass.jsonl" \
+      2>>"$log.stderr" || echo "{\"error\": \"torch_gloo_collectives.py exited with status $?\"}" \
+      >>"$raw/gloo_$pass.jsonl"
+  fi
+  if $have_mpi; then
+    say "mpirun mpi_collectives (pass $pass)"
+    timeout -k 10 "$peer_timeout" mpirun "${mpirun_args[@]}" "$mpi_bin" -o "$ops" "${sizes[@]}" \
+      >"$raw/mpi_$pass.jsonl" 2>>"$log.stderr" ||
+      echo "{\"error\": \"mpi_collectives exited with status $?\"}" >>"$raw/mpi_$pass.jsonl"
+  fi
+done
+
+# ---- Redistribute vs its raw collectives; launch vs torchrun -------------------------
+if $smoke; then
+  run_mesh redistribute redistribute --nproc 2
+  run_mesh launch launch --no-torchrun
+else
+  run_mesh redistribute redistribute --nproc 2,4 --sizes "${MESH_BENCH_REDISTRIBUTE_SIZES:-16M,64M}"
+  # torchrun from the interpreter that has torch (Debian's /usr/bin).
+  PATH="$(dirname "$python"):$PATH" run_mesh launch launch --nproc 8 --rounds 5
+fi
+
+# ---- Metrics ----------------------------------------------------------------------
+run_mesh metrics metrics
+
+# ---- GPU section: each reports "skipped" without a CUDA device -----------------------
+run_mesh nccl_overhead nccl-overhead
+run_mesh dtensor_pack dtensor-pack
+
+say "suites' own tables: $log"
+"$python_any" "$repo/bench/report.py" "$raw" --out "$out/latest.json" \
+  --date "$(date +%F)" ${MESH_BENCH_REPORT_ARGS:-}

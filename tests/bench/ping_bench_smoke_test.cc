@@ -5,7 +5,7 @@
 namespace mesh::bench {
 namespace {
 
-TEST(PingBenchSmoke, MeasuresBothMethodsAgainstAnInProcessCoordinator) {
+TEST(PingBenchSmoke, MeasuresEveryMethodAgainstAnInProcessCoordinator) {
   PingBenchOptions options;
   options.iterations = 25;
   options.warmup = 2;
@@ -14,11 +14,18 @@ TEST(PingBenchSmoke, MeasuresBothMethodsAgainstAnInProcessCoordinator) {
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->get_server_info.count, 25);
   EXPECT_EQ(result->health_check.count, 25);
+  // KvGet and Heartbeat ran as a joined rank (KvGet checks the value).
+  EXPECT_EQ(result->kv_get.count, 25);
+  EXPECT_EQ(result->heartbeat.count, 25);
+  EXPECT_GT(result->kv_get_p50_ratio, 0);
+  EXPECT_GT(result->heartbeat_p99_ratio, 0);
   EXPECT_GT(result->health_check.p50_us, 0);
   EXPECT_GT(result->p50_ratio, 0);
   const nlohmann::json json = ToJson(*result);
   EXPECT_EQ(json["benchmark"], "ping");
   EXPECT_EQ(json["get_server_info"]["count"], 25);
+  EXPECT_EQ(json["kv_get"]["count"], 25);
+  EXPECT_EQ(json["heartbeat"]["count"], 25);
 }
 
 TEST(PingBenchSmoke, RejectsBadOptionsAndUnreachableCoordinators) {
