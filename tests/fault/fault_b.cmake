@@ -1,0 +1,17 @@
+# fault-b scenarios of issue 10 (4-8 and 11): agent stall, CPU load,
+# partition and latency in network namespaces, grandchildren of a killed
+# agent, and 20k idle waiters. Included from tests/fault/CMakeLists.txt.
+
+# The harness: real coordinator and agents, network namespaces, CPU burner.
+add_library(mesh_fault_b_harness STATIC fault_b_cluster.cc)
+mesh_target_defaults(mesh_fault_b_harness)
+target_link_libraries(mesh_fault_b_harness PUBLIC mesh_test_util mesh_protos gRPC::grpc++
+                                                  GTest::gtest)
+target_compile_definitions(mesh_fault_b_harness PRIVATE
+  MESH_COORDINATOR_BIN="$<TARGET_FILE:mesh-coordinator>"
+  MESH_AGENT_BIN="$<TARGET_FILE:mesh-agent>")
+add_dependencies(mesh_fault_b_harness mesh-coordinator mesh-agent)
+
+# Scenario 4: SIGSTOP of an agent past the node heartbeat timeout, SIGCONT.
+mesh_cc_test(fault_b_stall_test SRCS fault_b_stall_test.cc
+             DEPS mesh_fault_b_harness LABELS fault TIMEOUT 180)
