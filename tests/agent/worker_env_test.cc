@@ -73,7 +73,7 @@ TEST(BuildWorkerEnv, GpuJobGetsItsDevicesAndToken) {
   WorkerAssignment a = TwoByTwoRank3();
   a.gpu_job = true;
   a.gpus = {2, 3};
-  a.auth_token = "s3cret";
+  a.security.token = "s3cret";
   auto env = BuildWorkerEnv(a, {});
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_THAT(*env, Contains("CUDA_VISIBLE_DEVICES=2,3"));
@@ -90,6 +90,21 @@ TEST(BuildWorkerEnv, OptionalPartsOmitted) {
     EXPECT_THAT(entry, Not(HasSubstr("MESH_TOKEN"))) << entry;
     EXPECT_THAT(entry, Not(HasSubstr("MESH_METRICS_PORT"))) << entry;
   }
+}
+
+TEST(BuildWorkerEnv, AgentInstanceMarkerIsGivenWhenSet) {
+  WorkerAssignment a = TwoByTwoRank3();
+  auto env = BuildWorkerEnv(a, {{"MESH_AGENT_INSTANCE", "inherited"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_THAT(*env, Not(Contains(HasSubstr("MESH_AGENT_INSTANCE="))));
+  a.agent_instance = "node-a.42.00ff";
+  env = BuildWorkerEnv(a, {{"MESH_AGENT_INSTANCE", "inherited"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  // The agent's own marker wins over one it inherited (a nested agent).
+  EXPECT_THAT(*env, Contains("MESH_AGENT_INSTANCE=node-a.42.00ff"));
+  EXPECT_THAT(*env, Not(Contains("MESH_AGENT_INSTANCE=inherited")));
+  a.user_env = {{"MESH_AGENT_INSTANCE", "x"}};
+  EXPECT_FALSE(BuildWorkerEnv(a, {}).ok());
 }
 
 TEST(BuildWorkerEnv, MetricsPortIsGivenWhenSet) {
@@ -182,7 +197,7 @@ TEST(BuildWorkerEnv, InconsistentAssignmentsNameTheField) {
 
 TEST(BuildWorkerEnv, TokenNeverInErrors) {
   WorkerAssignment a = TwoByTwoRank3();
-  a.auth_token = "s3cret";
+  a.security.token = "s3cret";
   a.rank = 9;
   auto env = BuildWorkerEnv(a, {});
   ASSERT_FALSE(env.ok());

@@ -15,3 +15,8 @@ add_dependencies(mesh_fault_b_harness mesh-coordinator mesh-agent)
 # Scenario 4: SIGSTOP of an agent past the node heartbeat timeout, SIGCONT.
 mesh_cc_test(fault_b_stall_test SRCS fault_b_stall_test.cc
              DEPS mesh_fault_b_harness LABELS fault TIMEOUT 180)
+
+# Scenario 8: a shell script's grandchildren (setsid ones too) when the
+# agent is killed with SIGKILL, and on cancel.
+mesh_cc_test(fault_b_grandchildren_test SRCS fault_b_grandchildren_test.cc
+             DEPS mesh_fault_b_harness LABELS fault TIMEOUT 120)
