@@ -20,3 +20,17 @@ mesh_cc_test(fault_b_stall_test SRCS fault_b_stall_test.cc
 # agent is killed with SIGKILL, and on cancel.
 mesh_cc_test(fault_b_grandchildren_test SRCS fault_b_grandchildren_test.cc
              DEPS mesh_fault_b_harness LABELS fault TIMEOUT 120)
+
+# The libmesh worker of the network tests: join, barrier, Gloo all_reduce.
+add_executable(fault_b_worker fault_b_worker.cc)
+mesh_target_defaults(fault_b_worker)
+target_link_libraries(fault_b_worker PRIVATE mesh::mesh)
+
+# Scenarios 6 and 7: partition and 200±50 ms latency on a veth between
+# network namespaces (skipped without root / CAP_NET_ADMIN / `ip`; 7 also
+# without sch_netem).
+mesh_cc_test(fault_b_network_test SRCS fault_b_network_test.cc
+             DEPS mesh_fault_b_harness LABELS fault TIMEOUT 300)
+target_compile_definitions(fault_b_network_test PRIVATE
+  FAULT_B_WORKER_BIN="$<TARGET_FILE:fault_b_worker>")
+add_dependencies(fault_b_network_test fault_b_worker)
