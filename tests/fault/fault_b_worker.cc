@@ -3,6 +3,10 @@
 // over Gloo and checks the sum, then leaves. Exits 0 on success, 1 on any
 // error (reported on stderr and to the coordinator).
 //
+// With FAULT_B_HOLD_SECONDS=<s>, it then stays up that long, running a
+// barrier and an all_reduce every 200 ms and checking the runtime's health
+// (heartbeats, the job watch) each time, so a false failure shows.
+//
 // Gloo binds the address this host uses to reach the coordinator (found
 // with a connected UDP socket), so a rank inside a network namespace
 // advertises its veth address and not 127.0.0.1.
@@ -21,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "mesh/mesh.h"
 
@@ -95,6 +100,23 @@ int main() {
     return 1;
   }
   absl::Status status = Exercise(**runtime);
+  double hold_seconds = 0;
+  if (const char* hold = std::getenv("FAULT_B_HOLD_SECONDS");
+      hold != nullptr && !absl::SimpleAtod(hold, &hold_seconds)) {
+    status = absl::InvalidArgumentError(absl::StrCat("FAULT_B_HOLD_SECONDS=", hold));
+  }
+  const absl::Time end = absl::Now() + absl::Seconds(hold_seconds);
+  int rounds = 0;
+  while (status.ok() && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(200));
+    status = (*runtime)->health();
+    if (status.ok()) status = Exercise(**runtime);
+    ++rounds;
+  }
+  if (status.ok() && hold_seconds > 0) {
+    std::printf("rank %d: held %.1f s, %d rounds, healthy\n", (*runtime)->rank(), hold_seconds,
+                rounds);
+  }
   if (!status.ok()) {
     std::fprintf(stderr, "fault_b_worker rank %d: %s\n", (*runtime)->rank(),
                  status.ToString().c_str());
