@@ -42,3 +42,9 @@ mesh_cc_test(fault_b_cpu_load_test SRCS fault_b_cpu_load_test.cc
 target_compile_definitions(fault_b_cpu_load_test PRIVATE
   FAULT_B_WORKER_BIN="$<TARGET_FILE:fault_b_worker>")
 add_dependencies(fault_b_cpu_load_test fault_b_worker)
+
+# Scenario 11: 10,000 idle WatchJob streams and 10,000 blocked KvGets
+# against one coordinator process: memory per pending call and heartbeat
+# latency under that load.
+mesh_cc_test(fault_b_overload_test SRCS fault_b_overload_test.cc
+             DEPS mesh_fault_b_harness LABELS fault slow TIMEOUT 600)

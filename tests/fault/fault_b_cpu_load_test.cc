@@ -62,9 +62,9 @@ TEST(CpuLoadTest, HeartbeatsAtNineTenthsOfTheTimeoutUnderFullCpuLoadRaiseNoFalse
   while (!terminal && absl::Now() < deadline) {
     lowest_ready = std::min(lowest_ready, cluster.ReadyNodes());
     auto job = cluster.Get(id);
-    terminal = job.has_value() && (job->state() == v1::JOB_STATE_SUCCEEDED ||
-                                   job->state() == v1::JOB_STATE_FAILED ||
-                                   job->state() == v1::JOB_STATE_CANCELLED);
+    terminal = job.has_value() &&
+               (job->state() == v1::JOB_STATE_SUCCEEDED || job->state() == v1::JOB_STATE_FAILED ||
+                job->state() == v1::JOB_STATE_CANCELLED);
     absl::SleepFor(absl::Milliseconds(100));
   }
   auto job = cluster.WaitTerminal(id, absl::Seconds(30));

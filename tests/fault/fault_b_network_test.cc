@@ -107,9 +107,9 @@ TEST_F(NetworkTest, PartitionedNodeIsLostThenFencedAndTheJobRunsAgainAfterHealin
   // Held past the timeout a while longer, then healed.
   absl::SleepFor(absl::Seconds(1));
   ASSERT_TRUE(link_->Heal().ok());
-  EXPECT_TRUE(FaultCluster::Eventually(kHealTimeout, [&] {
-    return cluster_->Processes(stale).empty();
-  })) << "node-1's generation-0 worker survived the healing; its log:\n"
+  EXPECT_TRUE(
+      FaultCluster::Eventually(kHealTimeout, [&] { return cluster_->Processes(stale).empty(); }))
+      << "node-1's generation-0 worker survived the healing; its log:\n"
       << cluster_->ReadAgentLog(1).substr(log_before);
   ASSERT_TRUE(cluster_->WaitNodeState("node-1", v1::NODE_STATE_READY, kHealTimeout));
   // Fenced: the old session was refused or given up, and a new one made.
