@@ -36,9 +36,9 @@ target_compile_definitions(fault_b_network_test PRIVATE
 add_dependencies(fault_b_network_test fault_b_worker)
 
 # Scenario 5: node and rank heartbeats at 0.9x their timeout with every
-# core busy; about 15 s.
+# core busy for 15 s (slow: the burner would disturb other tests' timing).
 mesh_cc_test(fault_b_cpu_load_test SRCS fault_b_cpu_load_test.cc
-             DEPS mesh_fault_b_harness LABELS fault TIMEOUT 180)
+             DEPS mesh_fault_b_harness LABELS fault slow TIMEOUT 180)
 target_compile_definitions(fault_b_cpu_load_test PRIVATE
   FAULT_B_WORKER_BIN="$<TARGET_FILE:fault_b_worker>")
 add_dependencies(fault_b_cpu_load_test fault_b_worker)

@@ -1,16 +1,24 @@
 // Issue 10, scenario 5: heartbeats arriving at 0.9x their timeout while
 // every core is busy with a CPU burner.
 //
-// Node heartbeats: every 1.8 s against a 2 s timeout (the agents beat at the
-// interval the coordinator gives them). Rank heartbeats: every 0.9 s against
-// 1 s (libmesh beats at the interval of the join reply). A 2-rank libmesh
-// job on two agents then holds for 12 s (6 node timeouts, 12 rank
-// timeouts) running barriers and all_reduces, with one spinning process
-// per core at the same priority as everything else.
+// Node heartbeats every 4.5 s against a 5 s timeout (the agents beat at the
+// interval the coordinator gives them, plus the RPC's own time); rank
+// heartbeats every 4.5 s against 5 s (libmesh beats on a fixed schedule at
+// the interval of the join reply). A 2-rank libmesh job on two agents holds
+// for 15 s (3 timeouts of each kind) running a barrier and an all_reduce
+// every 200 ms, with one spinning process per core at the same priority as
+// everything else.
 //
 // Expected: no false positive: the job succeeds with no restart and no node
 // is ever marked lost. The test can fail: a beat delayed past 10% of its
 // timeout (a slow tick, a starved thread) loses a node or a rank.
+//
+// Why 4.5/5 s and not 0.9/1 s: the ratio is what the scenario is about, but
+// the slack it leaves is absolute. At 0.9/1 s (100 ms of slack) this test
+// failed 1 run in 8 on the 2-core test machine under full load: a rank
+// "missed" its heartbeat by 20 ms ("no heartbeat for 1.02s (timeout 1s)"),
+// i.e. scheduling delayed a beat by ~120 ms. docs/failure-semantics.md
+// advises at least 0.5 s (better: 2 intervals) between interval and timeout.
 #include <unistd.h>
 
 #include <cstdio>
@@ -28,15 +36,15 @@
 namespace mesh::fault {
 namespace {
 
-constexpr double kHoldSeconds = 12;
+constexpr double kHoldSeconds = 15;
 
 TEST(CpuLoadTest, HeartbeatsAtNineTenthsOfTheTimeoutUnderFullCpuLoadRaiseNoFalseFailure) {
   FaultCluster cluster;
   CoordinatorFlags flags;
-  flags.node_heartbeat_interval = 1.8;
-  flags.node_heartbeat_timeout = 2;
-  flags.heartbeat_interval = 0.9;
-  flags.heartbeat_timeout = 1;
+  flags.node_heartbeat_interval = 4.5;
+  flags.node_heartbeat_timeout = 5;
+  flags.heartbeat_interval = 4.5;
+  flags.heartbeat_timeout = 5;
   ASSERT_TRUE(cluster.StartCoordinator(flags).ok());
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(cluster.StartAgent(NamedAgent(absl::StrCat("node-", i))).ok());
