@@ -176,9 +176,11 @@ class Agent::ContextGuard {
   grpc::ClientContext* const context_;
 };
 
-Agent::Agent(AgentConfig config, ProcessLauncher* launcher, metrics::Registry* metrics)
+Agent::Agent(AgentConfig config, ProcessLauncher* launcher, metrics::Registry* metrics,
+             StrayKiller* strays)
     : config_(std::move(config)),
       launcher_(launcher),
+      strays_(strays),
       metrics_(metrics != nullptr ? *metrics : metrics::NoopRegistry()) {
   metrics_.slots->Set(config_.slots);
   metrics_.gpus->Set(static_cast<double>(config_.gpus.size()));
@@ -254,6 +256,7 @@ void Agent::Shutdown() {
   }
   std::list<std::unique_ptr<Upload>> uploads;
   std::vector<std::shared_ptr<Generation>> generations;
+  std::vector<std::pair<std::string, int64_t>> ended;
   {
     absl::MutexLock lock(&mu_);
     uploads.swap(uploads_);
@@ -261,6 +264,7 @@ void Agent::Shutdown() {
       for (auto& [g, rec] : job->generations) {
         rec->stopped = true;
         generations.push_back(rec);
+        ended.emplace_back(id, g);
       }
     }
     UpdateWorkerGaugesLocked();
@@ -272,6 +276,7 @@ void Agent::Shutdown() {
       spdlog::warn("shutdown: {}", std::string(s.message()));
     }
   }
+  KillStrays(ended);
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, job] : jobs_) job->generations.clear();
@@ -673,12 +678,14 @@ void Agent::OrderLoop() {
 
 void Agent::CollectFinishedGenerations() {
   std::vector<std::shared_ptr<Generation>> finished;
+  std::vector<std::pair<std::string, int64_t>> ended;
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, job] : jobs_) {
       for (auto it = job->generations.begin(); it != job->generations.end();) {
         const Generation& rec = *it->second;
         if (rec.stopped && !rec.launching && rec.running.empty()) {
+          ended.emplace_back(id, it->first);
           finished.push_back(std::move(it->second));
           it = job->generations.erase(it);
         } else {
@@ -687,7 +694,20 @@ void Agent::CollectFinishedGenerations() {
       }
     }
   }
+  KillStrays(ended);
   // `finished` goes out of scope here, outside mu_.
+}
+
+void Agent::KillStrays(const std::vector<std::pair<std::string, int64_t>>& generations) {
+  if (strays_ == nullptr) return;
+  for (const auto& [job_id, generation] : generations) {
+    if (const int killed = strays_->KillStrays(job_id, generation); killed > 0) {
+      spdlog::warn(
+          "job {} generation {}: killed {} process(es) that had left their worker's "
+          "process group",
+          job_id, generation, killed);
+    }
+  }
 }
 
 std::string Agent::GenerationDir(const std::string& job_id, int64_t generation) const {
@@ -794,6 +814,7 @@ void Agent::ApplyLaunch(const v1::Assignment& order, absl::Time received) {
     assignment.max_restarts = order.max_restarts();
     assignment.gpu_job = order.gpu_job();
     assignment.gpus.assign(r.gpus().begin(), r.gpus().end());
+    assignment.agent_instance = config_.instance;
     assignment.user_env = user_env;
     {
       absl::MutexLock lock(&mu_);

@@ -21,7 +21,9 @@
 // Orders: LAUNCH and KILL are applied in stream order by one long-lived
 // thread, which is also the thread that calls ProcessLauncher::Launch
 // (PR_SET_PDEATHSIG is per thread). An order for a (job, generation) at or
-// below one already launched or killed is a no-op. LAUNCH of a newer
+// below one already launched or killed is a no-op. Once a stopped
+// generation's workers have all exited, what is left of it outside their
+// process groups (setsid grandchildren) is killed through the StrayKiller. LAUNCH of a newer
 // generation first stops the older one and waits for its workers to exit
 // (at most grace + 5 s). UPLOAD_LOGS is ordered the same way (so it finds the
 // log files of a LAUNCH just before it), then runs on its own bounded thread.
@@ -48,6 +50,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -59,6 +62,7 @@
 #include "agent/agent_metrics.h"
 #include "agent/nvml.h"
 #include "agent/process_launcher.h"
+#include "agent/stray_killer.h"
 #include "agent/worker_supervisor.h"
 #include "common/metrics.h"
 #include "common/security.h"
@@ -109,13 +113,18 @@ struct AgentConfig {
   // first = 0: none (workers expose no metrics).
   int worker_metrics_port_first = 0;
   int worker_metrics_port_last = 0;
+  // This agent's instance marker, given to every worker as
+  // MESH_AGENT_INSTANCE (agent/stray_killer.h); empty: none.
+  std::string instance;
 };
 
 class Agent {
  public:
-  // `launcher` and `metrics` must outlive the Agent; null `metrics` means
-  // metrics::NoopRegistry().
-  Agent(AgentConfig config, ProcessLauncher* launcher, metrics::Registry* metrics = nullptr);
+  // `launcher`, `metrics` and `strays` must outlive the Agent; null
+  // `metrics` means metrics::NoopRegistry(); null `strays`: processes that
+  // left their worker's group are not looked for.
+  Agent(AgentConfig config, ProcessLauncher* launcher, metrics::Registry* metrics = nullptr,
+        StrayKiller* strays = nullptr);
   // Calls Shutdown().
   ~Agent();
 
@@ -161,6 +170,9 @@ class Agent {
   void ApplyKill(const v1::Assignment& order);
   void OnRankExit(const RankExit& exit);
   void CollectFinishedGenerations();
+  // Kills what is left of each (job, generation) outside its workers'
+  // process groups; call without mu_.
+  void KillStrays(const std::vector<std::pair<std::string, int64_t>>& generations);
 
   // Logs.
   void StartUpload(const v1::Assignment& order);
@@ -191,6 +203,7 @@ class Agent {
 
   const AgentConfig config_;
   ProcessLauncher* const launcher_;
+  StrayKiller* const strays_;  // May be null.
   AgentMetrics metrics_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::NodeService::Stub> stub_;

@@ -20,6 +20,7 @@
 #include "agent/nvml.h"
 #include "agent/process_launcher.h"
 #include "agent/reaper_watchdog.h"
+#include "agent/stray_killer.h"
 #include "agent/worker_env.h"
 #include "common/client_flags.h"
 #include "common/flags.h"
@@ -221,6 +222,7 @@ int RunAgentMain(int argc, const char* const* argv) {
   config.base_env = InheritedBaseEnv();
   config.worker_metrics_port_first = worker_port_first;
   config.worker_metrics_port_last = worker_port_last;
+  config.instance = NewAgentInstance(config.name);
 
   LogOptions log_options;
   log_options.component = "agent";
@@ -233,7 +235,8 @@ int RunAgentMain(int argc, const char* const* argv) {
   // calling thread. Writes to it after it died must not kill the agent.
   signal(SIGPIPE, SIG_IGN);
   const sigset_t shutdown_signals = BlockShutdownSignals();
-  absl::StatusOr<std::unique_ptr<ReaperWatchdog>> watchdog = ReaperWatchdog::Start();
+  absl::StatusOr<std::unique_ptr<ReaperWatchdog>> watchdog =
+      ReaperWatchdog::Start(absl::StrCat(kAgentInstanceVariable, "=", config.instance));
   if (!watchdog.ok()) {
     spdlog::critical("cannot start the reaper watchdog: {}", watchdog.status().ToString());
     return kAgentExitFailed;
@@ -283,7 +286,8 @@ int RunAgentMain(int argc, const char* const* argv) {
   // launcher kills what is left, then the watchdog's pipe closes.
   PosixProcessLauncher posix_launcher;
   ReapingLauncher launcher(&posix_launcher, watchdog->get());
-  Agent agent(config, &launcher, &registry);
+  ProcStrayKiller strays(config.instance);
+  Agent agent(config, &launcher, &registry, &strays);
   if (absl::Status s = agent.Start(); !s.ok()) {
     spdlog::critical("cannot start: {}", s.ToString());
     return kAgentExitFailed;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/stray_killer.h"
 
 namespace mesh::agent {
 namespace {
@@ -19,9 +20,11 @@ namespace {
 // far below PIPE_BUF, so concurrent writes never interleave.
 constexpr size_t kRecordSize = 1 + sizeof(int32_t);
 
-// The watchdog's whole life; only async-signal-safe calls and no
-// allocation (the vector's capacity is reserved before fork).
-[[noreturn]] void RunWatchdog(int read_fd, std::vector<pid_t>& groups) {
+// The watchdog's whole life. The process was single-threaded when it
+// forked (Start's contract), so allocating here is safe; the loop itself
+// does not (the vector's capacity is reserved before fork).
+[[noreturn]] void RunWatchdog(int read_fd, std::vector<pid_t>& groups,
+                              const std::string& kill_marker) {
   struct sigaction ignore {};
   ignore.sa_handler = SIG_IGN;
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) sigaction(sig, &ignore, nullptr);
@@ -60,12 +63,14 @@ constexpr size_t kRecordSize = 1 + sizeof(int32_t);
     }
   }
   for (pid_t pgid : groups) kill(-pgid, SIGKILL);
+  // Then what left the groups: every process carrying the agent's marker.
+  if (!kill_marker.empty()) KillProcessesWithEnv({kill_marker});
   _exit(0);
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ReaperWatchdog>> ReaperWatchdog::Start() {
+absl::StatusOr<std::unique_ptr<ReaperWatchdog>> ReaperWatchdog::Start(std::string kill_marker) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
@@ -81,7 +86,7 @@ absl::StatusOr<std::unique_ptr<ReaperWatchdog>> ReaperWatchdog::Start() {
   }
   if (pid == 0) {
     close(fds[1]);
-    RunWatchdog(fds[0], groups);
+    RunWatchdog(fds[0], groups, kill_marker);
   }
   close(fds[0]);
   return std::unique_ptr<ReaperWatchdog>(new ReaperWatchdog(pid, fds[1]));

@@ -19,18 +19,25 @@
 // reason. It holds no other descriptor of the agent (stdin and stdout are
 // /dev/null; stderr is kept for its one error line).
 //
+// With a kill marker (the agent's MESH_AGENT_INSTANCE entry, agent/
+// stray_killer.h), the watchdog then also kills every process whose
+// environment holds it: the workers' descendants that left their groups
+// (setsid, double forks), which no group kill reaches.
+//
 // Limits: a group is identified by its id; a group that emptied while the
 // agent still recorded it could in principle be reused by an unrelated
 // session leader with the same pid before the watchdog fires.
 // ReapingLauncher removes groups once they are empty to keep that window
 // short. A process that leaves its worker's group (setsid) escapes, as it
-// escapes Terminate; only a cgroup contains it.
+// escapes Terminate, unless the kill marker finds it (a process that drops
+// its environment escapes that too; only a cgroup contains it).
 #pragma once
 
 #include <sys/types.h>
 
 #include <memory>
 #include <set>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -48,9 +55,10 @@ class ReaperWatchdog {
   // Groups the watchdog can record at once; more are refused (Add fails).
   static constexpr int kMaxGroups = 65536;
 
-  // Forks the watchdog.
+  // Forks the watchdog. `kill_marker` ("NAME=value"; empty: none): on the
+  // agent's death, processes with it in their environment are killed too.
   // Possible errors: INTERNAL when pipe or fork fails.
-  static absl::StatusOr<std::unique_ptr<ReaperWatchdog>> Start();
+  static absl::StatusOr<std::unique_ptr<ReaperWatchdog>> Start(std::string kill_marker = {});
 
   // Closes the pipe: the watchdog kills the groups still recorded, exits,
   // and is reaped here.

@@ -118,6 +118,7 @@ absl::StatusOr<std::vector<std::string>> BuildWorkerEnv(
   if (!a.node_name.empty()) env["MESH_NODE_NAME"] = a.node_name;
   for (auto& [name, value] : security::ClientSecurityEnv(a.security)) env[name] = value;
   if (a.metrics_port != 0) env["MESH_METRICS_PORT"] = absl::StrCat(a.metrics_port);
+  if (!a.agent_instance.empty()) env["MESH_AGENT_INSTANCE"] = a.agent_instance;
 
   env["RANK"] = absl::StrCat(a.rank);
   env["LOCAL_RANK"] = absl::StrCat(a.local_rank);

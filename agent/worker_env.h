@@ -58,6 +58,10 @@ struct WorkerAssignment {
   // MESH_METRICS_PORT: where the worker serves its /metrics (libmesh,
   // docs/runtime.md); 0: omitted, the worker exposes none.
   int metrics_port = 0;
+  // The agent's instance marker (MESH_AGENT_INSTANCE, agent/stray_killer.h):
+  // how the agent finds the worker's descendants that left its process
+  // group. Omitted when empty.
+  std::string agent_instance;
   // The user's env from the job spec, in spec order.
   std::vector<std::pair<std::string, std::string>> user_env;
 };

@@ -54,6 +54,14 @@ function(mesh_cc_test name)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 120)
   endif()
+  # gtest_discover_tests passes PROPERTIES through three list expansions
+  # (its own arguments, a generated script, GoogleTestAddTests' add_command),
+  # each of which eats one level of `\;`: a bare "fault;slow" sets LABELS to
+  # "fault" and makes "slow" a property name that swallows the TIMEOUT after
+  # it. Seven backslashes leave `LABELS [==[fault;slow]==]` in the tests
+  # file: one value, two labels.
+  string(REPEAT "\\" 7 escape)
+  string(REPLACE ";" "${escape};" labels "${ARG_LABELS}")
   add_executable(${name} ${ARG_SRCS})
   mesh_target_defaults(${name})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
@@ -61,7 +69,7 @@ function(mesh_cc_test name)
     DISCOVERY_MODE PRE_TEST
     DISCOVERY_TIMEOUT 30
     PROPERTIES
-      LABELS "${ARG_LABELS}"
+      LABELS "${labels}"
       TIMEOUT ${ARG_TIMEOUT}
       SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
 endfunction()

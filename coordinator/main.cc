@@ -35,6 +35,18 @@ sigset_t BlockShutdownSignals() {
   return set;
 }
 
+// A heartbeat must arrive within `timeout - interval` of its schedule. On a
+// loaded host a beat can be 100+ ms late (tests/fault/fault_b_cpu_load_test:
+// 0.9 s / 1 s failed a healthy rank), so warn when the slack is that thin.
+void WarnIfTightHeartbeat(const char* what, absl::Duration interval, absl::Duration timeout) {
+  if (timeout - interval >= absl::Milliseconds(500) && timeout >= 2 * interval) return;
+  spdlog::warn(
+      "{} heartbeat timeout {} leaves only {} after the interval {}: a beat delayed by a busy "
+      "host fails a healthy {}; prefer a timeout of at least 2 intervals and 0.5 s more",
+      what, absl::FormatDuration(timeout), absl::FormatDuration(timeout - interval),
+      absl::FormatDuration(interval), what);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -294,6 +306,8 @@ int main(int argc, char** argv) {
   }
   log_options.level = *level;
   mesh::InitLogging(log_options);
+  WarnIfTightHeartbeat("rank", coordination.heartbeat_interval, coordination.heartbeat_timeout);
+  WarnIfTightHeartbeat("node", jobs.node_heartbeat_interval, jobs.node_heartbeat_timeout);
 
   // Debian builds Abseil without NDEBUG, which turns on absl::Mutex deadlock
   // detection: a process-wide graph updated on every lock, 8-10% of the

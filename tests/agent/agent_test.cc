@@ -607,6 +607,45 @@ TEST_F(AgentTest, KillStopsTheJobsWorkersWithTheOrdersGrace) {
   EXPECT_THAT(service_.exits(), IsEmpty());
 }
 
+// Records which generations the agent asks to clear of strays.
+class FakeStrayKiller final : public StrayKiller {
+ public:
+  int KillStrays(const std::string& job_id, int64_t generation) override {
+    absl::MutexLock lock(&mu_);
+    calls_.emplace_back(job_id, generation);
+    return 0;
+  }
+  std::vector<std::pair<std::string, int64_t>> calls() const {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<std::pair<std::string, int64_t>> calls_;
+};
+
+TEST_F(AgentTest, StoppedGenerationsAreClearedOfStraysOnceTheirWorkersExited) {
+  FakeStrayKiller strays;
+  config_.instance = "node-a.1.abc";
+  agent_ = std::make_unique<Agent>(config_, &launcher_, &registry_, &strays);
+  ASSERT_TRUE(agent_->Start().ok());
+  ASSERT_TRUE(WaitUntil([&] { return service_.registrations().size() == 1; }));
+  const std::map<int, pid_t> pids = LaunchAndWait(Launch("job-a", 0, 2));
+  ASSERT_EQ(pids.size(), 2u);
+  EXPECT_TRUE(
+      HasEnv(launcher_.procs().at(pids.begin()->second).spec, "MESH_AGENT_INSTANCE=node-a.1.abc"));
+  EXPECT_THAT(strays.calls(), IsEmpty());  // Running: nothing is a stray yet.
+  LaunchAndWait(Launch("job-a", 1, 2));    // A restart stops generation 0.
+  ASSERT_TRUE(WaitUntil([&] { return strays.calls().size() == 1; }));
+  EXPECT_EQ(strays.calls().at(0), std::make_pair(std::string("job-a"), int64_t{0}));
+  ASSERT_TRUE(service_.Push(Kill("job-a", 1, 1)));  // The job's end.
+  ASSERT_TRUE(WaitUntil([&] { return strays.calls().size() == 2; }));
+  EXPECT_EQ(strays.calls().at(1), std::make_pair(std::string("job-a"), int64_t{1}));
+  agent_->Shutdown();
+  agent_.reset();  // Before `strays`.
+}
+
 TEST_F(AgentTest, LaunchOfTheNextGenerationStopsTheOldOneFirst) {
   StartAgent();
   const std::map<int, pid_t> old_pids = LaunchAndWait(Launch("job-a", 0, 2));

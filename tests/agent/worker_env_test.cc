@@ -101,6 +101,21 @@ TEST(BuildWorkerEnv, OptionalPartsOmitted) {
   }
 }
 
+TEST(BuildWorkerEnv, AgentInstanceMarkerIsGivenWhenSet) {
+  WorkerAssignment a = TwoByTwoRank3();
+  auto env = BuildWorkerEnv(a, {{"MESH_AGENT_INSTANCE", "inherited"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_THAT(*env, Not(Contains(HasSubstr("MESH_AGENT_INSTANCE="))));
+  a.agent_instance = "node-a.42.00ff";
+  env = BuildWorkerEnv(a, {{"MESH_AGENT_INSTANCE", "inherited"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  // The agent's own marker wins over one it inherited (a nested agent).
+  EXPECT_THAT(*env, Contains("MESH_AGENT_INSTANCE=node-a.42.00ff"));
+  EXPECT_THAT(*env, Not(Contains("MESH_AGENT_INSTANCE=inherited")));
+  a.user_env = {{"MESH_AGENT_INSTANCE", "x"}};
+  EXPECT_FALSE(BuildWorkerEnv(a, {}).ok());
+}
+
 TEST(BuildWorkerEnv, MetricsPortIsGivenWhenSet) {
   WorkerAssignment a = TwoByTwoRank3();
   a.metrics_port = 9517;
