@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <fuzzer/FuzzedDataProvider.h>
+#include <google/protobuf/stubs/logging.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/status/status.h"
@@ -505,6 +506,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Logging would cost most of the time of a run, and say nothing.
   static const bool quiet = [] {
     spdlog::set_level(spdlog::level::off);
+    google::protobuf::SetLogHandler(nullptr);
     return true;
   }();
   (void)quiet;

@@ -17,6 +17,7 @@
 #include <numeric>
 #include <string>
 
+#include <google/protobuf/stubs/logging.h>
 #include <google/protobuf/util/message_differencer.h>
 
 #include "absl/status/status.h"
@@ -121,6 +122,12 @@ void CheckFlagParsers(absl::string_view text) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Beyond a few KiB nothing new is reached, only time spent.
   if (size > 8192) return 0;
+  // Protobuf logs every string field that is not UTF-8; that is expected here.
+  static const bool quiet = [] {
+    google::protobuf::SetLogHandler(nullptr);
+    return true;
+  }();
+  (void)quiet;
   const absl::string_view text(reinterpret_cast<const char*>(data), size);
 
   // (a) A spec file.
