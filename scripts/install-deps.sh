@@ -35,6 +35,10 @@ core_packages=(
   python3-yaml
   # Format and lint.
   clang-format clang-tidy
+  # Fuzzing (make fuzz): clang with libFuzzer and the sanitizer runtimes;
+  # libclang-rt-14-dev also gives tests/fuzz FuzzedDataProvider.h, which the
+  # corpus tests of `make test` include under gcc too.
+  clang libclang-rt-14-dev
 )
 # Installed like the core packages, but with services forbidden to start, and
 # a failure only warns.

@@ -155,10 +155,17 @@ int64_t StepBytes(absl::Span<const int64_t> global_shape, int64_t element_size,
 }
 
 // Product of the extents of `box` before tensor dim `d`: above 1, blocks cut
-// along d are strided in the box (not one contiguous run).
+// along d are strided in the box (not one contiguous run). Saturates at
+// int64's maximum: an empty tensor (a zero extent after d) is not bounded by
+// kMaxTensorBytes, so its extents before d may multiply past int64 (found by
+// tests/fuzz/layout_fuzz.cc).
 int64_t OuterExtent(const Box& box, int d) {
+  const auto outer = absl::MakeConstSpan(box.shape).first(static_cast<size_t>(d));
+  if (std::find(outer.begin(), outer.end(), 0) != outer.end()) return 0;
   int64_t n = 1;
-  for (int t = 0; t < d; ++t) n *= box.shape[static_cast<size_t>(t)];
+  for (int64_t s : outer) {
+    n = n > std::numeric_limits<int64_t>::max() / s ? std::numeric_limits<int64_t>::max() : n * s;
+  }
   return n;
 }
 

@@ -330,7 +330,7 @@ TEST_F(AuthRpcTest, WorkerTokenFromTheLaunchOrderReachesOnlyItsJob) {
               HasCode(grpc::StatusCode::PERMISSION_DENIED));
   GetUniqueIdsRequest ids;
   ids.mutable_context()->set_job_id("other-job");
-  ids.add_names("world");
+  ids.add_keys("world");
   GetUniqueIdsResponse got_ids;
   EXPECT_THAT(Workers(worker_token)->GetUniqueIds(Context().get(), ids, &got_ids),
               HasCode(grpc::StatusCode::PERMISSION_DENIED));
@@ -338,7 +338,7 @@ TEST_F(AuthRpcTest, WorkerTokenFromTheLaunchOrderReachesOnlyItsJob) {
   watch_job.mutable_context()->set_job_id("other-job");
   auto ctx = Context();
   auto events = Workers(worker_token)->WatchJob(ctx.get(), watch_job);
-  JobEvent event;
+  mesh::v1::JobEvent event;
   while (events->Read(&event)) {
   }
   EXPECT_THAT(events->Finish(), HasCode(grpc::StatusCode::PERMISSION_DENIED));

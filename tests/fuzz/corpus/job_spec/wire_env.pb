@@ -1,0 +1,2 @@
+	/bin/true28"
+PATH/bin*/data/../etc
