@@ -220,24 +220,29 @@ absl::Status ValidateClientSecurity(const ClientSecurity& security) {
   if (!security.tls()) {
     if (!security.token.empty()) {
       return absl::InvalidArgumentError(
-          "a bearer token needs a CA (TLS): gRPC does not send tokens over plaintext");
+          "a bearer token needs a CA (--tls-ca, MESH_TLS_CA): tokens are never sent over "
+          "plaintext");
     }
     if (!security.cert_file.empty() || !security.key_file.empty()) {
       return absl::InvalidArgumentError(
-          "a client certificate/key (mTLS) needs a CA to verify the server");
+          "a client certificate/key (mTLS) needs a CA to verify the server (--tls-ca, "
+          "MESH_TLS_CA)");
     }
     if (!security.server_name.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "TLS server name '", security.server_name,
-          "' given without a CA: the channel would be plaintext and the name never checked"));
+          "' given without a CA (--tls-ca, MESH_TLS_CA): the channel would be plaintext and the "
+          "name never checked"));
     }
     return absl::OkStatus();
   }
   if (security.cert_file.empty() != security.key_file.empty()) {
     return absl::InvalidArgumentError(
         security.cert_file.empty()
-            ? absl::StrCat("client key '", security.key_file, "' given without a certificate")
-            : absl::StrCat("client certificate '", security.cert_file, "' given without a key"));
+            ? absl::StrCat("client key '", security.key_file,
+                           "' given without a certificate (--tls-cert, MESH_TLS_CERT)")
+            : absl::StrCat("client certificate '", security.cert_file,
+                           "' given without a key (--tls-key, MESH_TLS_KEY)"));
   }
   if (absl::Status s = CheckCertificateFile(security.ca_file, "CA"); !s.ok()) return s;
   if (!security.cert_file.empty()) {

@@ -114,18 +114,40 @@ class AuthRpcTest : public ::testing::Test {
     create.set_world_size(1);
     CreateJobResponse created;
     ASSERT_TRUE(admin->CreateJob(Context().get(), create, &created).ok());
+    Join(kAdminToken, job_id, 0);
     KvSetRequest set;
-    set.mutable_context()->set_job_id(job_id);
+    *set.mutable_context() = RankOf(job_id, 0);
     set.set_key("secret");
     set.set_value("original");
     KvSetResponse ignored;
     ASSERT_TRUE(Workers(kAdminToken)->KvSet(Context().get(), set, &ignored).ok());
   }
 
+  // Rank 0 of `job_id` at `generation`, as the one process of these tests.
+  static RankContext RankOf(const std::string& job_id, int64_t generation) {
+    RankContext context;
+    context.set_job_id(job_id);
+    context.set_generation(generation);
+    context.set_rank(0);
+    context.set_incarnation(7);
+    return context;
+  }
+
+  // Joins rank 0 of a world of one (KV calls need a joined rank).
+  void Join(const std::string& token, const std::string& job_id, int64_t generation) {
+    JoinRequest join;
+    *join.mutable_context() = RankOf(job_id, generation);
+    join.set_host("test-host");
+    join.set_timeout_seconds(10);
+    JoinResponse joined;
+    const grpc::Status status = Workers(token)->Join(Context().get(), join, &joined);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+
   std::string KvValue(const std::string& token, const std::string& job_id, const std::string& key,
                       grpc::Status* status = nullptr) {
     KvGetRequest get;
-    get.mutable_context()->set_job_id(job_id);
+    *get.mutable_context() = RankOf(job_id, 0);
     get.set_key(key);
     KvGetResponse value;
     grpc::Status s = Workers(token)->KvGet(Context().get(), get, &value);
@@ -298,17 +320,16 @@ TEST_F(AuthRpcTest, WorkerTokenFromTheLaunchOrderReachesOnlyItsJob) {
   ASSERT_FALSE(worker_token.empty());
 
   // Its own job: allowed.
+  Join(worker_token, job, launch->generation());
   KvSetRequest set;
-  set.mutable_context()->set_job_id(job);
-  set.mutable_context()->set_generation(launch->generation());
+  *set.mutable_context() = RankOf(job, launch->generation());
   set.set_key("k");
   set.set_value("v");
   KvSetResponse ignored;
   EXPECT_TRUE(Workers(worker_token)->KvSet(Context().get(), set, &ignored).ok());
 
   // Another job: every kind of call is refused, and the data is untouched.
-  set.mutable_context()->set_job_id("other-job");
-  set.mutable_context()->set_generation(0);
+  *set.mutable_context() = RankOf("other-job", 0);
   set.set_key("secret");
   set.set_value("overwritten");
   EXPECT_THAT(Workers(worker_token)->KvSet(Context().get(), set, &ignored),

@@ -559,6 +559,7 @@ TEST(JobStoreFileTest, Version1FileIsMigratedWithItsJobsIntact) {
   // Take the file back to what a version-1 coordinator wrote.
   RawExec(dir.db(),
           "ALTER TABLE jobs DROP COLUMN placement;"
+          "ALTER TABLE jobs DROP COLUMN owner;"
           "ALTER TABLE job_events DROP COLUMN generation;"
           "UPDATE schema_version SET version = 1");
   auto store = JobStore::Open(dir.db(), &clock);
@@ -567,6 +568,7 @@ TEST(JobStoreFileTest, Version1FileIsMigratedWithItsJobsIntact) {
   ASSERT_THAT(job, IsOk());
   EXPECT_EQ(job->name, "a");
   EXPECT_EQ(job->placement, "");
+  EXPECT_EQ(job->owner, "") << "jobs from before schema 3 have no owner";
   auto events = (*store)->ListEvents("job-1");
   ASSERT_THAT(events, IsOk());
   ASSERT_EQ(events->size(), 1u);
@@ -586,7 +588,7 @@ TEST(JobStoreFileTest, NewerSchemaIsFailedPrecondition) {
   EXPECT_THAT(JobStore::Open(dir.db(), &clock),
               StatusIs(Code::kFailedPrecondition,
                        ::testing::AllOf(HasSubstr("schema version 99"),
-                                        HasSubstr("newer than this coordinator supports (2)"),
+                                        HasSubstr("newer than this coordinator supports (3)"),
                                         HasSubstr(dir.db()))));
 }
 
