@@ -125,6 +125,8 @@ struct Coordination::Generation {
   KeyWaitIndex id_waits;
   absl::btree_set<uint64_t> join_waiters;  // Completed together, in order.
   std::optional<JobError> error;           // Set once: the first failure.
+  // Ranks the agent saw exit without leaving (RankExited): how.
+  absl::flat_hash_map<int, std::string> exited;
   std::optional<absl::Time> first_join;    // For the rendezvous duration.
 
   int world_size() const { return layout->world_size; }
@@ -817,6 +819,34 @@ absl::Status Coordination::Leave(const Caller& caller) {
   return absl::OkStatus();
 }
 
+absl::Status Coordination::RankExited(const std::string& job_id, int64_t generation, int rank,
+                                      const std::string& reason) {
+  Completions done;
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return absl::OkStatus();
+  Generation& gen = *job->second->current;
+  if (gen.number != generation || gen.error.has_value()) return absl::OkStatus();
+  if (rank < 0 || rank >= gen.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(gen.Name(), ": rank ", rank,
+                                                   " is outside the world of ", gen.world_size()));
+  }
+  if (gen.liveness.left(rank) || gen.rendezvous.num_joined() == 0) return absl::OkStatus();
+  const std::string why = reason.empty() ? "exited before the job finished" : reason;
+  gen.exited[rank] = why;
+  // A peer parked on anything (its own watch aside) may be waiting for this
+  // rank, which will never come: end those waits now.
+  const bool waiting = waiters_.AnyInScope(
+      gen.scope, [](const Waiter& w) { return w.kind != Waiter::Kind::kWatch; });
+  if (!waiting) return absl::OkStatus();
+  JobError error;
+  error.rank = rank;
+  error.host = gen.rendezvous.joined(rank) ? gen.rendezvous.host(rank) : std::string();
+  error.reason = why;
+  FailGenerationLocked(gen, std::move(error), done);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> Coordination::Watch(const Caller& caller, WatchCallback callback) {
   Completions done;
   absl::MutexLock lock(&mu_);
@@ -899,8 +929,11 @@ void Coordination::CheckLivenessLocked(absl::Time now, Completions& done) {
     JobError error;
     error.rank = dead->rank;
     error.host = gen.rendezvous.host(dead->rank);
-    error.reason = absl::StrCat("no heartbeat for ", Seconds(dead->silent), " (timeout ",
-                                Seconds(options_.heartbeat_timeout), ")");
+    auto exited = gen.exited.find(dead->rank);
+    error.reason = exited != gen.exited.end()
+                       ? exited->second
+                       : absl::StrCat("no heartbeat for ", Seconds(dead->silent), " (timeout ",
+                                      Seconds(options_.heartbeat_timeout), ")");
     FailGenerationLocked(gen, std::move(error), done);
   }
 }

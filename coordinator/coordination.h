@@ -306,6 +306,25 @@ class Coordination {
   // still waiting for it fail with FAILED_PRECONDITION.
   absl::Status Leave(const Caller& caller);
 
+  // The agent saw `rank` of `job_id` at `generation` exit while its job was
+  // still running (exit code 0 included), and `reason` says how ("exited
+  // with code 0 before the job finished"). A rank that left cleanly (Leave),
+  // or one of a generation nobody has joined (a worker that does not use
+  // rendezvous), is no concern here: a no-op. Otherwise the rank will never
+  // arrive anywhere again:
+  //   - if any other rank of the generation is waiting (in Join, a barrier, a
+  //     key or unique-ID wait), the generation fails at once, naming the rank,
+  //     its host and `reason`, so those waits end with ABORTED now instead of
+  //     at their deadlines;
+  //   - else the generation is left running (the peers may be finishing and
+  //     need nothing more from it), and if the rank's missed heartbeats fail
+  //     it later, `reason` is the cause named, not the silence.
+  // Not from a worker: no fencing by incarnation. A generation other than the
+  // current one, an unknown job, or a failed generation: a no-op (the
+  // report is late). Errors: INVALID_ARGUMENT (rank outside the world).
+  absl::Status RankExited(const std::string& job_id, int64_t generation, int rank,
+                          const std::string& reason);
+
   // Subscribes to the caller's generation. `done` runs once (see
   // WatchCallback); at once if the generation has already failed. Returns a
   // handle for Unwatch. Errors: as for every worker operation, except that a

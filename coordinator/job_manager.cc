@@ -1584,6 +1584,18 @@ absl::Status JobManager::ReportWorkerExit(const mesh::v1::ReportWorkerExitReques
         (void)job->machine->Succeed(absl::StrCat("all ", job->ranks.size(), " ranks exited 0"));
         spdlog::info("job {} succeeded", job->id);
         AfterTransitionLocked(*job, effects);
+      } else {
+        // Peers still run and may be waiting for this rank (a barrier, a
+        // key): unless it left its rendezvous cleanly, Coordination ends
+        // their waits now, naming it, instead of at their deadlines. After
+        // unlock: the failure listener calls back into this manager.
+        effects.Call([coordination = coordination_, id = job->id,
+                      generation = request.generation(), rank] {
+          (void)coordination->RankExited(
+              id, generation, rank,
+              "exited with code 0 before the job finished (without leaving: no "
+              "Runtime::Shutdown)");
+        });
       }
     } else {
       RootCause cause;

@@ -1348,6 +1348,105 @@ TEST_F(CoordinationTest, BarrierFailsWhenAParticipantLeavesBeforeArriving) {
   EXPECT_FALSE(info->failed);
 }
 
+// ---- A rank that exits without leaving (RankExited) ------------------------------------------
+
+constexpr char kExit0[] = "exited with code 0 before the job finished";
+
+TEST_F(CoordinationTest, RankExitedFailsAWaitingBarrierAtOnceNamingTheRankHostAndExit) {
+  StartJob("job", {"host-a", "host-b", "host-c"});
+  CapturedOr<int> b0, b2;
+  coord().Barrier(Rank("job", 0), "step", {}, absl::Minutes(5), b0.Callback());
+  coord().Barrier(Rank("job", 2), "step", {}, absl::Minutes(5), b2.Callback());
+  Captured<absl::StatusOr<JobError>> watch;
+  ASSERT_THAT(coord().Watch(Rank("job", 0), watch.Callback()), IsOk());
+  EXPECT_FALSE(b0.fired());
+
+  ASSERT_THAT(coord().RankExited("job", 0, 1, kExit0), IsOk());
+  // No clock advanced: at once, not at the barrier's deadline.
+  for (auto* barrier : {&b0, &b2}) {
+    ASSERT_TRUE(barrier->fired());
+    EXPECT_THAT(barrier->result(),
+                StatusIs(absl::StatusCode::kAborted,
+                         AllOf(HasSubstr("rank 1 (host-b)"), HasSubstr(kExit0))));
+  }
+  ASSERT_TRUE(watch.fired());
+  ASSERT_THAT(watch.result(), IsOk());
+  EXPECT_EQ(watch.result()->rank, 1);
+  EXPECT_EQ(watch.result()->host, "host-b");
+  EXPECT_EQ(watch.result()->reason, kExit0);
+  const absl::StatusOr<JobInfo> info = coord().GetJob("job");
+  ASSERT_THAT(info, IsOk());
+  EXPECT_TRUE(info->failed);
+}
+
+TEST_F(CoordinationTest, RankExitedFailsAKeyWaitAndAJoinWait) {
+  // A key wait: the exited rank would have set it.
+  StartJob("kv", {"h0", "h1"});
+  CapturedOr<std::string> get;
+  coord().KvGet(Rank("kv", 0), "from-rank-1", /*wait=*/true, absl::Minutes(5), get.Callback());
+  ASSERT_THAT(coord().RankExited("kv", 0, 1, kExit0), IsOk());
+  ASSERT_TRUE(get.fired());
+  EXPECT_THAT(get.result(), StatusIs(absl::StatusCode::kAborted, HasSubstr("rank 1 (h1)")));
+
+  // A join wait: the rank exited before joining, so it never will.
+  JobLayout layout;
+  layout.job_id = "join";
+  layout.world_size = 2;
+  ASSERT_THAT(coord().CreateJob(layout), IsOk());
+  CapturedOr<JoinResult> joined;
+  coord().Join(Args("join", 0, "h0", 0, absl::Minutes(5)), joined.Callback());
+  ASSERT_FALSE(joined.fired());
+  ASSERT_THAT(coord().RankExited("join", 0, 1, kExit0), IsOk());
+  ASSERT_TRUE(joined.fired());
+  EXPECT_THAT(joined.result(),
+              StatusIs(absl::StatusCode::kAborted, AllOf(HasSubstr("rank 1"), HasSubstr(kExit0))));
+}
+
+TEST_F(CoordinationTest, RankExitedWithNobodyWaitingIsNamedWhenItsHeartbeatsStop) {
+  StartJob("job", {"host-a", "host-b"});
+  Captured<absl::StatusOr<JobError>> watch;
+  ASSERT_THAT(coord().Watch(Rank("job", 0), watch.Callback()), IsOk());
+  // Rank 0 is busy, not waiting: nothing fails yet (it may be finishing).
+  ASSERT_THAT(coord().RankExited("job", 0, 1, kExit0), IsOk());
+  EXPECT_FALSE(watch.fired());
+  // Rank 1 never heartbeats again: the liveness timeout names the exit.
+  Run(2 * kHeartbeatTimeout, {Rank("job", 0)});
+  ASSERT_TRUE(watch.fired());
+  ASSERT_THAT(watch.result(), IsOk());
+  EXPECT_EQ(watch.result()->rank, 1);
+  EXPECT_EQ(watch.result()->reason, kExit0);
+}
+
+TEST_F(CoordinationTest, RankExitedAfterLeaveOrWithoutRendezvousOrLateIsANoOp) {
+  StartJob("job", {"h", "h"});
+  CapturedOr<int> b0;
+  ASSERT_THAT(coord().Leave(Rank("job", 1)), IsOk());
+  coord().Barrier(Rank("job", 0), "solo", {0}, absl::Minutes(5), b0.Callback());
+  ASSERT_TRUE(b0.fired());
+  CapturedOr<std::string> get;
+  coord().KvGet(Rank("job", 0), "k", /*wait=*/true, absl::Minutes(5), get.Callback());
+  // Left cleanly: the exit is what was expected.
+  ASSERT_THAT(coord().RankExited("job", 0, 1, kExit0), IsOk());
+  EXPECT_FALSE(get.fired());
+  // A stale generation, an unknown job: late reports, ignored.
+  ASSERT_THAT(coord().RankExited("job", 7, 0, kExit0), IsOk());
+  ASSERT_THAT(coord().RankExited("nope", 0, 0, kExit0), IsOk());
+  EXPECT_FALSE(get.fired());
+  EXPECT_THAT(coord().RankExited("job", 0, 2, kExit0),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+
+  // Nobody joined (workers that do not use rendezvous): nothing to fail.
+  JobLayout layout;
+  layout.job_id = "plain";
+  layout.world_size = 2;
+  ASSERT_THAT(coord().CreateJob(layout), IsOk());
+  ASSERT_THAT(coord().RankExited("plain", 0, 0, kExit0), IsOk());
+  const absl::StatusOr<JobInfo> info = coord().GetJob("plain");
+  ASSERT_THAT(info, IsOk());
+  EXPECT_FALSE(info->failed);
+  EXPECT_FALSE(coord().GetJob("job")->failed);
+}
+
 // ---- Unique IDs ------------------------------------------------------------------------------
 
 TEST_F(CoordinationTest, UniqueIdsArePublishedAndReturnedInKeyOrder) {
