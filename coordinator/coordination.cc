@@ -1,6 +1,7 @@
 #include "coordinator/coordination.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/container/btree_set.h"
 #include "absl/strings/str_cat.h"
@@ -126,8 +127,8 @@ struct Coordination::Generation {
   absl::btree_set<uint64_t> join_waiters;  // Completed together, in order.
   std::optional<JobError> error;           // Set once: the first failure.
   // Ranks the agent saw exit without leaving (RankExited): how.
-  absl::flat_hash_map<int, std::string> exited;
-  std::optional<absl::Time> first_join;    // For the rendezvous duration.
+  std::map<int, std::string> exited;
+  std::optional<absl::Time> first_join;  // For the rendezvous duration.
 
   int world_size() const { return layout->world_size; }
   std::string Name() const { return absl::StrCat("job ", job_id, " generation ", number); }
@@ -425,7 +426,11 @@ void Coordination::Join(JoinArgs args, Callback<JoinResult> callback) {
   waiter.join_done = std::move(callback);
   const absl::Time deadline = clock_->Now() + waiter.timeout;
   gen.join_waiters.insert(AddWaiterLocked(gen, deadline, std::move(waiter)));
-  if (*completed) CompleteJoinLocked(gen, done);
+  if (*completed) {
+    CompleteJoinLocked(gen, done);
+  } else {
+    FailIfRankExitedLocked(gen, done);
+  }
 }
 
 absl::StatusOr<std::vector<RankDescription>> Coordination::DescribeRanks(
@@ -458,7 +463,9 @@ void Coordination::WaitForKeysLocked(Generation& gen, KeySpace space, int rank,
   waiter.keys.keys = std::move(keys);
   waiter.values_done = std::move(callback);
   const absl::Time deadline = clock_->Now() + waiter.timeout;
-  AdvanceKeyWaiterLocked(gen, AddWaiterLocked(gen, deadline, std::move(waiter)), done);
+  const uint64_t id = AddWaiterLocked(gen, deadline, std::move(waiter));
+  AdvanceKeyWaiterLocked(gen, id, done);
+  if (waiters_.Find(id) != nullptr) FailIfRankExitedLocked(gen, done);
 }
 
 void Coordination::AdvanceKeyWaiterLocked(Generation& gen, uint64_t id, Completions& done) {
@@ -698,7 +705,11 @@ void Coordination::Barrier(const Caller& caller, const std::string& name, std::v
             BarrierTable::DescribeParticipants(b.participants()))),
         done);
   }
-  if (b.Arrive(caller.rank)) FinishBarrierLocked(gen, name, absl::OkStatus(), done);
+  if (b.Arrive(caller.rank)) {
+    FinishBarrierLocked(gen, name, absl::OkStatus(), done);
+  } else {
+    FailIfRankExitedLocked(gen, done);
+  }
 }
 
 // ---- Unique IDs --------------------------------------------------------------------
@@ -828,23 +839,27 @@ absl::Status Coordination::RankExited(const std::string& job_id, int64_t generat
   Generation& gen = *job->second->current;
   if (gen.number != generation || gen.error.has_value()) return absl::OkStatus();
   if (rank < 0 || rank >= gen.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(gen.Name(), ": rank ", rank,
-                                                   " is outside the world of ", gen.world_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(gen.Name(), ": rank ", rank, " is outside the world of ", gen.world_size()));
   }
   if (gen.liveness.left(rank) || gen.rendezvous.num_joined() == 0) return absl::OkStatus();
-  const std::string why = reason.empty() ? "exited before the job finished" : reason;
-  gen.exited[rank] = why;
+  gen.exited.emplace(rank, reason.empty() ? "exited before the job finished" : reason);
   // A peer parked on anything (its own watch aside) may be waiting for this
   // rank, which will never come: end those waits now.
   const bool waiting = waiters_.AnyInScope(
       gen.scope, [](const Waiter& w) { return w.kind != Waiter::Kind::kWatch; });
-  if (!waiting) return absl::OkStatus();
+  if (waiting) FailIfRankExitedLocked(gen, done);
+  return absl::OkStatus();
+}
+
+void Coordination::FailIfRankExitedLocked(Generation& gen, Completions& done) {
+  if (gen.exited.empty() || gen.error.has_value()) return;
+  const auto& [rank, reason] = *gen.exited.begin();
   JobError error;
   error.rank = rank;
   error.host = gen.rendezvous.joined(rank) ? gen.rendezvous.host(rank) : std::string();
-  error.reason = why;
+  error.reason = reason;
   FailGenerationLocked(gen, std::move(error), done);
-  return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> Coordination::Watch(const Caller& caller, WatchCallback callback) {

@@ -317,8 +317,10 @@ class Coordination {
   //     its host and `reason`, so those waits end with ABORTED now instead of
   //     at their deadlines;
   //   - else the generation is left running (the peers may be finishing and
-  //     need nothing more from it), and if the rank's missed heartbeats fail
-  //     it later, `reason` is the cause named, not the silence.
+  //     need nothing more from it) until a rank parks a wait that does not
+  //     complete at once (Join, a barrier, a key or ID wait): then it fails
+  //     the same way. If the rank's missed heartbeats come first, `reason`
+  //     is the cause named, not the silence.
   // Not from a worker: no fencing by incarnation. A generation other than the
   // current one, an unknown job, or a failed generation: a no-op (the
   // report is late). Errors: INVALID_ARGUMENT (rank outside the world).
@@ -404,6 +406,10 @@ class Coordination {
   void EndGenerationLocked(Generation& gen, const absl::Status& status, const JobError* error,
                            Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailGenerationLocked(Generation& gen, JobError error, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A rank of `gen` exited without leaving (RankExited) and a wait has just
+  // been parked, or is parked: fails `gen` naming the lowest such rank.
+  void FailIfRankExitedLocked(Generation& gen, Completions& done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void CompleteJoinLocked(Generation& gen, Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

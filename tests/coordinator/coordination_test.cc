@@ -1417,6 +1417,26 @@ TEST_F(CoordinationTest, RankExitedWithNobodyWaitingIsNamedWhenItsHeartbeatsStop
   EXPECT_EQ(watch.result()->reason, kExit0);
 }
 
+TEST_F(CoordinationTest, AWaitParkedAfterARankExitedFailsAtOnce) {
+  StartJob("job", {"host-a", "host-b", "host-c"});
+  // Nobody waits yet: the generation runs on.
+  ASSERT_THAT(coord().RankExited("job", 0, 1, kExit0), IsOk());
+  ASSERT_FALSE(coord().GetJob("job")->failed);
+  // A barrier that completes at once (rank 1 not in it) is fine.
+  CapturedOr<int> pair;
+  coord().Barrier(Rank("job", 0), "pair", {0}, absl::Minutes(5), pair.Callback());
+  ASSERT_TRUE(pair.fired());
+  EXPECT_THAT(pair.result(), IsOk());
+  // A wait that would park instead fails at once, naming rank 1.
+  CapturedOr<int> world;
+  coord().Barrier(Rank("job", 0), "world", {}, absl::Minutes(5), world.Callback());
+  ASSERT_TRUE(world.fired());
+  EXPECT_THAT(world.result(),
+              StatusIs(absl::StatusCode::kAborted,
+                       AllOf(HasSubstr("rank 1 (host-b)"), HasSubstr(kExit0))));
+  EXPECT_TRUE(coord().GetJob("job")->failed);
+}
+
 TEST_F(CoordinationTest, RankExitedAfterLeaveOrWithoutRendezvousOrLateIsANoOp) {
   StartJob("job", {"h", "h"});
   CapturedOr<int> b0;

@@ -139,8 +139,8 @@ class CoordinatorCrashTest : public ::testing::Test {
     request.set_job_id(id);
     request.set_world_size(world_size);
     CreateJobResponse response;
-    const grpc::Status status =
-        cluster_.admin().CreateJob(ContextWithDeadline(absl::Seconds(10)).get(), request, &response);
+    const grpc::Status status = cluster_.admin().CreateJob(
+        ContextWithDeadline(absl::Seconds(10)).get(), request, &response);
     ASSERT_TRUE(status.ok()) << status.error_message();
   }
 
@@ -244,9 +244,9 @@ TEST_F(CoordinatorCrashTest, Kill9AfterSubmitAckAndWhileRunningKeepsTheJobAndIts
 }
 
 TEST_F(CoordinatorCrashTest, Kill9EndsBlockedJoinBarrierAndGetWithUnavailableWithinSeconds) {
-  ASSERT_TRUE(cluster_.StartCoordinator(0, {"--heartbeat-interval", "0.5", "--heartbeat-timeout",
-                                            "300"})
-                  .ok());
+  ASSERT_TRUE(
+      cluster_.StartCoordinator(0, {"--heartbeat-interval", "0.5", "--heartbeat-timeout", "300"})
+          .ok());
   // join: 2 ranks, only rank 0 comes. barrier: 2 joined ranks, rank 1 never
   // arrives. kv: 1 joined rank waits for a key nobody sets.
   CreateJob("join", 2);
@@ -321,9 +321,9 @@ TEST_F(CoordinatorCrashTest, Kill9EndsBlockedJoinBarrierAndGetWithUnavailableWit
 TEST_F(CoordinatorCrashTest, LibmeshStoreFailsFastRuntimeFailsAfterHeartbeatTimeoutJoinRetries) {
   // A 3 s rank heartbeat timeout: the Runtime gives up on a lost coordinator
   // after that long.
-  ASSERT_TRUE(cluster_.StartCoordinator(0, {"--heartbeat-interval", "0.5", "--heartbeat-timeout",
-                                            "3"})
-                  .ok());
+  ASSERT_TRUE(
+      cluster_.StartCoordinator(0, {"--heartbeat-interval", "0.5", "--heartbeat-timeout", "3"})
+          .ok());
   const int port = cluster_.port();
   CreateJob("solo", 1);
   std::atomic<bool> failure_seen{false};
@@ -363,9 +363,9 @@ TEST_F(CoordinatorCrashTest, LibmeshStoreFailsFastRuntimeFailsAfterHeartbeatTime
   const absl::Time start = absl::Now();
   std::thread init0([&] { rank0 = Runtime::Init(RuntimeFor("pair", 0, 2)); });
   absl::SleepFor(absl::Seconds(1));  // Let it retry against a closed port.
-  ASSERT_TRUE(cluster_.StartCoordinator(port, {"--heartbeat-interval", "0.5",
-                                               "--heartbeat-timeout", "3"})
-                  .ok());
+  ASSERT_TRUE(
+      cluster_.StartCoordinator(port, {"--heartbeat-interval", "0.5", "--heartbeat-timeout", "3"})
+          .ok());
   CreateJob("pair", 2);
   absl::StatusOr<std::unique_ptr<Runtime>> rank1 = Runtime::Init(RuntimeFor("pair", 1, 2));
   init0.join();

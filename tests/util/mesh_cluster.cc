@@ -90,8 +90,8 @@ pid_t MeshCluster::coordinator_pid() const {
 
 absl::Status MeshCluster::StartAgent(int i, int slots) {
   absl::StatusOr<Subprocess> process = Subprocess::Start(
-      {binaries_.agent, "--coordinator", address_, "--name", absl::StrCat("node-", i),
-       "--address", "127.0.0.1", "--slots", absl::StrCat(slots), "--gpus", "none", "--work-dir",
+      {binaries_.agent, "--coordinator", address_, "--name", absl::StrCat("node-", i), "--address",
+       "127.0.0.1", "--slots", absl::StrCat(slots), "--gpus", "none", "--work-dir",
        absl::StrCat(dir_, "/agent-", i), "--grace", "1"});
   if (!process.ok()) return process.status();
   if (static_cast<int>(agents_.size()) <= i) agents_.resize(i + 1);
@@ -166,8 +166,7 @@ absl::StatusOr<mesh::v1::Job> MeshCluster::WaitTerminal(const std::string& id,
   const grpc::Status status =
       jobs_->WaitJob(ContextWithDeadline(timeout + absl::Seconds(5)).get(), request, &response);
   if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        status.error_message());
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
   }
   return response.job();
 }
