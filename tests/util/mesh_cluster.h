@@ -13,6 +13,9 @@
 // "mesh-coordinator listening on <addr>" in time, FAILED_PRECONDITION when
 // it printed something else). RPC helpers return grpc::Status as is.
 //
+// Start processes from a thread that outlives them: PR_SET_PDEATHSIG fires
+// when the *thread* that forked a child exits, not the process.
+//
 // Thread safety: none, except that the stubs (jobs(), workers(), admin())
 // may be used from several threads; they are replaced by StartCoordinator,
 // so do not call it while other threads use them.
