@@ -362,9 +362,17 @@ TEST_F(CoordinatorCrashTest, LibmeshStoreFailsFastRuntimeFailsAfterHeartbeatTime
   absl::StatusOr<std::unique_ptr<Runtime>> rank0;
   const absl::Time start = absl::Now();
   std::thread init0([&] { rank0 = Runtime::Init(RuntimeFor("pair", 0, 2)); });
+  struct Joiner {
+    std::thread& thread;
+    ~Joiner() {
+      if (thread.joinable()) thread.join();
+    }
+  } joiner{init0};
   absl::SleepFor(absl::Seconds(1));  // Let it retry against a closed port.
+  // A long rank heartbeat timeout from here on: the restart below must not
+  // be mistaken for a lost coordinator, however slow the machine.
   ASSERT_TRUE(
-      cluster_.StartCoordinator(port, {"--heartbeat-interval", "0.5", "--heartbeat-timeout", "3"})
+      cluster_.StartCoordinator(port, {"--heartbeat-interval", "0.5", "--heartbeat-timeout", "30"})
           .ok());
   CreateJob("pair", 2);
   absl::StatusOr<std::unique_ptr<Runtime>> rank1 = Runtime::Init(RuntimeFor("pair", 1, 2));
@@ -375,6 +383,30 @@ TEST_F(CoordinatorCrashTest, LibmeshStoreFailsFastRuntimeFailsAfterHeartbeatTime
               absl::ToDoubleSeconds(absl::Now() - start));
   EXPECT_TRUE((*rank0)->health().ok());
   EXPECT_TRUE((*rank1)->health().ok());
+
+  // Ranks past Join when the coordinator restarts: the rendezvous was in
+  // memory, so the new coordinator does not know them (it has the job again,
+  // as a restarted JobManager re-creates running jobs). Their next heartbeat
+  // is refused (FAILED_PRECONDITION, "has not joined"), not retried: each
+  // Runtime fails within about a heartbeat interval, well before its
+  // heartbeat timeout, and its worker is expected to exit non-zero so that
+  // the job restarts in a new generation (max_restarts) or fails.
+  ASSERT_TRUE(cluster_.KillCoordinator().ok());
+  const absl::Time second_kill = absl::Now();
+  ASSERT_TRUE(
+      cluster_.StartCoordinator(port, {"--heartbeat-interval", "0.5", "--heartbeat-timeout", "30"})
+          .ok());
+  CreateJob("pair", 2);
+  for (auto* rank : {&rank0, &rank1}) {
+    Runtime& runtime = ***rank;
+    ASSERT_TRUE(WaitUntil([&] { return !runtime.health().ok(); }, kUnblockBound))
+        << "rank " << runtime.rank() << " never noticed the restart";
+    std::printf("[ scenario 3 ] joined rank %d failed %.3f s after kill -9 and restart: %s\n",
+                runtime.rank(), absl::ToDoubleSeconds(absl::Now() - second_kill),
+                runtime.health().ToString().c_str());
+    EXPECT_EQ(runtime.health().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(runtime.health().message(), HasSubstr("has not joined"));
+  }
 }
 
 }  // namespace
