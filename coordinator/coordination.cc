@@ -149,6 +149,9 @@ struct Coordination::Generation {
 struct Coordination::Job {
   JobLayout layout;
   std::unique_ptr<Generation> current;
+  // Why the previous generation failed, if it did: a late call of that
+  // generation is told the culprit, not only that it is stale.
+  std::optional<JobError> previous_error;
 };
 
 absl::Status ValidateOptions(const CoordinationOptions& o) {
@@ -276,6 +279,12 @@ absl::StatusOr<JobInfo> Coordination::CreateJob(JobLayout layout, int64_t genera
   auto job = std::make_unique<Job>();
   job->layout = std::move(layout);
   job->current = NewGenerationLocked(*job, generation);
+  // Re-created (placed again after a failure): the failure stays known to
+  // late callers of its generation, now through the job.
+  if (auto failed = failed_removed_.find(job->layout.job_id); failed != failed_removed_.end()) {
+    job->previous_error = std::move(failed->second);
+    failed_removed_.erase(failed);
+  }
   JobInfo info{job->layout, generation, false};
   jobs_.emplace(job->layout.job_id, std::move(job));
   return info;
@@ -299,6 +308,20 @@ absl::Status Coordination::RemoveJob(const std::string& job_id, const std::strin
       *it->second->current,
       absl::AbortedError(absl::StrCat(it->second->current->Name(), " was removed: ", reason)),
       /*error=*/nullptr, done);
+  if (const std::optional<JobError>& error = it->second->current->error; error.has_value()) {
+    // A rank that calls in after its job failed and ended (a peer's exit
+    // ended the job before this rank's next call) learns why, like the
+    // ranks that were waiting: ABORTED naming the culprit, not NOT_FOUND.
+    // Bounded by the deque (an id may be in it twice when its job was
+    // re-created and failed again; evicting the older entry then forgets the
+    // newer failure early, which only costs a late caller the detail).
+    while (failed_removed_order_.size() >= kMaxFailedRemoved) {
+      failed_removed_.erase(failed_removed_order_.front());
+      failed_removed_order_.pop_front();
+    }
+    failed_removed_.insert_or_assign(job_id, *error);
+    failed_removed_order_.push_back(job_id);
+  }
   removed = std::move(it->second);
   jobs_.erase(it);
   return absl::OkStatus();
@@ -319,6 +342,7 @@ absl::StatusOr<int64_t> Coordination::BumpGeneration(const std::string& job_id,
       absl::AbortedError(
           absl::StrCat(job.current->Name(), " was superseded by generation ", next, ": ", reason)),
       /*error=*/nullptr, done);
+  job.previous_error = job.current->error;
   old = std::exchange(job.current, NewGenerationLocked(job, next));
   return next;
 }
@@ -331,9 +355,17 @@ absl::StatusOr<Coordination::Generation*> Coordination::ResolveLocked(const Call
   if (shut_down_) return UnavailableShutDown();
   auto it = jobs_.find(caller.job_id);
   if (it == jobs_.end()) {
+    auto failed = failed_removed_.find(caller.job_id);
+    if (failed != failed_removed_.end() && failed->second.generation == caller.generation) {
+      return absl::AbortedError(failed->second.message);
+    }
     return absl::NotFoundError(absl::StrCat("unknown job '", caller.job_id, "'"));
   }
   Generation& gen = *it->second->current;
+  if (const std::optional<JobError>& previous = it->second->previous_error;
+      previous.has_value() && previous->generation == caller.generation) {
+    return absl::AbortedError(previous->message);
+  }
   if (caller.generation < gen.number) {
     return absl::AbortedError(absl::StrCat("job ", caller.job_id, ": generation ",
                                            caller.generation,

@@ -22,7 +22,10 @@
 //   ABORTED              generation older than the job's current one; an
 //                        incarnation other than the one that joined as that
 //                        rank; or the generation has failed (the message
-//                        names the failed rank, its host and the reason).
+//                        names the failed rank, its host and the reason),
+//                        also once the job has moved to its next generation
+//                        or been removed (the last 4096 removed jobs whose
+//                        final generation failed are remembered for this).
 //   FAILED_PRECONDITION  generation newer than the job's current one; or (for
 //                        everything but Join) the rank has not joined.
 // Every error message starts with "job <id> generation <n>: " once the
@@ -60,6 +63,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -447,6 +451,12 @@ class Coordination {
   // declaration) ends nothing; a Waiter points into its generation.
   WaiterRegistry<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  // The failure of removed jobs whose last generation had failed, for late
+  // callers of that generation (ABORTED with the failure, not NOT_FOUND);
+  // the most recent kMaxFailedRemoved jobs, oldest first in the deque.
+  static constexpr size_t kMaxFailedRemoved = 4096;
+  absl::flat_hash_map<std::string, JobError> failed_removed_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> failed_removed_order_ ABSL_GUARDED_BY(mu_);
   absl::Time next_liveness_check_ ABSL_GUARDED_BY(mu_);
   absl::Time next_gauge_update_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

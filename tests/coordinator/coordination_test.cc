@@ -1431,9 +1431,8 @@ TEST_F(CoordinationTest, AWaitParkedAfterARankExitedFailsAtOnce) {
   CapturedOr<int> world;
   coord().Barrier(Rank("job", 0), "world", {}, absl::Minutes(5), world.Callback());
   ASSERT_TRUE(world.fired());
-  EXPECT_THAT(world.result(),
-              StatusIs(absl::StatusCode::kAborted,
-                       AllOf(HasSubstr("rank 1 (host-b)"), HasSubstr(kExit0))));
+  EXPECT_THAT(world.result(), StatusIs(absl::StatusCode::kAborted,
+                                       AllOf(HasSubstr("rank 1 (host-b)"), HasSubstr(kExit0))));
   EXPECT_TRUE(coord().GetJob("job")->failed);
 }
 
@@ -1465,6 +1464,43 @@ TEST_F(CoordinationTest, RankExitedAfterLeaveOrWithoutRendezvousOrLateIsANoOp) {
   ASSERT_THAT(info, IsOk());
   EXPECT_FALSE(info->failed);
   EXPECT_FALSE(coord().GetJob("job")->failed);
+}
+
+TEST_F(CoordinationTest, ALateCallAfterTheFailedJobWasRemovedOrRestartedNamesTheCulprit) {
+  // Removed after its generation failed: ABORTED with the failure, not
+  // NOT_FOUND, for that generation.
+  StartJob("job", {"host-a", "host-b"});
+  ASSERT_THAT(coord().ReportError(Rank("job", 1), "CUDA error: out of memory"), IsOk());
+  ASSERT_THAT(coord().RemoveJob("job", "the job is FAILED"), IsOk());
+  CapturedOr<int> late;
+  coord().Barrier(Rank("job", 0), "step", {}, absl::Minutes(5), late.Callback());
+  ASSERT_TRUE(late.fired());
+  EXPECT_THAT(late.result(),
+              StatusIs(absl::StatusCode::kAborted,
+                       AllOf(HasSubstr("rank 1 (host-b)"), HasSubstr("out of memory"))));
+  EXPECT_THAT(coord().KvSet(Rank("job", 1, /*generation=*/3), "k", "v"),
+              StatusIs(absl::StatusCode::kNotFound));
+  // Re-created at the next generation: a late call of the failed one is
+  // still told why.
+  JobLayout layout;
+  layout.job_id = "job";
+  layout.world_size = 2;
+  ASSERT_THAT(coord().CreateJob(layout, /*generation=*/1), IsOk());
+  EXPECT_THAT(coord().KvSet(Rank("job", 0), "k", "v"),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("out of memory")));
+
+  // Restarted (BumpGeneration) after a failure: the same.
+  StartJob("bumped", {"host-a", "host-b"});
+  ASSERT_THAT(coord().ReportError(Rank("bumped", 0), "disk on fire"), IsOk());
+  ASSERT_THAT(coord().BumpGeneration("bumped", "restart"), IsOk());
+  EXPECT_THAT(coord().KvSet(Rank("bumped", 1), "k", "v"),
+              StatusIs(absl::StatusCode::kAborted,
+                       AllOf(HasSubstr("rank 0 (host-a)"), HasSubstr("disk on fire"))));
+
+  // Removed without a failure: unknown, as before.
+  StartJob("done", {"h"});
+  ASSERT_THAT(coord().RemoveJob("done", "the job is SUCCEEDED"), IsOk());
+  EXPECT_THAT(coord().KvSet(Rank("done", 0), "k", "v"), StatusIs(absl::StatusCode::kNotFound));
 }
 
 // ---- Unique IDs ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -114,16 +115,27 @@ class CoordinatorCrashTest : public ::testing::Test {
     return spec;
   }
 
-  // The worker shells of `job` (their short-lived `sleep` children left out).
+  // The worker processes of `job`: children of an agent. (Their `sleep`
+  // children share the environment, and are called "sh" too between fork
+  // and exec; their parent is the worker, not an agent.)
   std::vector<pid_t> WorkerShells(const std::string& job) {
-    std::vector<pid_t> shells;
+    std::vector<pid_t> workers;
     for (pid_t pid :
          ::mesh::testing::LiveProcessesWithEnv({"MARKER=" + marker_, "MESH_JOB_ID=" + job})) {
-      std::ifstream comm(absl::StrCat("/proc/", pid, "/comm"));
-      std::string name;
-      if (std::getline(comm, name) && name == "sh") shells.push_back(pid);
+      std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+      std::string line;
+      if (!std::getline(stat, line)) continue;
+      // "pid (comm) state ppid ...": comm may hold spaces, so after the ')'.
+      const size_t close = line.rfind(')');
+      if (close == std::string::npos) continue;
+      char state = 0;
+      pid_t parent = -1;
+      std::istringstream(line.substr(close + 1)) >> state >> parent;
+      for (int i = 0; i < 2; ++i) {
+        if (parent == cluster_.agent(i)->pid()) workers.push_back(pid);
+      }
     }
-    return shells;
+    return workers;
   }
 
   RankContext Rank(const std::string& job, int rank) {
