@@ -380,7 +380,9 @@ TEST_F(CoordinatorCrashTest, LibmeshStoreFailsFastRuntimeFailsAfterHeartbeatTime
       if (thread.joinable()) thread.join();
     }
   } joiner{init0};
-  absl::SleepFor(absl::Seconds(1));  // Let it retry against a closed port.
+  // Let it retry against a closed port for a while: long enough for gRPC's
+  // default reconnect backoff (1 s, x1.6) to lag behind the Join retries.
+  absl::SleepFor(absl::Seconds(4));
   // A long rank heartbeat timeout from here on: the restart below must not
   // be mistaken for a lost coordinator, however slow the machine.
   ASSERT_TRUE(

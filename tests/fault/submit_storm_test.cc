@@ -111,7 +111,8 @@ TEST(SubmitStormTest, Kill9DuringSubmitsLosesAndDuplicatesNothing) {
   // its deadline instead of failing at once while the coordinator is down.
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+  // The minimum time one connection attempt gets (not a backoff).
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 250);
   args.SetInt("grpc.use_local_subchannel_pool", 1);
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
