@@ -1653,6 +1653,36 @@ TEST_F(JobManagerTest, RecoveredJobAcceptsExitsReSentAfterReconnect) {
   EXPECT_EQ(StateOf(id), v1::JOB_STATE_SUCCEEDED);
 }
 
+// The coordinator died right after acknowledging a submit: node-a got its
+// LAUNCH and runs its ranks, node-b's LAUNCH was lost with the process. The
+// recovered SCHEDULED job sends node-b its LAUNCH again when node-b watches,
+// and runs; nothing is declared gone.
+TEST_F(JobManagerTest, RecoveredScheduledJobRelaunchesRanksWhoseLaunchWasLost) {
+  UseFileStore();
+  AddTwoNodes();
+  const std::string id = Submit(SpecWithRestarts(0));
+  ASSERT_EQ(StateOf(id), v1::JOB_STATE_SCHEDULED);
+  RestartCoordinator();
+  ASSERT_EQ(StateOf(id), v1::JOB_STATE_SCHEDULED);
+
+  ASSERT_THAT(Register(*a_, {Worker(id, 0, 0), Worker(id, 0, 1)}), IsOk());
+  ASSERT_THAT(Watch(*a_), IsOk());
+  ASSERT_THAT(Register(*b_), IsOk());
+  ASSERT_THAT(Watch(*b_), IsOk());
+  // node-a runs its ranks already: no order. node-b: its LAUNCH, again.
+  EXPECT_THAT(ActionsOf(a_->orders->messages()), IsEmpty());
+  ASSERT_THAT(ActionsOf(b_->orders->messages()), ElementsAre(Pair(kLaunch, 0)));
+  std::vector<int> ranks;
+  for (const auto& rank : b_->orders->messages().back().ranks()) ranks.push_back(rank.rank());
+  EXPECT_THAT(ranks, ElementsAre(2, 3));
+
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(5), {a_, b_});
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_SCHEDULED);
+  ASSERT_THAT(Started(*b_, id, 0, {2, 3}), IsOk());
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(id).generation(), 0);
+}
+
 TEST_F(JobManagerTest, RecoveredJobFailsWhenAnAgentNeverReturns) {
   UseFileStore();
   AddTwoNodes();
