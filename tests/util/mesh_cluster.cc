@@ -117,6 +117,19 @@ int MeshCluster::ReadyNodes() {
   return ready;
 }
 
+int MeshCluster::NodesSeenSince(absl::Time since) {
+  mesh::v1::ListNodesRequest request;
+  mesh::v1::ListNodesResponse response;
+  if (!jobs_->ListNodes(ContextWithDeadline(absl::Seconds(10)).get(), request, &response).ok()) {
+    return -1;
+  }
+  int seen = 0;
+  for (const auto& node : response.nodes()) {
+    seen += absl::FromUnixMillis(node.last_seen_unix_ms()) >= since;
+  }
+  return seen;
+}
+
 std::optional<mesh::v1::Job> MeshCluster::GetJob(const std::string& id) {
   mesh::v1::GetJobRequest request;
   request.set_job_id(id);

@@ -90,8 +90,12 @@ class MeshCluster {
   std::shared_ptr<grpc::Channel> NewChannel() const;
 
   // ---- JobService helpers (10 s deadlines) ------------------------------
-  // READY nodes; -1 when ListNodes fails.
+  // READY nodes; -1 when ListNodes fails. After a restart, recovered nodes
+  // count as READY before their agents are back: see NodesSeenSince.
   int ReadyNodes();
+  // Nodes whose last heartbeat or registration is at or after `since`; -1
+  // when ListNodes fails.
+  int NodesSeenSince(absl::Time since);
   std::optional<mesh::v1::Job> GetJob(const std::string& id);
   // Every job, through every page of ListJobs. Errors: the failing page's.
   absl::StatusOr<std::vector<mesh::v1::Job>> ListAllJobs();

@@ -1,9 +1,10 @@
 #include "tests/util/proc.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
 
-#include <fstream>
-#include <iterator>
+#include <cerrno>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -13,9 +14,22 @@
 namespace mesh::testing {
 namespace {
 
+// The whole file; empty when it cannot be read. POSIX reads, not an
+// ifstream: libstdc++ throws from a read error (ESRCH when the process
+// exits between open and read), which scans of /proc race with.
 std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string content;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return content;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    content.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return content;
 }
 
 // The fields of /proc/<pid>/stat after "pid (comm) ": state ppid pgrp ...
