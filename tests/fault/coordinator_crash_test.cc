@@ -13,7 +13,6 @@
 //      the lost coordinator once its heartbeat timeout passes; a Runtime::Init
 //      blocked in Join retries through the restart and completes the
 //      rendezvous on the new coordinator.
-#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -22,7 +21,6 @@
 #include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -123,20 +121,7 @@ class CoordinatorCrashTest : public ::testing::Test {
     std::vector<pid_t> workers;
     for (pid_t pid :
          ::mesh::testing::LiveProcessesWithEnv({"MARKER=" + marker_, "MESH_JOB_ID=" + job})) {
-      // POSIX reads: a process that exits under an ifstream makes it throw.
-      std::string line(4096, '\0');
-      const int fd = open(absl::StrCat("/proc/", pid, "/stat").c_str(), O_RDONLY);
-      if (fd < 0) continue;
-      const ssize_t n = read(fd, line.data(), line.size());
-      close(fd);
-      if (n <= 0) continue;
-      line.resize(n);
-      // "pid (comm) state ppid ...": comm may hold spaces, so after the ')'.
-      const size_t close = line.rfind(')');
-      if (close == std::string::npos) continue;
-      char state = 0;
-      pid_t parent = -1;
-      std::istringstream(line.substr(close + 1)) >> state >> parent;
+      const pid_t parent = ::mesh::testing::ParentOf(pid);
       for (int i = 0; i < 2; ++i) {
         if (parent == cluster_.agent(i)->pid()) workers.push_back(pid);
       }

@@ -61,6 +61,13 @@ std::vector<pid_t> AllPids() {
 
 bool IsAlive(pid_t pid) { return IsLiveState(StatFields(pid)); }
 
+pid_t ParentOf(pid_t pid) {
+  const std::vector<std::string> fields = StatFields(pid);
+  int parent = -1;
+  if (fields.size() < 2 || !absl::SimpleAtoi(fields[1], &parent)) return -1;
+  return parent;
+}
+
 std::vector<pid_t> LiveProcessesInGroup(pid_t pgid) {
   std::vector<pid_t> found;
   for (pid_t pid : AllPids()) {
