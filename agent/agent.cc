@@ -225,8 +225,14 @@ absl::Status Agent::Start() {
   // within seconds.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(config_.backoff_initial)));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-              static_cast<int>(absl::ToInt64Milliseconds(config_.backoff_initial)));
+  // Despite its name, gRPC uses this as the minimum time one connection
+  // attempt (TCP connect and HTTP/2 handshake) gets before it is abandoned.
+  // At backoff_initial (100 ms) attempts to a restarted coordinator on a
+  // loaded host were cut short again and again ("tcp handshaker shutdown");
+  // 1 s lets a handshake finish there and still retries a stalled attempt
+  // soon. (After a kill -9 on one host, some reconnects still stall for
+  // ~5 s in the kernel's TCP handshake: docs/failure-semantics.md.)
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(config_.backoff_max)));
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =

@@ -1,6 +1,7 @@
 #include "coordinator/coordination.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/container/btree_set.h"
 #include "absl/strings/str_cat.h"
@@ -125,7 +126,9 @@ struct Coordination::Generation {
   KeyWaitIndex id_waits;
   absl::btree_set<uint64_t> join_waiters;  // Completed together, in order.
   std::optional<JobError> error;           // Set once: the first failure.
-  std::optional<absl::Time> first_join;    // For the rendezvous duration.
+  // Ranks the agent saw exit without leaving (RankExited): how.
+  std::map<int, std::string> exited;
+  std::optional<absl::Time> first_join;  // For the rendezvous duration.
 
   int world_size() const { return layout->world_size; }
   std::string Name() const { return absl::StrCat("job ", job_id, " generation ", number); }
@@ -146,6 +149,9 @@ struct Coordination::Generation {
 struct Coordination::Job {
   JobLayout layout;
   std::unique_ptr<Generation> current;
+  // Why the previous generation failed, if it did: a late call of that
+  // generation is told the culprit, not only that it is stale.
+  std::optional<JobError> previous_error;
 };
 
 absl::Status ValidateOptions(const CoordinationOptions& o) {
@@ -273,6 +279,12 @@ absl::StatusOr<JobInfo> Coordination::CreateJob(JobLayout layout, int64_t genera
   auto job = std::make_unique<Job>();
   job->layout = std::move(layout);
   job->current = NewGenerationLocked(*job, generation);
+  // Re-created (placed again after a failure): the failure stays known to
+  // late callers of its generation, now through the job.
+  if (auto failed = failed_removed_.find(job->layout.job_id); failed != failed_removed_.end()) {
+    job->previous_error = std::move(failed->second);
+    failed_removed_.erase(failed);
+  }
   JobInfo info{job->layout, generation, false};
   jobs_.emplace(job->layout.job_id, std::move(job));
   return info;
@@ -296,6 +308,20 @@ absl::Status Coordination::RemoveJob(const std::string& job_id, const std::strin
       *it->second->current,
       absl::AbortedError(absl::StrCat(it->second->current->Name(), " was removed: ", reason)),
       /*error=*/nullptr, done);
+  if (const std::optional<JobError>& error = it->second->current->error; error.has_value()) {
+    // A rank that calls in after its job failed and ended (a peer's exit
+    // ended the job before this rank's next call) learns why, like the
+    // ranks that were waiting: ABORTED naming the culprit, not NOT_FOUND.
+    // Bounded by the deque (an id may be in it twice when its job was
+    // re-created and failed again; evicting the older entry then forgets the
+    // newer failure early, which only costs a late caller the detail).
+    while (failed_removed_order_.size() >= kMaxFailedRemoved) {
+      failed_removed_.erase(failed_removed_order_.front());
+      failed_removed_order_.pop_front();
+    }
+    failed_removed_.insert_or_assign(job_id, *error);
+    failed_removed_order_.push_back(job_id);
+  }
   removed = std::move(it->second);
   jobs_.erase(it);
   return absl::OkStatus();
@@ -316,6 +342,7 @@ absl::StatusOr<int64_t> Coordination::BumpGeneration(const std::string& job_id,
       absl::AbortedError(
           absl::StrCat(job.current->Name(), " was superseded by generation ", next, ": ", reason)),
       /*error=*/nullptr, done);
+  job.previous_error = job.current->error;
   old = std::exchange(job.current, NewGenerationLocked(job, next));
   return next;
 }
@@ -328,9 +355,17 @@ absl::StatusOr<Coordination::Generation*> Coordination::ResolveLocked(const Call
   if (shut_down_) return UnavailableShutDown();
   auto it = jobs_.find(caller.job_id);
   if (it == jobs_.end()) {
+    auto failed = failed_removed_.find(caller.job_id);
+    if (failed != failed_removed_.end() && failed->second.generation == caller.generation) {
+      return absl::AbortedError(failed->second.message);
+    }
     return absl::NotFoundError(absl::StrCat("unknown job '", caller.job_id, "'"));
   }
   Generation& gen = *it->second->current;
+  if (const std::optional<JobError>& previous = it->second->previous_error;
+      previous.has_value() && previous->generation == caller.generation) {
+    return absl::AbortedError(previous->message);
+  }
   if (caller.generation < gen.number) {
     return absl::AbortedError(absl::StrCat("job ", caller.job_id, ": generation ",
                                            caller.generation,
@@ -423,7 +458,11 @@ void Coordination::Join(JoinArgs args, Callback<JoinResult> callback) {
   waiter.join_done = std::move(callback);
   const absl::Time deadline = clock_->Now() + waiter.timeout;
   gen.join_waiters.insert(AddWaiterLocked(gen, deadline, std::move(waiter)));
-  if (*completed) CompleteJoinLocked(gen, done);
+  if (*completed) {
+    CompleteJoinLocked(gen, done);
+  } else {
+    FailIfRankExitedLocked(gen, done);
+  }
 }
 
 absl::StatusOr<std::vector<RankDescription>> Coordination::DescribeRanks(
@@ -456,7 +495,9 @@ void Coordination::WaitForKeysLocked(Generation& gen, KeySpace space, int rank,
   waiter.keys.keys = std::move(keys);
   waiter.values_done = std::move(callback);
   const absl::Time deadline = clock_->Now() + waiter.timeout;
-  AdvanceKeyWaiterLocked(gen, AddWaiterLocked(gen, deadline, std::move(waiter)), done);
+  const uint64_t id = AddWaiterLocked(gen, deadline, std::move(waiter));
+  AdvanceKeyWaiterLocked(gen, id, done);
+  if (waiters_.Find(id) != nullptr) FailIfRankExitedLocked(gen, done);
 }
 
 void Coordination::AdvanceKeyWaiterLocked(Generation& gen, uint64_t id, Completions& done) {
@@ -696,7 +737,11 @@ void Coordination::Barrier(const Caller& caller, const std::string& name, std::v
             BarrierTable::DescribeParticipants(b.participants()))),
         done);
   }
-  if (b.Arrive(caller.rank)) FinishBarrierLocked(gen, name, absl::OkStatus(), done);
+  if (b.Arrive(caller.rank)) {
+    FinishBarrierLocked(gen, name, absl::OkStatus(), done);
+  } else {
+    FailIfRankExitedLocked(gen, done);
+  }
 }
 
 // ---- Unique IDs --------------------------------------------------------------------
@@ -817,6 +862,38 @@ absl::Status Coordination::Leave(const Caller& caller) {
   return absl::OkStatus();
 }
 
+absl::Status Coordination::RankExited(const std::string& job_id, int64_t generation, int rank,
+                                      const std::string& reason) {
+  Completions done;
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return absl::OkStatus();
+  Generation& gen = *job->second->current;
+  if (gen.number != generation || gen.error.has_value()) return absl::OkStatus();
+  if (rank < 0 || rank >= gen.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(gen.Name(), ": rank ", rank, " is outside the world of ", gen.world_size()));
+  }
+  if (gen.liveness.left(rank) || gen.rendezvous.num_joined() == 0) return absl::OkStatus();
+  gen.exited.emplace(rank, reason.empty() ? "exited before the job finished" : reason);
+  // A peer parked on anything (its own watch aside) may be waiting for this
+  // rank, which will never come: end those waits now.
+  const bool waiting = waiters_.AnyInScope(
+      gen.scope, [](const Waiter& w) { return w.kind != Waiter::Kind::kWatch; });
+  if (waiting) FailIfRankExitedLocked(gen, done);
+  return absl::OkStatus();
+}
+
+void Coordination::FailIfRankExitedLocked(Generation& gen, Completions& done) {
+  if (gen.exited.empty() || gen.error.has_value()) return;
+  const auto& [rank, reason] = *gen.exited.begin();
+  JobError error;
+  error.rank = rank;
+  error.host = gen.rendezvous.joined(rank) ? gen.rendezvous.host(rank) : std::string();
+  error.reason = reason;
+  FailGenerationLocked(gen, std::move(error), done);
+}
+
 absl::StatusOr<uint64_t> Coordination::Watch(const Caller& caller, WatchCallback callback) {
   Completions done;
   absl::MutexLock lock(&mu_);
@@ -899,8 +976,11 @@ void Coordination::CheckLivenessLocked(absl::Time now, Completions& done) {
     JobError error;
     error.rank = dead->rank;
     error.host = gen.rendezvous.host(dead->rank);
-    error.reason = absl::StrCat("no heartbeat for ", Seconds(dead->silent), " (timeout ",
-                                Seconds(options_.heartbeat_timeout), ")");
+    auto exited = gen.exited.find(dead->rank);
+    error.reason = exited != gen.exited.end()
+                       ? exited->second
+                       : absl::StrCat("no heartbeat for ", Seconds(dead->silent), " (timeout ",
+                                      Seconds(options_.heartbeat_timeout), ")");
     FailGenerationLocked(gen, std::move(error), done);
   }
 }

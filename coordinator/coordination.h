@@ -22,7 +22,10 @@
 //   ABORTED              generation older than the job's current one; an
 //                        incarnation other than the one that joined as that
 //                        rank; or the generation has failed (the message
-//                        names the failed rank, its host and the reason).
+//                        names the failed rank, its host and the reason),
+//                        also once the job has moved to its next generation
+//                        or been removed (the last 4096 removed jobs whose
+//                        final generation failed are remembered for this).
 //   FAILED_PRECONDITION  generation newer than the job's current one; or (for
 //                        everything but Join) the rank has not joined.
 // Every error message starts with "job <id> generation <n>: " once the
@@ -60,6 +63,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -306,6 +310,27 @@ class Coordination {
   // still waiting for it fail with FAILED_PRECONDITION.
   absl::Status Leave(const Caller& caller);
 
+  // The agent saw `rank` of `job_id` at `generation` exit while its job was
+  // still running (exit code 0 included), and `reason` says how ("exited
+  // with code 0 before the job finished"). A rank that left cleanly (Leave),
+  // or one of a generation nobody has joined (a worker that does not use
+  // rendezvous), is no concern here: a no-op. Otherwise the rank will never
+  // arrive anywhere again:
+  //   - if any other rank of the generation is waiting (in Join, a barrier, a
+  //     key or unique-ID wait), the generation fails at once, naming the rank,
+  //     its host and `reason`, so those waits end with ABORTED now instead of
+  //     at their deadlines;
+  //   - else the generation is left running (the peers may be finishing and
+  //     need nothing more from it) until a rank parks a wait that does not
+  //     complete at once (Join, a barrier, a key or ID wait): then it fails
+  //     the same way. If the rank's missed heartbeats come first, `reason`
+  //     is the cause named, not the silence.
+  // Not from a worker: no fencing by incarnation. A generation other than the
+  // current one, an unknown job, or a failed generation: a no-op (the
+  // report is late). Errors: INVALID_ARGUMENT (rank outside the world).
+  absl::Status RankExited(const std::string& job_id, int64_t generation, int rank,
+                          const std::string& reason);
+
   // Subscribes to the caller's generation. `done` runs once (see
   // WatchCallback); at once if the generation has already failed. Returns a
   // handle for Unwatch. Errors: as for every worker operation, except that a
@@ -386,6 +411,10 @@ class Coordination {
                            Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailGenerationLocked(Generation& gen, JobError error, Completions& done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A rank of `gen` exited without leaving (RankExited) and a wait has just
+  // been parked, or is parked: fails `gen` naming the lowest such rank.
+  void FailIfRankExitedLocked(Generation& gen, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void CompleteJoinLocked(Generation& gen, Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   JoinResult JoinResultLocked(const Generation& gen, int rank) const
@@ -422,6 +451,12 @@ class Coordination {
   // declaration) ends nothing; a Waiter points into its generation.
   WaiterRegistry<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  // The failure of removed jobs whose last generation had failed, for late
+  // callers of that generation (ABORTED with the failure, not NOT_FOUND);
+  // the most recent kMaxFailedRemoved jobs, oldest first in the deque.
+  static constexpr size_t kMaxFailedRemoved = 4096;
+  absl::flat_hash_map<std::string, JobError> failed_removed_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> failed_removed_order_ ABSL_GUARDED_BY(mu_);
   absl::Time next_liveness_check_ ABSL_GUARDED_BY(mu_);
   absl::Time next_gauge_update_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

@@ -885,6 +885,14 @@ absl::Status JobManager::Recover() {
         continue;
       }
       LaunchLocked(*job, effects);  // Creates the rendezvous; no node is connected yet.
+      // SCHEDULED: not every rank had reported running, and a LAUNCH order
+      // may have died with the old process before it reached its agent. Its
+      // ranks stay "launching": each node's LAUNCH is sent again when its
+      // agent opens its assignment stream (an agent ignores a LAUNCH of a
+      // generation it has already launched, and lists what it runs when it
+      // registers, which marks those ranks running first). A node that never
+      // comes back is lost after its heartbeat timeout, failing the job.
+      if (state == JOB_STATE_SCHEDULED) continue;
       for (int rank = 0; rank < job->placement->world_size; ++rank) {
         job->MarkUnaccounted(rank, now + options_.node_heartbeat_timeout);
       }
@@ -1584,6 +1592,18 @@ absl::Status JobManager::ReportWorkerExit(const mesh::v1::ReportWorkerExitReques
         (void)job->machine->Succeed(absl::StrCat("all ", job->ranks.size(), " ranks exited 0"));
         spdlog::info("job {} succeeded", job->id);
         AfterTransitionLocked(*job, effects);
+      } else {
+        // Peers still run and may be waiting for this rank (a barrier, a
+        // key): unless it left its rendezvous cleanly, Coordination ends
+        // their waits now, naming it, instead of at their deadlines. After
+        // unlock: the failure listener calls back into this manager.
+        effects.Call(
+            [coordination = coordination_, id = job->id, generation = request.generation(), rank] {
+              (void)coordination->RankExited(
+                  id, generation, rank,
+                  "exited with code 0 before the job finished (without leaving: no "
+                  "Runtime::Shutdown)");
+            });
       }
     } else {
       RootCause cause;

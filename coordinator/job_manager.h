@@ -48,9 +48,12 @@
 //
 // Recovery (after a crash or restart): Recover() loads every stored job and
 // node. Live jobs that held nodes hold them again and are re-created in
-// Coordination at their stored generation; their ranks are "unaccounted"
-// until the agents register again and list them as running
-// (RegisterNodeRequest.running) or re-send their exits. A rank still
+// Coordination at their stored generation; the ranks of a RUNNING job are
+// "unaccounted" until the agents register again and list them as running
+// (RegisterNodeRequest.running) or re-send their exits. A SCHEDULED job may
+// have lost a LAUNCH order with the old process: its ranks are "launching"
+// again, and each node gets its LAUNCH when it opens its assignment stream
+// (agents ignore a LAUNCH of a generation they already run). A rank still
 // unaccounted node_heartbeat_timeout after Recover (or after its node
 // re-registered without it) is a failure of its job: "rank r on node n is
 // gone". Recovered nodes count as READY for that long, so their agents can

@@ -65,6 +65,17 @@ class WaiterRegistry {
 
   // Pending waits.
   size_t size() const { return waiters_.size(); }
+  // Whether some waiter of `scope` satisfies `pred(const W&)`. O(waiters of
+  // the scope).
+  template <typename Pred>
+  bool AnyInScope(uint64_t scope, Pred pred) const {
+    auto it = scopes_.find(scope);
+    if (it == scopes_.end()) return false;
+    for (uint64_t id : it->second) {
+      if (pred(waiters_.at(id).waiter)) return true;
+    }
+    return false;
+  }
   bool empty() const { return waiters_.empty(); }
   // Heap entries, live or not (for tests of the memory bound).
   size_t heap_size() const { return heap_.size(); }

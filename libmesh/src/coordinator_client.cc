@@ -406,6 +406,15 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewCoordinatorChannel(
     const std::string& target, const security::ClientSecurity& security) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
+  // gRPC's own reconnect backoff grows to 2 minutes: after a long
+  // coordinator restart, Runtime::Init's Join retries (every <= 1 s) would
+  // keep failing on a channel that is not trying to connect. Reconnect at
+  // the Join retry's pace instead, and give each attempt (TCP connect and
+  // HTTP/2 handshake; GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is that minimum,
+  // despite its name) time enough on a loaded host.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   security::ClientSecurity channel_security = security;
   channel_security.token.clear();
   return security::MakeChannel(target, channel_security, std::move(args));

@@ -1348,6 +1348,161 @@ TEST_F(CoordinationTest, BarrierFailsWhenAParticipantLeavesBeforeArriving) {
   EXPECT_FALSE(info->failed);
 }
 
+// ---- A rank that exits without leaving (RankExited) ------------------------------------------
+
+constexpr char kExit0[] = "exited with code 0 before the job finished";
+
+TEST_F(CoordinationTest, RankExitedFailsAWaitingBarrierAtOnceNamingTheRankHostAndExit) {
+  StartJob("job", {"host-a", "host-b", "host-c"});
+  CapturedOr<int> b0, b2;
+  coord().Barrier(Rank("job", 0), "step", {}, absl::Minutes(5), b0.Callback());
+  coord().Barrier(Rank("job", 2), "step", {}, absl::Minutes(5), b2.Callback());
+  Captured<absl::StatusOr<JobError>> watch;
+  ASSERT_THAT(coord().Watch(Rank("job", 0), watch.Callback()), IsOk());
+  EXPECT_FALSE(b0.fired());
+
+  ASSERT_THAT(coord().RankExited("job", 0, 1, kExit0), IsOk());
+  // No clock advanced: at once, not at the barrier's deadline.
+  for (auto* barrier : {&b0, &b2}) {
+    ASSERT_TRUE(barrier->fired());
+    EXPECT_THAT(barrier->result(),
+                StatusIs(absl::StatusCode::kAborted,
+                         AllOf(HasSubstr("rank 1 (host-b)"), HasSubstr(kExit0))));
+  }
+  ASSERT_TRUE(watch.fired());
+  ASSERT_THAT(watch.result(), IsOk());
+  EXPECT_EQ(watch.result()->rank, 1);
+  EXPECT_EQ(watch.result()->host, "host-b");
+  EXPECT_EQ(watch.result()->reason, kExit0);
+  const absl::StatusOr<JobInfo> info = coord().GetJob("job");
+  ASSERT_THAT(info, IsOk());
+  EXPECT_TRUE(info->failed);
+}
+
+TEST_F(CoordinationTest, RankExitedFailsAKeyWaitAndAJoinWait) {
+  // A key wait: the exited rank would have set it.
+  StartJob("kv", {"h0", "h1"});
+  CapturedOr<std::string> get;
+  coord().KvGet(Rank("kv", 0), "from-rank-1", /*wait=*/true, absl::Minutes(5), get.Callback());
+  ASSERT_THAT(coord().RankExited("kv", 0, 1, kExit0), IsOk());
+  ASSERT_TRUE(get.fired());
+  EXPECT_THAT(get.result(), StatusIs(absl::StatusCode::kAborted, HasSubstr("rank 1 (h1)")));
+
+  // A join wait: the rank exited before joining, so it never will.
+  JobLayout layout;
+  layout.job_id = "join";
+  layout.world_size = 2;
+  ASSERT_THAT(coord().CreateJob(layout), IsOk());
+  CapturedOr<JoinResult> joined;
+  coord().Join(Args("join", 0, "h0", 0, absl::Minutes(5)), joined.Callback());
+  ASSERT_FALSE(joined.fired());
+  ASSERT_THAT(coord().RankExited("join", 0, 1, kExit0), IsOk());
+  ASSERT_TRUE(joined.fired());
+  EXPECT_THAT(joined.result(),
+              StatusIs(absl::StatusCode::kAborted, AllOf(HasSubstr("rank 1"), HasSubstr(kExit0))));
+}
+
+TEST_F(CoordinationTest, RankExitedWithNobodyWaitingIsNamedWhenItsHeartbeatsStop) {
+  StartJob("job", {"host-a", "host-b"});
+  Captured<absl::StatusOr<JobError>> watch;
+  ASSERT_THAT(coord().Watch(Rank("job", 0), watch.Callback()), IsOk());
+  // Rank 0 is busy, not waiting: nothing fails yet (it may be finishing).
+  ASSERT_THAT(coord().RankExited("job", 0, 1, kExit0), IsOk());
+  EXPECT_FALSE(watch.fired());
+  // Rank 1 never heartbeats again: the liveness timeout names the exit.
+  Run(2 * kHeartbeatTimeout, {Rank("job", 0)});
+  ASSERT_TRUE(watch.fired());
+  ASSERT_THAT(watch.result(), IsOk());
+  EXPECT_EQ(watch.result()->rank, 1);
+  EXPECT_EQ(watch.result()->reason, kExit0);
+}
+
+TEST_F(CoordinationTest, AWaitParkedAfterARankExitedFailsAtOnce) {
+  StartJob("job", {"host-a", "host-b", "host-c"});
+  // Nobody waits yet: the generation runs on.
+  ASSERT_THAT(coord().RankExited("job", 0, 1, kExit0), IsOk());
+  ASSERT_FALSE(coord().GetJob("job")->failed);
+  // A barrier that completes at once (rank 1 not in it) is fine.
+  CapturedOr<int> pair;
+  coord().Barrier(Rank("job", 0), "pair", {0}, absl::Minutes(5), pair.Callback());
+  ASSERT_TRUE(pair.fired());
+  EXPECT_THAT(pair.result(), IsOk());
+  // A wait that would park instead fails at once, naming rank 1.
+  CapturedOr<int> world;
+  coord().Barrier(Rank("job", 0), "world", {}, absl::Minutes(5), world.Callback());
+  ASSERT_TRUE(world.fired());
+  EXPECT_THAT(world.result(), StatusIs(absl::StatusCode::kAborted,
+                                       AllOf(HasSubstr("rank 1 (host-b)"), HasSubstr(kExit0))));
+  EXPECT_TRUE(coord().GetJob("job")->failed);
+}
+
+TEST_F(CoordinationTest, RankExitedAfterLeaveOrWithoutRendezvousOrLateIsANoOp) {
+  StartJob("job", {"h", "h"});
+  CapturedOr<int> b0;
+  ASSERT_THAT(coord().Leave(Rank("job", 1)), IsOk());
+  coord().Barrier(Rank("job", 0), "solo", {0}, absl::Minutes(5), b0.Callback());
+  ASSERT_TRUE(b0.fired());
+  CapturedOr<std::string> get;
+  coord().KvGet(Rank("job", 0), "k", /*wait=*/true, absl::Minutes(5), get.Callback());
+  // Left cleanly: the exit is what was expected.
+  ASSERT_THAT(coord().RankExited("job", 0, 1, kExit0), IsOk());
+  EXPECT_FALSE(get.fired());
+  // A stale generation, an unknown job: late reports, ignored.
+  ASSERT_THAT(coord().RankExited("job", 7, 0, kExit0), IsOk());
+  ASSERT_THAT(coord().RankExited("nope", 0, 0, kExit0), IsOk());
+  EXPECT_FALSE(get.fired());
+  EXPECT_THAT(coord().RankExited("job", 0, 2, kExit0),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+
+  // Nobody joined (workers that do not use rendezvous): nothing to fail.
+  JobLayout layout;
+  layout.job_id = "plain";
+  layout.world_size = 2;
+  ASSERT_THAT(coord().CreateJob(layout), IsOk());
+  ASSERT_THAT(coord().RankExited("plain", 0, 0, kExit0), IsOk());
+  const absl::StatusOr<JobInfo> info = coord().GetJob("plain");
+  ASSERT_THAT(info, IsOk());
+  EXPECT_FALSE(info->failed);
+  EXPECT_FALSE(coord().GetJob("job")->failed);
+}
+
+TEST_F(CoordinationTest, ALateCallAfterTheFailedJobWasRemovedOrRestartedNamesTheCulprit) {
+  // Removed after its generation failed: ABORTED with the failure, not
+  // NOT_FOUND, for that generation.
+  StartJob("job", {"host-a", "host-b"});
+  ASSERT_THAT(coord().ReportError(Rank("job", 1), "CUDA error: out of memory"), IsOk());
+  ASSERT_THAT(coord().RemoveJob("job", "the job is FAILED"), IsOk());
+  CapturedOr<int> late;
+  coord().Barrier(Rank("job", 0), "step", {}, absl::Minutes(5), late.Callback());
+  ASSERT_TRUE(late.fired());
+  EXPECT_THAT(late.result(),
+              StatusIs(absl::StatusCode::kAborted,
+                       AllOf(HasSubstr("rank 1 (host-b)"), HasSubstr("out of memory"))));
+  EXPECT_THAT(coord().KvSet(Rank("job", 1, /*generation=*/3), "k", "v"),
+              StatusIs(absl::StatusCode::kNotFound));
+  // Re-created at the next generation: a late call of the failed one is
+  // still told why.
+  JobLayout layout;
+  layout.job_id = "job";
+  layout.world_size = 2;
+  ASSERT_THAT(coord().CreateJob(layout, /*generation=*/1), IsOk());
+  EXPECT_THAT(coord().KvSet(Rank("job", 0), "k", "v"),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("out of memory")));
+
+  // Restarted (BumpGeneration) after a failure: the same.
+  StartJob("bumped", {"host-a", "host-b"});
+  ASSERT_THAT(coord().ReportError(Rank("bumped", 0), "disk on fire"), IsOk());
+  ASSERT_THAT(coord().BumpGeneration("bumped", "restart"), IsOk());
+  EXPECT_THAT(coord().KvSet(Rank("bumped", 1), "k", "v"),
+              StatusIs(absl::StatusCode::kAborted,
+                       AllOf(HasSubstr("rank 0 (host-a)"), HasSubstr("disk on fire"))));
+
+  // Removed without a failure: unknown, as before.
+  StartJob("done", {"h"});
+  ASSERT_THAT(coord().RemoveJob("done", "the job is SUCCEEDED"), IsOk());
+  EXPECT_THAT(coord().KvSet(Rank("done", 0), "k", "v"), StatusIs(absl::StatusCode::kNotFound));
+}
+
 // ---- Unique IDs ------------------------------------------------------------------------------
 
 TEST_F(CoordinationTest, UniqueIdsArePublishedAndReturnedInKeyOrder) {

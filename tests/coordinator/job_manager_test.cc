@@ -866,6 +866,49 @@ TEST_F(JobManagerTest, RendezvousFailureRestartsTheJobNamingTheRank) {
               ElementsAre(Pair(kLaunch, 0), Pair(kKill, 0), Pair(kLaunch, 1)));
 }
 
+// A rank that exits 0 without leaving its rendezvous while a peer waits at
+// a barrier: the peer's wait ends at once, naming the rank, and the job
+// fails (here: restarts) with it as the root cause. Ranks that never join
+// (plain scripts) are unaffected: AllRanksExitingZeroSucceedsKillsAndReleases.
+TEST_F(JobManagerTest, ExitZeroWithoutLeaveEndsAPeersBarrierNamingTheRank) {
+  AddTwoNodes();
+  const std::string id = RunJob(SpecWithRestarts(1));
+  for (int rank = 0; rank < 4; ++rank) {
+    JoinArgs join;
+    join.caller = Caller{id, 0, rank, 100u + rank};
+    join.host = rank < 2 ? "node-a" : "node-b";
+    coordination_->Join(std::move(join), [](absl::StatusOr<JoinResult>) {});
+  }
+  std::optional<absl::StatusOr<int>> barrier;
+  coordination_->Barrier(Caller{id, 0, 0, 100}, "step", {}, absl::Minutes(5),
+                         [&](absl::StatusOr<int> result) { barrier = std::move(result); });
+  ASSERT_FALSE(barrier.has_value());
+  // Rank 3 left cleanly and exited: not a failure.
+  ASSERT_THAT(coordination_->Leave(Caller{id, 0, 3, 103}), IsOk());
+  ASSERT_THAT(Exited(*b_, id, 0, 3, 0), IsOk());
+  // The barrier included rank 3, which left before arriving: that barrier
+  // fails (FAILED_PRECONDITION), the job does not.
+  ASSERT_TRUE(barrier.has_value());
+  EXPECT_THAT(*barrier, StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_RUNNING);
+
+  barrier.reset();
+  coordination_->Barrier(Caller{id, 0, 0, 100}, "first-three", {0, 1, 2}, absl::Minutes(5),
+                         [&](absl::StatusOr<int> result) { barrier = std::move(result); });
+  ASSERT_FALSE(barrier.has_value());
+  // Rank 2 exits 0 without Leave.
+  ASSERT_THAT(Exited(*b_, id, 0, 2, 0), IsOk());
+  ASSERT_TRUE(barrier.has_value());
+  EXPECT_THAT(*barrier, StatusIs(absl::StatusCode::kAborted,
+                                 AllOf(HasSubstr("rank 2 (node-b)"),
+                                       HasSubstr("exited with code 0 before the job finished"))));
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.generation(), 1);
+  ASSERT_TRUE(job.has_root_cause());
+  EXPECT_EQ(job.root_cause().rank(), 2);
+  EXPECT_THAT(job.root_cause().message(), HasSubstr("exited with code 0 before the job finished"));
+}
+
 TEST_F(JobManagerTest, FailedRankRestartsTheJobKillThenLaunch) {
   AddTwoNodes();
   const std::string id = RunJob(SpecWithRestarts(1));
@@ -1608,6 +1651,36 @@ TEST_F(JobManagerTest, RecoveredJobAcceptsExitsReSentAfterReconnect) {
   ASSERT_THAT(Exited(*b_, id, 0, 2, 0), IsOk());
   ASSERT_THAT(Exited(*b_, id, 0, 3, 0), IsOk());
   EXPECT_EQ(StateOf(id), v1::JOB_STATE_SUCCEEDED);
+}
+
+// The coordinator died right after acknowledging a submit: node-a got its
+// LAUNCH and runs its ranks, node-b's LAUNCH was lost with the process. The
+// recovered SCHEDULED job sends node-b its LAUNCH again when node-b watches,
+// and runs; nothing is declared gone.
+TEST_F(JobManagerTest, RecoveredScheduledJobRelaunchesRanksWhoseLaunchWasLost) {
+  UseFileStore();
+  AddTwoNodes();
+  const std::string id = Submit(SpecWithRestarts(0));
+  ASSERT_EQ(StateOf(id), v1::JOB_STATE_SCHEDULED);
+  RestartCoordinator();
+  ASSERT_EQ(StateOf(id), v1::JOB_STATE_SCHEDULED);
+
+  ASSERT_THAT(Register(*a_, {Worker(id, 0, 0), Worker(id, 0, 1)}), IsOk());
+  ASSERT_THAT(Watch(*a_), IsOk());
+  ASSERT_THAT(Register(*b_), IsOk());
+  ASSERT_THAT(Watch(*b_), IsOk());
+  // node-a runs its ranks already: no order. node-b: its LAUNCH, again.
+  EXPECT_THAT(ActionsOf(a_->orders->messages()), IsEmpty());
+  ASSERT_THAT(ActionsOf(b_->orders->messages()), ElementsAre(Pair(kLaunch, 0)));
+  std::vector<int> ranks;
+  for (const auto& rank : b_->orders->messages().back().ranks()) ranks.push_back(rank.rank());
+  EXPECT_THAT(ranks, ElementsAre(2, 3));
+
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(5), {a_, b_});
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_SCHEDULED);
+  ASSERT_THAT(Started(*b_, id, 0, {2, 3}), IsOk());
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(id).generation(), 0);
 }
 
 TEST_F(JobManagerTest, RecoveredJobFailsWhenAnAgentNeverReturns) {

@@ -379,15 +379,14 @@ TEST_F(ShutdownProcessTest, AgentKeepsWorkersRunningThroughCoordinatorSigtermAnd
         return job.has_value() && job->state() == JOB_STATE_RUNNING;
       },
       absl::Seconds(20)));
-  // The two worker shells; their short-lived `sleep` children, which share
-  // the environment, are left out.
+  // The two worker shells: the agent's children. Their short-lived `sleep`
+  // children share the environment (and are called "sh" too between fork
+  // and exec), so they are told apart by their parent.
   auto workers = [&] {
     std::vector<pid_t> shells;
     for (pid_t pid :
          ::mesh::testing::LiveProcessesWithEnv({"MARKER=" + marker_, "MESH_JOB_ID=" + id})) {
-      std::ifstream comm(absl::StrCat("/proc/", pid, "/comm"));
-      std::string name;
-      if (std::getline(comm, name) && name == "sh") shells.push_back(pid);
+      if (::mesh::testing::ParentOf(pid) == agent_->pid()) shells.push_back(pid);
     }
     return shells;
   };

@@ -1,15 +1,14 @@
 #include "tests/util/proc.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-
-#include <fstream>
-#include <iterator>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -19,9 +18,22 @@
 namespace mesh::testing {
 namespace {
 
+// The whole file; empty when it cannot be read. POSIX reads, not an
+// ifstream: libstdc++ throws from a read error (ESRCH when the process
+// exits between open and read), which scans of /proc race with.
 std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string content;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return content;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    content.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return content;
 }
 
 // The fields of /proc/<pid>/stat after "pid (comm) ": state ppid pgrp ...
@@ -52,6 +64,13 @@ std::vector<pid_t> AllPids() {
 }  // namespace
 
 bool IsAlive(pid_t pid) { return IsLiveState(StatFields(pid)); }
+
+pid_t ParentOf(pid_t pid) {
+  const std::vector<std::string> fields = StatFields(pid);
+  int parent = -1;
+  if (fields.size() < 2 || !absl::SimpleAtoi(fields[1], &parent)) return -1;
+  return parent;
+}
 
 std::vector<pid_t> LiveProcessesInGroup(pid_t pgid) {
   std::vector<pid_t> found;

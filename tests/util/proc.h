@@ -16,6 +16,9 @@ namespace mesh::testing {
 // Whether `pid` exists and is neither a zombie nor dead (/proc/<pid>/stat).
 bool IsAlive(pid_t pid);
 
+// The parent of `pid`; -1 when it is gone.
+pid_t ParentOf(pid_t pid);
+
 // Live processes whose process group is `pgid`.
 std::vector<pid_t> LiveProcessesInGroup(pid_t pgid);
 

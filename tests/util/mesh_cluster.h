@@ -1,0 +1,121 @@
+// MeshCluster: a real mesh-coordinator and mesh-agents on 127.0.0.1 for
+// process-level tests (tests/fault/, and any integration test that wants
+// it), with the JobService / WorkerService / AdminService stubs and the
+// polling helpers those tests share.
+//
+// Ownership: the cluster owns every process it starts (Subprocess: own
+// process group, PR_SET_PDEATHSIG) and its temporary directory; the
+// destructor SIGKILLs and reaps the agents, then the coordinator, then
+// removes the directory, so a failing test leaves nothing behind.
+//
+// Errors: the Start* calls return INTERNAL (fork failed) or the
+// coordinator's banner problem (DEADLINE_EXCEEDED when it did not print
+// "mesh-coordinator listening on <addr>" in time, FAILED_PRECONDITION when
+// it printed something else). RPC helpers return grpc::Status as is.
+//
+// Start processes from a thread that outlives them: PR_SET_PDEATHSIG fires
+// when the *thread* that forked a child exits, not the process.
+//
+// Thread safety: none, except that the stubs (jobs(), workers(), admin())
+// may be used from several threads; they are replaced by StartCoordinator,
+// so do not call it while other threads use them.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "mesh/v1/admin.grpc.pb.h"
+#include "mesh/v1/job.grpc.pb.h"
+#include "mesh/v1/worker.grpc.pb.h"
+#include "tests/util/subprocess.h"
+
+namespace mesh::testing {
+
+struct MeshClusterBinaries {
+  std::string coordinator;  // mesh-coordinator
+  std::string agent;        // mesh-agent
+};
+
+// A client context whose deadline is `timeout` from now.
+std::unique_ptr<grpc::ClientContext> ContextWithDeadline(absl::Duration timeout);
+
+class MeshCluster {
+ public:
+  // Creates a fresh directory /tmp/<prefix>-XXXXXX (dir()).
+  MeshCluster(MeshClusterBinaries binaries, const std::string& prefix);
+  ~MeshCluster();
+
+  MeshCluster(const MeshCluster&) = delete;
+  MeshCluster& operator=(const MeshCluster&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  // Where the coordinator keeps its SQLite file: dir()/state unless
+  // set_state_dir changed it (before StartCoordinator).
+  const std::string& state_dir() const { return state_dir_; }
+  void set_state_dir(std::string dir) { state_dir_ = std::move(dir); }
+
+  // Starts mesh-coordinator on `port` (0: any; the same port for a restart)
+  // with --insecure, the state directory, fast node heartbeats (0.2 s
+  // interval, `node_timeout` timeout), a 1 s kill grace, then `extra` flags
+  // (later flags win). Waits for its banner and connects the stubs.
+  absl::Status StartCoordinator(int port = 0, const std::vector<std::string>& extra = {},
+                                absl::Duration node_timeout = absl::Seconds(5));
+  // SIGKILLs the coordinator and reaps it (bounded).
+  absl::Status KillCoordinator();
+  bool coordinator_running() const { return coordinator_ != nullptr; }
+  pid_t coordinator_pid() const;
+
+  // Starts agent `i` named "node-<i>" with `slots` slots, no GPUs, a 1 s
+  // grace, its work directory under dir().
+  absl::Status StartAgent(int i, int slots = 2);
+  Subprocess* agent(int i) { return agents_.at(i).get(); }
+
+  const std::string& address() const { return address_; }
+  int port() const { return port_; }
+
+  mesh::v1::JobService::Stub& jobs() { return *jobs_; }
+  mesh::v1::WorkerService::Stub& workers() { return *workers_; }
+  mesh::v1::AdminService::Stub& admin() { return *admin_; }
+  // A fresh channel to the current coordinator (for clients that must not
+  // share the stubs' connection).
+  std::shared_ptr<grpc::Channel> NewChannel() const;
+
+  // ---- JobService helpers (10 s deadlines) ------------------------------
+  // READY nodes; -1 when ListNodes fails. After a restart, recovered nodes
+  // count as READY before their agents are back: see NodesSeenSince.
+  int ReadyNodes();
+  // Nodes whose last heartbeat or registration is at or after `since`; -1
+  // when ListNodes fails.
+  int NodesSeenSince(absl::Time since);
+  std::optional<mesh::v1::Job> GetJob(const std::string& id);
+  // Every job, through every page of ListJobs. Errors: the failing page's.
+  absl::StatusOr<std::vector<mesh::v1::Job>> ListAllJobs();
+  // Polls GetJob until the job is in `state`.
+  bool WaitForState(const std::string& id, mesh::v1::JobState state, absl::Duration timeout);
+  // WaitJob with a server-side timeout; the job as the reply has it.
+  absl::StatusOr<mesh::v1::Job> WaitTerminal(const std::string& id, absl::Duration timeout);
+
+ private:
+  const MeshClusterBinaries binaries_;
+  std::string dir_;
+  std::string state_dir_;
+  std::string address_;
+  int port_ = 0;
+  std::unique_ptr<Subprocess> coordinator_;
+  std::vector<std::unique_ptr<Subprocess>> agents_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<mesh::v1::JobService::Stub> jobs_;
+  std::unique_ptr<mesh::v1::WorkerService::Stub> workers_;
+  std::unique_ptr<mesh::v1::AdminService::Stub> admin_;
+};
+
+}  // namespace mesh::testing
