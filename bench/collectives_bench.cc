@@ -193,6 +193,7 @@ std::vector<std::string> WorkerArgs(const CollectivesBenchOptions& o, int rank,
   };
   if (o.check) args.push_back("-c");
   if (o.shared_memory) args.push_back("--shm");
+  if (!o.batch_device_thread) args.push_back("--no-batch-device-thread");
   return args;
 }
 
@@ -231,6 +232,7 @@ absl::Status RunCollectivesWorker(const CollectivesBenchOptions& options, int ra
   gloo.group.timeout = options.timeout;
   gloo.allreduce_algorithm = options.allreduce_algorithm;
   gloo.shared_memory = options.shared_memory;
+  gloo.batch_device_thread = options.batch_device_thread;
   auto factory = ConnectBenchWorker(coordinator, job, rank, n, gloo, options.timeout);
   if (!factory.ok()) return factory.status();
   auto world = (*factory)->World();
@@ -383,6 +385,7 @@ nlohmann::json ToJson(const CollectivesBenchOptions& options,
           {"check", options.check},
           {"allreduce_algorithm", GlooAllreduceAlgorithmName(options.allreduce_algorithm)},
           {"shared_memory", options.shared_memory},
+          {"batch_device_thread", options.batch_device_thread},
           {"rows", rows}};
 }
 

@@ -62,6 +62,9 @@ struct CollectivesBenchOptions {
   // GlooOptions::shared_memory (libmesh's default on one host); the bench
   // measures TCP unless --shm, so that both rows can be compared.
   bool shared_memory = false;
+  // GlooOptions::batch_device_thread (libmesh's default: on). Off only to
+  // compare with the behaviour before it existed.
+  bool batch_device_thread = true;
   // Gloo's per-op timeout, and the rendezvous timeout.
   absl::Duration timeout = absl::Seconds(120);
   // The whole run, after which the parent kills the workers.

@@ -243,6 +243,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   coll_cmd->add_flag("--shm", coll.shared_memory,
                      "Run through the shared-memory path (GlooOptions::shared_memory)");
+  coll_cmd->add_flag("!--no-batch-device-thread", coll.batch_device_thread,
+                     "Leave gloo's device thread under SCHED_OTHER "
+                     "(GlooOptions::batch_device_thread off), to compare");
   coll_cmd->add_option("--hostname", coll.hostname, "Address the Gloo sockets bind to")
       ->capture_default_str();
   coll_cmd->add_option("--timeout", coll_timeout_s, "Gloo op and rendezvous timeout, seconds")

@@ -137,6 +137,18 @@ struct GlooOptions {
   // Bytes per member slot of the segment, which holds size() + 1 slots: the
   // largest piece one barrier round moves.
   size_t shared_memory_slot_bytes = 4 * 1024 * 1024;
+
+  // Run gloo's TCP device thread (the epoll thread that serves every socket
+  // of the factory) under SCHED_BATCH, so that its wake-ups never preempt
+  // the thread running a collective. Without it, on a busy machine, small
+  // collectives over TCP took 3-5 ms each instead of ~0.15 ms: the device
+  // thread knocked the collective's thread off its CPU while that thread
+  // held a connection's lock, then spun on that lock (gloo retries a failed
+  // try_lock through epoll_wait) until the next scheduler tick. The thread's
+  // nice value is unchanged; best effort (a kernel that refuses leaves the
+  // policy alone). See libmesh/src/backends/gloo/gloo_device_thread.h and
+  // docs/performance.md, "Small messages".
+  bool batch_device_thread = true;
 };
 
 class GlooProcessGroupFactory;

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/gloo/gloo_context.h"
+#include "backends/gloo/gloo_device_thread.h"
 #include "backends/gloo/gloo_errors.h"
 #include "backends/gloo/gloo_group_state.h"
 #include "backends/gloo/gloo_store.h"
@@ -144,6 +145,11 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroupFactory>> GlooProcessGroupFactory
   }
   auto device = MakeDevice(options);
   if (!device.ok()) return device.status();
+  if (options.batch_device_thread) {
+    // Best effort (GlooOptions::batch_device_thread): a refusal only costs
+    // small-message latency on a busy machine.
+    static_cast<void>(gloo_backend::SetDeviceThreadBatchPolicy((*device)->device));
+  }
   return std::unique_ptr<GlooProcessGroupFactory>(new GlooProcessGroupFactory(
       std::move(store), world_rank, world_size, std::move(options), *std::move(device)));
 }
