@@ -1,6 +1,9 @@
 // The coordinator's state directory on a full filesystem (issue 10,
-// scenario 10; docs/failure-semantics.md): a 2 MiB tmpfs mounted for the
-// test, filled to the brim by a filler file.
+// scenario 10; docs/failure-semantics.md), two ways: a 2 MiB tmpfs mounted
+// for the test and filled to the brim by a filler file; and, on any
+// machine, an injected ENOSPC: the coordinator runs with LD_PRELOAD of
+// mesh_enospc_preload (tests/fault/enospc_preload.c), whose writes under
+// the state directory fail with ENOSPC while a trigger file exists.
 //
 // Asserts: submits are refused with RESOURCE_EXHAUSTED naming the full disk,
 // and store nothing; GetJob and ListJobs keep answering; once the filler is
@@ -9,14 +12,17 @@
 // nothing acknowledged before, during or after is lost, across a kill -9 and
 // restart.
 //
-// Needs mount(2) (root, or CAP_SYS_ADMIN); skipped where it is refused.
+// The tmpfs case needs mount(2) (root, or CAP_SYS_ADMIN) and is skipped
+// where it is refused; the injected case always runs.
 #include <fcntl.h>
+#include <stdlib.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -122,6 +128,103 @@ class DiskFullTest : public ::testing::Test {
                                      response);
   }
 
+  // The scenario: `fill` makes the state filesystem full, `free_space`
+  // frees it again (each false on failure); at most
+  // `max_accepted_while_full` submits may still fit once it is full.
+  void RunScenario(const std::function<bool()>& fill, const std::function<bool()>& free_space,
+                   int max_accepted_while_full) {
+    ASSERT_TRUE(cluster_.StartCoordinator().ok());
+
+    std::map<std::string, std::string> acked;  // id -> key
+    auto submit_ok = [&](const std::string& key) {
+      SubmitJobResponse response;
+      const grpc::Status status = Submit(Spec(key), &response);
+      EXPECT_TRUE(status.ok()) << key << ": " << status.error_message();
+      if (status.ok()) acked[response.job().id()] = key;
+      return status.ok();
+    };
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE(submit_ok(absl::StrCat("before-", i)));
+
+    ASSERT_TRUE(fill()) << "could not fill the state filesystem";
+
+    // SQLite may still fit a few commits in pages it already has (the WAL is
+    // reused): submit until one is refused, counting those acknowledged.
+    grpc::Status refused;
+    std::string refused_key;
+    int accepted_while_full = 0;
+    for (int i = 0; i < 2000 && refused.ok(); ++i) {
+      refused_key = absl::StrCat("full-", i);
+      SubmitJobResponse response;
+      refused = Submit(Spec(refused_key), &response);
+      if (refused.ok()) {
+        acked[response.job().id()] = refused_key;
+        ++accepted_while_full;
+      }
+    }
+    ASSERT_FALSE(refused.ok()) << "2000 submits fit on a full filesystem";
+    EXPECT_LE(accepted_while_full, max_accepted_while_full);
+    std::printf("[ scenario 10 ] %d submit(s) still fit; then refused: %d %s\n",
+                accepted_while_full, static_cast<int>(refused.error_code()),
+                refused.error_message().c_str());
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << refused.error_message();
+    EXPECT_THAT(refused.error_message(), AnyOf(HasSubstr("disk is full"), HasSubstr("disk full")));
+
+    // Still full: refused again, the same way, and nothing half-stored.
+    SubmitJobResponse again;
+    const grpc::Status second = Submit(Spec("full-again"), &again);
+    EXPECT_EQ(second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << second.error_message();
+
+    // A cancel commits a transition: refused the same way, and the job is as
+    // it was (PENDING), in memory and on disk.
+    const std::string first_id = acked.begin()->first;
+    CancelJobRequest cancel;
+    cancel.set_job_id(first_id);
+    CancelJobResponse cancelled;
+    const grpc::Status cancel_full =
+        cluster_.jobs().CancelJob(ContextWithDeadline(absl::Seconds(10)).get(), cancel, &cancelled);
+    EXPECT_EQ(cancel_full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << cancel_full.error_message();
+    EXPECT_EQ(cluster_.GetJob(first_id)->state(), JOB_STATE_PENDING);
+
+    // Reads keep working, and show exactly what was acknowledged.
+    auto expect_exactly_acked = [&](const char* when) {
+      SCOPED_TRACE(when);
+      absl::StatusOr<std::vector<Job>> all = cluster_.ListAllJobs();
+      ASSERT_TRUE(all.ok()) << all.status();
+      std::map<std::string, std::string> listed;
+      for (const Job& job : *all) listed[job.id()] = job.spec().idempotency_key();
+      EXPECT_EQ(listed, acked);
+      for (const auto& [id, key] : acked) {
+        std::optional<Job> job = cluster_.GetJob(id);
+        ASSERT_TRUE(job.has_value()) << id;
+        EXPECT_EQ(job->spec().idempotency_key(), key);
+      }
+    };
+    expect_exactly_acked("while full");
+
+    // Space again: no restart needed.
+    ASSERT_TRUE(free_space()) << "could not free space";
+    // The refused submit, retried with its key: one job.
+    ASSERT_TRUE(submit_ok(refused_key));
+    SubmitJobResponse retried;
+    ASSERT_TRUE(Submit(Spec(refused_key), &retried).ok());
+    EXPECT_TRUE(retried.deduplicated());
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE(submit_ok(absl::StrCat("after-", i)));
+    // The refused cancel, again: now it commits.
+    const grpc::Status cancel_status =
+        cluster_.jobs().CancelJob(ContextWithDeadline(absl::Seconds(10)).get(), cancel, &cancelled);
+    ASSERT_TRUE(cancel_status.ok()) << cancel_status.error_message();
+    EXPECT_EQ(cancelled.job().state(), JOB_STATE_CANCELLED);
+    expect_exactly_acked("after freeing space");
+
+    // And all of it is durable.
+    ASSERT_TRUE(cluster_.KillCoordinator().ok());
+    ASSERT_TRUE(cluster_.StartCoordinator(cluster_.port()).ok());
+    expect_exactly_acked("after kill -9 and restart");
+    EXPECT_EQ(cluster_.GetJob(acked.begin()->first)->state(), JOB_STATE_CANCELLED);
+  }
+
   TmpfsMount mount_;  // Outlives the coordinator (destroyed after cluster_).
   MeshCluster cluster_;
 };
@@ -129,97 +232,48 @@ class DiskFullTest : public ::testing::Test {
 TEST_F(DiskFullTest, SubmitsAreRefusedReadsWorkAndFreeingSpaceRecoversWithoutRestart) {
   if (!mount_.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here: " << mount_.error();
   cluster_.set_state_dir(mount_.dir() + "/state");
-  ASSERT_TRUE(cluster_.StartCoordinator().ok());
-
-  std::map<std::string, std::string> acked;  // id -> key
-  auto submit_ok = [&](const std::string& key) {
-    SubmitJobResponse response;
-    const grpc::Status status = Submit(Spec(key), &response);
-    EXPECT_TRUE(status.ok()) << key << ": " << status.error_message();
-    if (status.ok()) acked[response.job().id()] = key;
-    return status.ok();
-  };
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(submit_ok(absl::StrCat("before-", i)));
-
   const std::string filler = mount_.dir() + "/filler";
-  const int64_t filled = FillUp(filler);
-  ASSERT_GE(filled, 0) << "could not fill " << mount_.dir();
-  std::printf("[ scenario 10 ] filled the 2 MiB tmpfs with %lld bytes\n",
-              static_cast<long long>(filled));
+  RunScenario(
+      [&] {
+        const int64_t filled = FillUp(filler);
+        std::printf("[ scenario 10 ] filled the 2 MiB tmpfs with %lld bytes\n",
+                    static_cast<long long>(filled));
+        return filled >= 0;
+      },
+      [&] { return unlink(filler.c_str()) == 0; },
+      // SQLite may still fit a few commits in pages it already has.
+      /*max_accepted_while_full=*/2000);
+}
 
-  // SQLite may still fit a few commits in pages it already has (the WAL is
-  // reused): submit until one is refused, counting those acknowledged.
-  grpc::Status refused;
-  std::string refused_key;
-  int accepted_while_full = 0;
-  for (int i = 0; i < 2000 && refused.ok(); ++i) {
-    refused_key = absl::StrCat("full-", i);
-    SubmitJobResponse response;
-    refused = Submit(Spec(refused_key), &response);
-    if (refused.ok()) {
-      acked[response.job().id()] = refused_key;
-      ++accepted_while_full;
-    }
-  }
-  ASSERT_FALSE(refused.ok()) << "2000 submits fit on a full filesystem";
-  std::printf("[ scenario 10 ] %d submit(s) still fit; then refused: %d %s\n", accepted_while_full,
-              static_cast<int>(refused.error_code()), refused.error_message().c_str());
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
-  EXPECT_THAT(refused.error_message(), AnyOf(HasSubstr("disk is full"), HasSubstr("disk full")));
-
-  // Still full: refused again, the same way, and nothing half-stored.
-  SubmitJobResponse again;
-  const grpc::Status second = Submit(Spec("full-again"), &again);
-  EXPECT_EQ(second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << second.error_message();
-
-  // A cancel commits a transition: refused the same way, and the job is as
-  // it was (PENDING), in memory and on disk.
-  const std::string first_id = acked.begin()->first;
-  CancelJobRequest cancel;
-  cancel.set_job_id(first_id);
-  CancelJobResponse cancelled;
-  const grpc::Status cancel_full =
-      cluster_.jobs().CancelJob(ContextWithDeadline(absl::Seconds(10)).get(), cancel, &cancelled);
-  EXPECT_EQ(cancel_full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-      << cancel_full.error_message();
-  EXPECT_EQ(cluster_.GetJob(first_id)->state(), JOB_STATE_PENDING);
-
-  // Reads keep working, and show exactly what was acknowledged.
-  auto expect_exactly_acked = [&](const char* when) {
-    SCOPED_TRACE(when);
-    absl::StatusOr<std::vector<Job>> all = cluster_.ListAllJobs();
-    ASSERT_TRUE(all.ok()) << all.status();
-    std::map<std::string, std::string> listed;
-    for (const Job& job : *all) listed[job.id()] = job.spec().idempotency_key();
-    EXPECT_EQ(listed, acked);
-    for (const auto& [id, key] : acked) {
-      std::optional<Job> job = cluster_.GetJob(id);
-      ASSERT_TRUE(job.has_value()) << id;
-      EXPECT_EQ(job->spec().idempotency_key(), key);
-    }
-  };
-  expect_exactly_acked("while full");
-
-  // Space again: no restart needed.
-  ASSERT_EQ(unlink(filler.c_str()), 0) << std::strerror(errno);
-  // The refused submit, retried with its key: one job.
-  ASSERT_TRUE(submit_ok(refused_key));
-  SubmitJobResponse retried;
-  ASSERT_TRUE(Submit(Spec(refused_key), &retried).ok());
-  EXPECT_TRUE(retried.deduplicated());
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(submit_ok(absl::StrCat("after-", i)));
-  // The refused cancel, again: now it commits.
-  const grpc::Status cancel_status =
-      cluster_.jobs().CancelJob(ContextWithDeadline(absl::Seconds(10)).get(), cancel, &cancelled);
-  ASSERT_TRUE(cancel_status.ok()) << cancel_status.error_message();
-  EXPECT_EQ(cancelled.job().state(), JOB_STATE_CANCELLED);
-  expect_exactly_acked("after freeing space");
-
-  // And all of it is durable.
-  ASSERT_TRUE(cluster_.KillCoordinator().ok());
-  ASSERT_TRUE(cluster_.StartCoordinator(cluster_.port()).ok());
-  expect_exactly_acked("after kill -9 and restart");
-  EXPECT_EQ(cluster_.GetJob(acked.begin()->first)->state(), JOB_STATE_CANCELLED);
+// The same, with the full disk injected: runs where mount(2) is refused.
+TEST_F(DiskFullTest, InjectedEnospcRefusesSubmitsReadsWorkAndRemovingItRecovers) {
+  // The library compares against readlink(/proc/self/fd/N): canonical paths.
+  char* real_dir = realpath(cluster_.dir().c_str(), nullptr);
+  ASSERT_NE(real_dir, nullptr) << cluster_.dir() << ": " << std::strerror(errno);
+  const std::string dir = real_dir;
+  free(real_dir);
+  const std::string trigger = dir + "/enospc-trigger";  // Outside the state directory.
+  cluster_.set_state_dir(dir + "/state");
+  // ASan (MESH_SANITIZE=address) insists on being first in the library
+  // list; the preloaded library is not instrumented, so let it be.
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  cluster_.set_coordinator_env(
+      {absl::StrCat("LD_PRELOAD=", MESH_ENOSPC_PRELOAD_LIB),
+       absl::StrCat("MESH_TEST_ENOSPC_DIR=", dir, "/state"),
+       absl::StrCat("MESH_TEST_ENOSPC_TRIGGER=", trigger),
+       absl::StrCat("ASAN_OPTIONS=", asan == nullptr ? "" : asan,
+                    asan == nullptr || *asan == '\0' ? "" : ":", "verify_asan_link_order=0")});
+  RunScenario(
+      [&] {
+        const int fd = open(trigger.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+        if (fd < 0) return false;
+        close(fd);
+        return true;
+      },
+      [&] { return unlink(trigger.c_str()) == 0; },
+      // Every write under the state directory fails: the first submit is
+      // refused.
+      /*max_accepted_while_full=*/0);
 }
 
 }  // namespace

@@ -32,9 +32,18 @@ mesh_cc_test(submit_storm_test SRCS submit_storm_test.cc
 target_compile_definitions(submit_storm_test PRIVATE ${MESH_FAULT_BINS})
 add_dependencies(submit_storm_test mesh-coordinator)
 
-# Scenario 10: the state directory on a full filesystem (a 2 MiB tmpfs;
-# skipped where mount(2) is refused).
+# Scenario 10: the state directory on a full filesystem: a 2 MiB tmpfs
+# (skipped where mount(2) is refused), and an injected ENOSPC through
+# LD_PRELOAD of mesh_enospc_preload (runs anywhere).
+add_library(mesh_enospc_preload SHARED enospc_preload.c)
+mesh_target_defaults(mesh_enospc_preload)
+# Preloaded into an already-built process: never instrumented, whatever
+# MESH_SANITIZE says (the test tells ASan not to insist on coming first).
+target_compile_options(mesh_enospc_preload PRIVATE -fno-sanitize=all)
+target_link_options(mesh_enospc_preload PRIVATE -fno-sanitize=all)
+target_link_libraries(mesh_enospc_preload PRIVATE ${CMAKE_DL_LIBS})
 mesh_cc_test(disk_full_test SRCS disk_full_test.cc
              DEPS mesh_cluster_test_util LABELS fault TIMEOUT 180)
-target_compile_definitions(disk_full_test PRIVATE ${MESH_FAULT_BINS})
-add_dependencies(disk_full_test mesh-coordinator)
+target_compile_definitions(disk_full_test PRIVATE ${MESH_FAULT_BINS}
+  MESH_ENOSPC_PRELOAD_LIB="$<TARGET_FILE:mesh_enospc_preload>")
+add_dependencies(disk_full_test mesh-coordinator mesh_enospc_preload)

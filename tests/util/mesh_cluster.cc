@@ -59,7 +59,7 @@ absl::Status MeshCluster::StartCoordinator(int port, const std::vector<std::stri
                                    "--shutdown-grace",
                                    "0.5"};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  absl::StatusOr<Subprocess> process = Subprocess::Start(argv);
+  absl::StatusOr<Subprocess> process = Subprocess::Start(argv, coordinator_env_);
   if (!process.ok()) return process.status();
   absl::StatusOr<std::string> line = process->ReadLine(kStartTimeout);
   if (!line.ok()) return line.status();

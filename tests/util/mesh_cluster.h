@@ -62,6 +62,9 @@ class MeshCluster {
   // set_state_dir changed it (before StartCoordinator).
   const std::string& state_dir() const { return state_dir_; }
   void set_state_dir(std::string dir) { state_dir_ = std::move(dir); }
+  // "NAME=value" entries added to the environment of every coordinator
+  // started after this call (e.g. LD_PRELOAD of a fault-injection library).
+  void set_coordinator_env(std::vector<std::string> env) { coordinator_env_ = std::move(env); }
 
   // Starts mesh-coordinator on `port` (0: any; the same port for a restart)
   // with --insecure, the state directory, fast node heartbeats (0.2 s
@@ -108,6 +111,7 @@ class MeshCluster {
   const MeshClusterBinaries binaries_;
   std::string dir_;
   std::string state_dir_;
+  std::vector<std::string> coordinator_env_;
   std::string address_;
   int port_ = 0;
   std::unique_ptr<Subprocess> coordinator_;
