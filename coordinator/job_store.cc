@@ -96,6 +96,9 @@ constexpr const char* kJobColumns =
 constexpr const char* kNodeColumns = "name, address, slots, gpus, state, last_seen, labels";
 
 absl::StatusCode CodeFor(int rc) {
+  // Growing the WAL index (-shm) on a full disk is an I/O error to SQLite,
+  // but the same "no space" to the caller.
+  if (rc == SQLITE_IOERR_SHMSIZE) return absl::StatusCode::kResourceExhausted;
   switch (rc & 0xff) {
     case SQLITE_BUSY:
     case SQLITE_LOCKED:
