@@ -40,6 +40,7 @@
 #include "mesh/v1/job.grpc.pb.h"
 #include "mesh/v1/worker.grpc.pb.h"
 #include "tests/util/mesh_cluster.h"
+#include "tests/util/pending_call.h"
 #include "tests/util/proc.h"
 
 namespace mesh {
@@ -61,38 +62,7 @@ constexpr absl::Duration kUnblockBound = absl::Seconds(15);
   return {MESH_COORDINATOR_BIN, MESH_AGENT_BIN};
 }
 
-// One call made on its own thread: its status and when it ended.
-class PendingCall {
- public:
-  template <typename Call>
-  explicit PendingCall(Call call)
-      : thread_([this, call = std::move(call)]() mutable {
-          absl::Status status = call();
-          absl::MutexLock lock(&mu_);
-          status_ = std::move(status);
-          ended_ = absl::Now();
-        }) {}
-  ~PendingCall() { thread_.join(); }
-
-  bool ended() {
-    absl::MutexLock lock(&mu_);
-    return ended_.has_value();
-  }
-  absl::Status status() {
-    absl::MutexLock lock(&mu_);
-    return status_;
-  }
-  absl::Time ended_at() {
-    absl::MutexLock lock(&mu_);
-    return ended_.value_or(absl::InfiniteFuture());
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  std::optional<absl::Time> ended_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-};
+using PendingCall = ::mesh::testing::PendingCall<absl::Status>;
 
 absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());

@@ -36,6 +36,7 @@
 #include "mesh/v1/job.grpc.pb.h"
 #include "mesh/v1/worker.grpc.pb.h"
 #include "tests/common/http_get.h"
+#include "tests/util/pending_call.h"
 #include "tests/util/proc.h"
 #include "tests/util/subprocess.h"
 
@@ -227,38 +228,7 @@ class ShutdownProcessTest : public ::testing::Test {
   std::unique_ptr<JobService::Stub> jobs_;
 };
 
-// One call made on its own thread: its status and when it ended.
-class PendingCall {
- public:
-  template <typename Call>
-  explicit PendingCall(Call call)
-      : thread_([this, call = std::move(call)]() mutable {
-          grpc::Status status = call();
-          absl::MutexLock lock(&mu_);
-          status_ = std::move(status);
-          ended_ = absl::Now();
-        }) {}
-  ~PendingCall() { thread_.join(); }
-
-  bool ended() {
-    absl::MutexLock lock(&mu_);
-    return ended_.has_value();
-  }
-  grpc::Status status() {
-    absl::MutexLock lock(&mu_);
-    return status_;
-  }
-  absl::Time ended_at() {
-    absl::MutexLock lock(&mu_);
-    return ended_.value_or(absl::InfiniteFuture());
-  }
-
- private:
-  absl::Mutex mu_;
-  grpc::Status status_ ABSL_GUARDED_BY(mu_);
-  std::optional<absl::Time> ended_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-};
+using PendingCall = ::mesh::testing::PendingCall<grpc::Status>;
 
 TEST_F(ShutdownProcessTest, SigtermEndsPendingWaitsRefusesCallsExitsZeroAndKeepsCommittedJobs) {
   StartCoordinator(/*port=*/0);
