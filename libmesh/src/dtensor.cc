@@ -482,36 +482,25 @@ absl::StatusOr<Tensor> RunAllGather(const StepContext& c, const Tensor& local,
   return out;
 }
 
-// Partial(op) -> Replicate. The group's AllReduce works in place and the
-// input is immutable, so the plain form copies the input first. On CPU
-// groups with an even split the executor runs the ring all-reduce's two
-// halves itself instead: reduce_scatter reads the input where it is and
-// leaves this rank's reduced chunk in its place in the result, then an
-// in-place all_gather fills in the rest. Same bytes on the wire, no copy.
-// (NCCL's fused all-reduce, and Gloo's on shared memory, beat their two
-// halves: those groups keep the copy, which is pooled and cheap next to
-// them.)
-constexpr int64_t kSplitAllReduceMinBytes = int64_t{64} << 10;
-
+// Partial(op) -> Replicate: the group's out-of-place AllReduce, which reads
+// the (immutable) input where it is and writes the result, so no copy of
+// the input is made first: NCCL reduces from one buffer into the other, and
+// Gloo over TCP runs a fused ring reduce-scatter + all-gather
+// (backends/gloo/gloo_ring.h). NCCL needs contiguous tensors, so a strided
+// CUDA input is copied and reduced in place.
 absl::StatusOr<Tensor> RunAllReduce(const StepContext& c, const Tensor& local,
                                     ProcessGroup& group) {
-  const int64_t n = local.numel();
-  const int64_t k = group.size();
-  if (CpuOverTcp(group, local.device().is_cuda()) && k > 1 && n % k == 0 &&
-      static_cast<int64_t>(local.nbytes()) >= kSplitAllReduceMinBytes) {
-    DT_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(local.dtype(), local.shape(), local.device()));
-    const int64_t chunk = n / k;
-    Tensor mine = SubBuffer(out, group.rank() * chunk, {chunk});
-    DT_RETURN_IF_ERROR(Finish(group.ReduceScatter(SubBuffer(local, 0, {n}), mine, c.step.from.op()),
-                              group, c.timeout, false));
-    DT_RETURN_IF_ERROR(
-        Finish(group.AllGather(mine, SubBuffer(out, 0, {n})), group, c.timeout, false));
+  const bool cuda = local.device().is_cuda();
+  if (cuda && !local.is_contiguous()) {
+    DT_ASSIGN_OR_RETURN(Tensor out, CopyOf(local));
+    if (out.numel() == 0) return out;
+    DT_RETURN_IF_ERROR(Finish(group.AllReduce(out, c.step.from.op()), group, c.timeout, cuda));
     return out;
   }
-  DT_ASSIGN_OR_RETURN(Tensor out, CopyOf(local));
+  DT_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(local.dtype(), local.shape(), local.device()));
   if (out.numel() == 0) return out;
   DT_RETURN_IF_ERROR(
-      Finish(group.AllReduce(out, c.step.from.op()), group, c.timeout, local.device().is_cuda()));
+      Finish(group.AllReduce(local, out, c.step.from.op()), group, c.timeout, cuda));
   return out;
 }
 

@@ -162,6 +162,13 @@ absl::StatusOr<ProcessGroup::WorkPtr> MeteredProcessGroup::AllReduce(Tensor tens
   return Meter(CollectiveOp::kAllReduce, Bytes(tensor), issued, inner_->AllReduce(tensor, op));
 }
 
+absl::StatusOr<ProcessGroup::WorkPtr> MeteredProcessGroup::AllReduce(Tensor input, Tensor output,
+                                                                     ReduceOp op) {
+  const absl::Time issued = absl::Now();
+  return Meter(CollectiveOp::kAllReduce, Bytes(input), issued,
+               inner_->AllReduce(input, output, op));
+}
+
 absl::StatusOr<ProcessGroup::WorkPtr> MeteredProcessGroup::Broadcast(Tensor tensor, int root) {
   const absl::Time issued = absl::Now();
   return Meter(CollectiveOp::kBroadcast, Bytes(tensor), issued, inner_->Broadcast(tensor, root));

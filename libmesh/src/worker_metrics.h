@@ -92,6 +92,7 @@ class MeteredProcessGroup final : public ProcessGroup {
 
   absl::string_view backend() const override { return inner_->backend(); }
   absl::StatusOr<WorkPtr> AllReduce(Tensor tensor, ReduceOp op) override;
+  absl::StatusOr<WorkPtr> AllReduce(Tensor input, Tensor output, ReduceOp op) override;
   absl::StatusOr<WorkPtr> Broadcast(Tensor tensor, int root) override;
   absl::StatusOr<WorkPtr> Reduce(Tensor tensor, int root, ReduceOp op) override;
   absl::StatusOr<WorkPtr> AllGather(Tensor input, Tensor output) override;

@@ -29,6 +29,7 @@ class FakeGroup final : public ProcessGroup {
 
   absl::string_view backend() const override { return "fake"; }
   absl::StatusOr<WorkPtr> AllReduce(Tensor, ReduceOp) override { return Unimplemented(); }
+  absl::StatusOr<WorkPtr> AllReduce(Tensor, Tensor, ReduceOp) override { return Unimplemented(); }
   absl::StatusOr<WorkPtr> Broadcast(Tensor, int) override { return Unimplemented(); }
   absl::StatusOr<WorkPtr> Reduce(Tensor, int, ReduceOp) override { return Unimplemented(); }
   absl::StatusOr<WorkPtr> AllGather(Tensor, Tensor) override { return Unimplemented(); }

@@ -223,6 +223,23 @@ void RunEveryCollective(ProcessGroup& g, const Case& c) {
         what);
   }
 
+  // AllReduce out of place, every op: the input is left as it was.
+  for (ReduceOp op : OpsFor(dtype)) {
+    const std::string what = absl::StrCat("rank ", r, " all_reduce(in, out) ", ReduceOpName(op));
+    Tensor in = Poisoned(dtype, {count});
+    FillWith(in, [&](int64_t i) { return Value(dtype, op, r, i, 10); });
+    Tensor out = Poisoned(dtype, {count});
+    ASSERT_TRUE(Await(g.AllReduce(in, out, op)).ok()) << what;
+    ExpectElements(
+        out,
+        [&](int64_t i) {
+          return Fold(dtype, op, n, [&](int q) { return Value(dtype, op, q, i, 10); });
+        },
+        what);
+    ExpectElements(
+        in, [&](int64_t i) { return Value(dtype, op, r, i, 10); }, what + " (input)");
+  }
+
   // Broadcast from every root; non-roots start with garbage.
   for (int root = 0; root < n; ++root) {
     const std::string what = absl::StrCat("rank ", r, " broadcast from ", root);
@@ -556,6 +573,152 @@ INSTANTIATE_TEST_SUITE_P(SizesAndDTypes, GlooNonContiguous,
                                                std::get<2>(info.param) ? "_shm" : "");
                          });
 
+// ---- The segmented rings (backends/gloo/gloo_ring.h) -------------------------------
+//
+// Tiny segments, so that a chunk is cut into 1 to 9 segments: fewer and
+// more than the reduce-scatter's two receive slots and accumulators, and
+// every count in between (a chunk of exactly slots + accumulators segments
+// is where a careless ring deadlocks). Every element size, odd segment
+// sizes (rounded down to whole elements), and a count per rank that leaves
+// a short last segment.
+
+struct RingCase {
+  int n;
+  DType dtype;
+  size_t segment_bytes;
+};
+
+class GlooRings : public ::testing::TestWithParam<RingCase> {};
+
+TEST_P(GlooRings, ReduceScatterAllGatherAndAllReduceMatchTheReference) {
+  const RingCase c = GetParam();
+  GlooOptions options = TestOptions();
+  options.allreduce_algorithm = GlooAllreduceAlgorithm::kRing;
+  options.reduce_scatter_segment_bytes = c.segment_bytes;
+  options.all_gather_segment_bytes = c.segment_bytes;
+  options.all_reduce_segment_bytes = c.segment_bytes;
+  auto ranks = MakeRanks(c.n, options);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  const int n = c.n;
+  const DType dtype = c.dtype;
+  const int64_t per_segment =
+      std::max<int64_t>(1, static_cast<int64_t>(c.segment_bytes / ElementSize(dtype)));
+  OnRanks(n, [&](int r) {
+    ProcessGroup& g = *(*ranks)->world[r];
+    for (int64_t segments = 1; segments <= 9; ++segments) {
+      // The last segment one element short, except for a single segment.
+      const int64_t count = segments == 1 ? per_segment : segments * per_segment - 1;
+      const std::string at = absl::StrCat("rank ", r, ", ", count, " per rank (", segments,
+                                          " segments of ", per_segment, ")");
+      const ReduceOp op = dtype == DType::kBool ? ReduceOp::kMax : ReduceOp::kSum;
+
+      Tensor in = Poisoned(dtype, {n * count});
+      FillWith(in, [&](int64_t k) { return Value(dtype, op, r, k, 20 + segments); });
+      Tensor chunk = Poisoned(dtype, {count});
+      ASSERT_TRUE(Await(g.ReduceScatter(in, chunk, op)).ok()) << at;
+      ExpectElements(
+          chunk,
+          [&](int64_t i) {
+            return Fold(dtype, op, n,
+                        [&](int q) { return Value(dtype, op, q, r * count + i, 20 + segments); });
+          },
+          "reduce_scatter, " + at);
+
+      Tensor gathered = Poisoned(dtype, {n * count});
+      ASSERT_TRUE(Await(g.AllGather(chunk, gathered)).ok()) << at;
+      Tensor reduced = Poisoned(dtype, {n * count});
+      ASSERT_TRUE(Await(g.AllReduce(in, reduced, op)).ok()) << at;
+      auto expected_sum = [&](int64_t k) {
+        return Fold(dtype, op, n, [&](int q) { return Value(dtype, op, q, k, 20 + segments); });
+      };
+      ExpectElements(gathered, expected_sum, "all_gather of the reduce_scatter, " + at);
+      ExpectElements(reduced, expected_sum, "all_reduce(in, out), " + at);
+      ExpectElements(
+          in, [&](int64_t k) { return Value(dtype, op, r, k, 20 + segments); },
+          "all_reduce(in, out) input, " + at);
+    }
+  });
+  EXPECT_TRUE((*ranks)->healthy());
+}
+
+std::vector<RingCase> RingCases() {
+  std::vector<RingCase> cases;
+  for (int n : {2, 3, 4, 5, 8}) cases.push_back({n, DType::kFloat32, 64});
+  for (DType dtype : {DType::kBFloat16, DType::kInt64, DType::kBool, DType::kInt8}) {
+    cases.push_back({3, dtype, 100});  // 100 B: 50, 12, 100 and 100 elements.
+  }
+  cases.push_back({4, DType::kFloat64, 7});  // Below one element: one per segment.
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(SegmentCounts, GlooRings, ::testing::ValuesIn(RingCases()),
+                         [](const auto& info) {
+                           return absl::StrCat("n", info.param.n, "_",
+                                               DTypeName(info.param.dtype), "_",
+                                               info.param.segment_bytes, "B");
+                         });
+
+// The fused ring is chosen only where the ring is and the group size
+// divides numel; elsewhere the out-of-place form copies, then reduces in
+// place. Both give the same answer, and the input is never written.
+TEST(GlooOutOfPlaceAllReduce, FallsBackWhereTheFusedRingDoesNotApply) {
+  const int n = 3;
+  Ranks& ranks = SharedWorld(n);  // Auto: bcube below 16 MiB for 3 ranks.
+  OnRanks(n, [&](int r) {
+    ProcessGroup& g = *ranks.world[r];
+    for (int64_t count : {int64_t{3}, int64_t{4}, int64_t{3 * 1000}, int64_t{3001}}) {
+      Tensor in = Poisoned(DType::kInt32, {count});
+      FillWith(in, [&](int64_t i) { return Value(DType::kInt32, ReduceOp::kSum, r, i, 30); });
+      Tensor out = Poisoned(DType::kInt32, {count});
+      ASSERT_TRUE(Await(g.AllReduce(in, out, ReduceOp::kSum)).ok());
+      ExpectElements(
+          out,
+          [&](int64_t i) {
+            return Fold(DType::kInt32, ReduceOp::kSum, n,
+                        [&](int q) { return Value(DType::kInt32, ReduceOp::kSum, q, i, 30); });
+          },
+          absl::StrCat("rank ", r, " count ", count));
+      ExpectElements(
+          in, [&](int64_t i) { return Value(DType::kInt32, ReduceOp::kSum, r, i, 30); },
+          "input");
+    }
+  });
+}
+
+// Strided input and output are staged; the same view is the in-place form.
+TEST(GlooOutOfPlaceAllReduce, StridedTensorsAndTheSameViewWork) {
+  const int n = 2;
+  Ranks& ranks = SharedWorld(n);
+  OnRanks(n, [&](int r) {
+    ProcessGroup& g = *ranks.world[r];
+    Tensor in_base = Poisoned(DType::kFloat32, {8, 2});
+    Tensor out_base = Poisoned(DType::kFloat32, {8, 3});
+    auto in = in_base.Narrow(1, 1, 1);
+    auto out = out_base.Narrow(1, 2, 1);
+    ASSERT_TRUE(in.ok() && out.ok());
+    FillWith(*in, [&](int64_t i) { return Value(DType::kFloat32, ReduceOp::kMax, r, i, 31); });
+    ASSERT_TRUE(Await(g.AllReduce(*in, *out, ReduceOp::kMax)).ok());
+    ExpectElements(
+        *out,
+        [&](int64_t i) {
+          return Fold(DType::kFloat32, ReduceOp::kMax, n,
+                      [&](int q) { return Value(DType::kFloat32, ReduceOp::kMax, q, i, 31); });
+        },
+        "strided");
+
+    Tensor same = Poisoned(DType::kFloat32, {6});
+    FillWith(same, [&](int64_t i) { return Value(DType::kFloat32, ReduceOp::kSum, r, i, 32); });
+    ASSERT_TRUE(Await(g.AllReduce(same, same, ReduceOp::kSum)).ok());
+    ExpectElements(
+        same,
+        [&](int64_t i) {
+          return Fold(DType::kFloat32, ReduceOp::kSum, n,
+                      [&](int q) { return Value(DType::kFloat32, ReduceOp::kSum, q, i, 32); });
+        },
+        "same view");
+  });
+}
+
 // ---- In-place forms ---------------------------------------------------------------
 
 class GlooInPlace : public ::testing::TestWithParam<bool> {};
@@ -659,6 +822,20 @@ TEST(GlooValidation, BadArgumentsFailAtOnceAndLeaveTheGroupHealthy) {
   EXPECT_EQ(g.Broadcast(f, -1).status().code(), invalid);
   EXPECT_EQ(g.Broadcast(f, 2).status().code(), invalid);
   EXPECT_EQ(g.Reduce(f, 2, ReduceOp::kSum).status().code(), invalid);
+  EXPECT_EQ(g.AllReduce(f, f8, ReduceOp::kSum).status().code(), invalid);  // numel
+  EXPECT_EQ(g.AllReduce(f8, i8, ReduceOp::kSum).status().code(), invalid);  // dtype
+  EXPECT_EQ(g.AllReduce(cuda, f, ReduceOp::kSum).status().code(), invalid);  // device
+  EXPECT_EQ(g.AllReduce(f, broadcast_view, ReduceOp::kSum).status().code(), invalid);
+  EXPECT_EQ(g.AllReduce(b, Poisoned(DType::kBool, {4}), ReduceOp::kSum).status().code(), invalid);
+  {
+    // Overlapping spans that are not the same view: [0, 4) and [2, 6).
+    auto low = f8.Narrow(0, 0, 4);
+    auto high = f8.Narrow(0, 2, 4);
+    ASSERT_TRUE(low.ok() && high.ok());
+    const absl::Status overlap = g.AllReduce(*low, *high, ReduceOp::kSum).status();
+    EXPECT_EQ(overlap.code(), invalid);
+    EXPECT_THAT(std::string(overlap.message()), HasSubstr("overlap"));
+  }
   EXPECT_EQ(g.AllGather(f, f).status().code(), invalid);      // numel
   EXPECT_EQ(g.AllGather(f, i8).status().code(), invalid);     // dtype
   EXPECT_EQ(g.AllGather(cuda, f8).status().code(), invalid);  // device

@@ -214,6 +214,36 @@ TEST_F(NcclGpuTest, AllReduceOfOneRankIsTheInputForEveryDTypeAndOp) {
   }
 }
 
+TEST_F(NcclGpuTest, OutOfPlaceAllReduceOfOneRankCopiesAndLeavesTheInput) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt64}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const std::vector<double> values = Iota(37);
+    absl::StatusOr<Tensor> in = Upload(dtype, {37}, values);
+    absl::StatusOr<Tensor> out = Upload(dtype, {37}, std::vector<double>(37, 77));
+    ASSERT_TRUE(in.ok() && out.ok());
+    auto work = world_->AllReduce(*in, *out, ReduceOp::kSum);
+    ASSERT_TRUE(work.ok()) << work.status();
+    ASSERT_OK(SynchronizeWork(**work, kSync));
+    EXPECT_EQ(Download(*out), values);
+    EXPECT_EQ(Download(*in), values);
+    // The same tensor is the in-place form.
+    auto same = world_->AllReduce(*in, *in, ReduceOp::kMax);
+    ASSERT_TRUE(same.ok()) << same.status();
+    ASSERT_OK(SynchronizeWork(**same, kSync));
+    EXPECT_EQ(Download(*in), values);
+  }
+  absl::StatusOr<Tensor> big = Upload(DType::kFloat32, {8}, Iota(8));
+  ASSERT_TRUE(big.ok());
+  auto low = big->Narrow(0, 0, 4);
+  auto high = big->Narrow(0, 2, 4);
+  ASSERT_TRUE(low.ok() && high.ok());
+  EXPECT_EQ(world_->AllReduce(*low, *high, ReduceOp::kSum).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(world_->AllReduce(*low, *big, ReduceOp::kSum).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(world_->health().ok());
+}
+
 TEST_F(NcclGpuTest, BoolReducesWithMinAndMaxOnly) {
   absl::StatusOr<Tensor> t = Upload(DType::kBool, {4}, {1, 0, 1, 1});
   ASSERT_TRUE(t.ok()) << t.status();

@@ -526,6 +526,27 @@ TEST(Fill, RejectsValuesTheDtypeCannotHold) {
   }
 }
 
+TEST(SpansOverlap, ComparesTheSpansFromFirstToLastElement) {
+  int32_t buffer[12] = {};
+  Tensor all = Tensor::Contiguous(buffer, DType::kInt32, {3, 4});
+  auto row0 = all.Narrow(0, 0, 1);
+  auto row1 = all.Narrow(0, 1, 1);
+  auto rows01 = all.Narrow(0, 0, 2);
+  auto col0 = all.Narrow(1, 0, 1);
+  auto col3 = all.Narrow(1, 3, 1);
+  auto none = all.Narrow(0, 1, 0);
+  ASSERT_TRUE(row0.ok() && row1.ok() && rows01.ok() && col0.ok() && col3.ok() && none.ok());
+  EXPECT_TRUE(SpansOverlap(all, all));
+  EXPECT_TRUE(SpansOverlap(*rows01, *row1));
+  EXPECT_FALSE(SpansOverlap(*row0, *row1));  // Adjacent, not overlapping.
+  EXPECT_FALSE(SpansOverlap(*row1, *row0));
+  // Interleaved columns share no element, but their spans cross.
+  EXPECT_TRUE(SpansOverlap(*col0, *col3));
+  EXPECT_FALSE(SpansOverlap(*none, all));
+  Tensor elsewhere(buffer, DType::kInt32, {3, 4}, {4, 1}, Device::Cuda(0));
+  EXPECT_FALSE(SpansOverlap(all, elsewhere));  // Another device's memory.
+}
+
 TEST(Fill, TouchesOnlyTheView) {
   int32_t buffer[12] = {};
   Tensor all = Tensor::Contiguous(buffer, DType::kInt32, {3, 4});

@@ -84,6 +84,15 @@ class ProcessGroup {
   // In place: every member ends with the reduction over all members.
   virtual absl::StatusOr<WorkPtr> AllReduce(Tensor tensor, ReduceOp op) = 0;
 
+  // Out of place: `output` (numel = input's) ends with the reduction over
+  // members of their `input`s, which are only read. For a caller whose
+  // input must stay intact this spares the copy the in-place form needs:
+  // NCCL reduces from one buffer into the other, and Gloo over TCP runs a
+  // fused ring reduce-scatter + all-gather from the input into the output.
+  // `output` may be the same view as `input` (then this is the in-place
+  // form); any other overlap of their spans is INVALID_ARGUMENT.
+  virtual absl::StatusOr<WorkPtr> AllReduce(Tensor input, Tensor output, ReduceOp op) = 0;
+
   // In place: every member ends with `root`'s tensor.
   virtual absl::StatusOr<WorkPtr> Broadcast(Tensor tensor, int root) = 0;
 

@@ -23,10 +23,14 @@
 // Algorithms. AllReduce uses gloo's ring (bandwidth-optimal, pipelined) for
 // two members; for more it picks gloo's bcube (recursive halving/doubling,
 // log2(n) steps) below a size threshold and the ring at or above it; see
-// GlooOptions. ReduceScatter is a ring of our own (gloo 0.5 has no abortable
-// one). Broadcast is gloo's binomial tree, Reduce gloo's ring reduce-scatter
-// plus gather, AllGather gloo's ring, AllToAll gloo's pairwise exchange,
-// Barrier gloo's. With GlooOptions::shared_memory, groups on one host run
+// GlooOptions. The out-of-place AllReduce, where the ring is chosen and the
+// group size divides numel, runs a fused ring reduce-scatter + all-gather of
+// our own straight from input to output; otherwise it copies the input into
+// the output and runs the in-place form. ReduceScatter and AllGather are
+// segmented rings of our own (gloo 0.5 has no abortable reduce-scatter, and
+// its all-gather does not overlap its steps; backends/gloo/gloo_ring.h).
+// Broadcast is gloo's binomial tree, Reduce gloo's ring reduce-scatter plus
+// gather, AllToAll gloo's pairwise exchange, Barrier gloo's. With GlooOptions::shared_memory, groups on one host run
 // their collectives through shared memory instead (send/recv stay on TCP).
 //
 // Failure. gloo blocks inside its ops and reports errors by throwing; the
@@ -122,6 +126,17 @@ struct GlooOptions {
   // overlaps wire and reduction sooner, a larger one costs fewer messages.
   size_t reduce_scatter_segment_bytes = 512 * 1024;
 
+  // Upper bound on one message of the ring all-gather over TCP (each
+  // segment is forwarded to the next rank as soon as it arrives, so the
+  // ring's steps overlap; gloo's own all-gather waits out each step).
+  size_t all_gather_segment_bytes = 512 * 1024;
+
+  // Upper bound on one message of the out-of-place AllReduce's fused ring
+  // (the in-place AllReduce is gloo's, whose segments are also 1 MiB).
+  // Measured (docs/performance.md, "Redistribute"): 1 MiB beat 256 KiB,
+  // 512 KiB and 2 MiB at 16 and 64 MiB on 4 ranks.
+  size_t all_reduce_segment_bytes = 1024 * 1024;
+
   // When every member of a group runs on this host (same boot,
   // mount and PID namespace), run all_reduce, reduce, broadcast, all_gather,
   // reduce_scatter, all_to_all and barrier through one shared-memory segment
@@ -158,7 +173,8 @@ class GlooProcessGroupFactory;
 // Which tensors are accepted (mesh/process_group.h): CPU tensors with any
 // strides (non-contiguous ones are staged through a contiguous copy), every
 // dtype, with bool limited as the header says. An op's input and output
-// must not overlap, except for the in-place forms: AllGather's input may be
+// must not overlap, except for the in-place forms: AllReduce's output may
+// be the same view as its input, AllGather's input may be
 // this rank's chunk of the output, ReduceScatter's output may be this rank's
 // chunk of the input.
 class ProcessGroupGloo final : public ProcessGroup {
@@ -168,6 +184,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   absl::string_view backend() const override { return "gloo"; }
 
   absl::StatusOr<WorkPtr> AllReduce(Tensor tensor, ReduceOp op) override;
+  absl::StatusOr<WorkPtr> AllReduce(Tensor input, Tensor output, ReduceOp op) override;
   absl::StatusOr<WorkPtr> Broadcast(Tensor tensor, int root) override;
   absl::StatusOr<WorkPtr> Reduce(Tensor tensor, int root, ReduceOp op) override;
   absl::StatusOr<WorkPtr> AllGather(Tensor input, Tensor output) override;

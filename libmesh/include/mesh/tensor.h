@@ -188,6 +188,12 @@ class Tensor {
 // Thread safety: safe from any thread for disjoint destinations.
 absl::Status CopyTensor(const Tensor& dst, const Tensor& src);
 
+// Whether the memory spans of `a` and `b` intersect: each span runs from
+// data() to its last element's end (strides are non-negative), so two
+// interleaved views count as overlapping even when no element is shared.
+// False when either has no elements or they are on different devices.
+bool SpansOverlap(const Tensor& a, const Tensor& b);
+
 // Like CopyTensor, but a copy touching CUDA memory is only enqueued on
 // `cuda_stream` (a cudaStream_t; nullptr is the legacy default stream) with
 // cudaMemcpyAsync, and both sides must be contiguous (no staging buffer could

@@ -5,7 +5,6 @@
 #include <numeric>
 #include <utility>
 
-#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
@@ -18,7 +17,7 @@
 #include "backends/gloo/gloo_errors.h"
 #include "backends/gloo/gloo_group_state.h"
 #include "backends/gloo/gloo_reduce.h"
-#include "backends/gloo/gloo_reduce_scatter.h"
+#include "backends/gloo/gloo_ring.h"
 #include "backends/gloo/gloo_staging.h"
 
 namespace mesh {
@@ -298,6 +297,36 @@ void ProcessGroupGloo::State::PointToPointLoop() {
 
 // ---- ProcessGroupGloo -------------------------------------------------------
 
+// Same memory, dtype, shape and strides: the in-place form of an
+// out-of-place op.
+bool SameView(const Tensor& a, const Tensor& b) {
+  return a.data() == b.data() && a.dtype() == b.dtype() && a.device() == b.device() &&
+         a.shape() == b.shape() && a.strides() == b.strides();
+}
+
+// gloo's allreduce (or the shared-memory one) over `data`, `like`'s numel
+// elements of its dtype, in place. (A template only because State is
+// private to ProcessGroupGloo.)
+template <typename State>
+void AllReduceInPlace(State& s, void* data, const Tensor& like,
+                      const gloo_backend::ReduceFn& fn, GlooAllreduceAlgorithm algorithm) {
+  const size_t n = static_cast<size_t>(like.numel());
+  if (gloo_backend::ShmGroup* shm = s.shm()) {
+    shm->AllReduce(data, n, like.element_size(), fn, s.op_timeout());
+    return;
+  }
+  ::gloo::AllreduceOptions opts(s.context());
+  DispatchElementSize(like.element_size(), [&](auto elem) {
+    opts.setOutput(static_cast<decltype(elem)*>(data), n);
+  });
+  opts.setReduceFunction(fn);
+  opts.setAlgorithm(algorithm == GlooAllreduceAlgorithm::kRing
+                        ? ::gloo::AllreduceOptions::Algorithm::RING
+                        : ::gloo::AllreduceOptions::Algorithm::BCUBE);
+  opts.setTimeout(s.op_timeout());
+  ::gloo::allreduce(opts);
+}
+
 ProcessGroupGloo::ProcessGroupGloo(int rank, std::vector<int> global_ranks, std::string name,
                                    const GlooOptions& options, std::shared_ptr<State> state)
     : ProcessGroup(rank, std::move(global_ranks), std::move(name), options.group),
@@ -337,26 +366,64 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllReduce(Tensor tensor,
     if (!buf.ok()) return buf.status();
     absl::StatusOr<gloo_backend::ReduceFn> fn = gloo_backend::MakeReduceFn(tensor.dtype(), op);
     if (!fn.ok()) return fn.status();
-    const size_t n = static_cast<size_t>(tensor.numel());
-    if (gloo_backend::ShmGroup* shm = s->shm()) {
-      shm->AllReduce(buf->data(), n, tensor.element_size(), *fn, s->op_timeout());
-      if (op == ReduceOp::kAvg)
-        gloo_backend::DivideInPlace(tensor.dtype(), buf->data(), n, s->size());
-      return buf->CopyBack();
+    AllReduceInPlace(*s, buf->data(), tensor, *fn, algorithm);
+    if (op == ReduceOp::kAvg) {
+      gloo_backend::DivideInPlace(tensor.dtype(), buf->data(), tensor.numel(), s->size());
     }
-    ::gloo::AllreduceOptions opts(s->context());
-    DispatchElementSize(tensor.element_size(), [&](auto elem) {
-      opts.setOutput(static_cast<decltype(elem)*>(buf->data()), n);
-    });
-    opts.setReduceFunction(*fn);
-    opts.setAlgorithm(algorithm == GlooAllreduceAlgorithm::kRing
-                          ? ::gloo::AllreduceOptions::Algorithm::RING
-                          : ::gloo::AllreduceOptions::Algorithm::BCUBE);
-    opts.setTimeout(s->op_timeout());
-    ::gloo::allreduce(opts);
-    if (op == ReduceOp::kAvg)
-      gloo_backend::DivideInPlace(tensor.dtype(), buf->data(), n, s->size());
     return buf->CopyBack();
+  });
+}
+
+absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllReduce(Tensor input, Tensor output,
+                                                                  ReduceOp op) {
+  const std::string what = state_->Describe("all_reduce");
+  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckCpu(input, "input")));
+  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckCpu(output, "output")));
+  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckWritable(output, "output")));
+  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckSameDType(input, output)));
+  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, gloo_backend::CheckReduceSupported(input.dtype(), op)));
+  if (output.numel() != input.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": output has ", output.numel(),
+                                                   " elements; input has ", input.numel()));
+  }
+  if (SameView(input, output)) return AllReduce(std::move(output), op);
+  if (SpansOverlap(input, output)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": input ", input.DebugString(), " and output ", output.DebugString(),
+        " overlap; pass the same view for the in-place form"));
+  }
+  const GlooAllreduceAlgorithm algorithm = AllreduceAlgorithmFor(input.nbytes());
+  State* s = state_.get();
+  return s->Enqueue("all_reduce", [s, input, output, op, algorithm]() -> absl::Status {
+    if (input.numel() == 0) return absl::OkStatus();
+    if (s->size() == 1) return gloo_backend::CopyFlat(output, input);
+    absl::StatusOr<Staged> in = Staged::Of(input, /*copy_in=*/true);
+    if (!in.ok()) return in.status();
+    absl::StatusOr<Staged> out = Staged::Of(output, /*copy_in=*/false);
+    if (!out.ok()) return out.status();
+    absl::StatusOr<gloo_backend::ReduceFn> fn = gloo_backend::MakeReduceFn(input.dtype(), op);
+    if (!fn.ok()) return fn.status();
+    const size_t n = static_cast<size_t>(input.numel());
+    const size_t k = static_cast<size_t>(s->size());
+    if (s->shm() == nullptr && algorithm == GlooAllreduceAlgorithm::kRing && n % k == 0) {
+      // Straight from the input into the output (gloo_ring.h).
+      gloo_backend::RingAllReduceArgs args;
+      args.input = in->data();
+      args.output = out->data();
+      args.count = n / k;
+      args.element_size = input.element_size();
+      args.reduce = *fn;
+      args.timeout = s->op_timeout();
+      args.max_segment_bytes = s->options().all_reduce_segment_bytes;
+      gloo_backend::RingAllReduce(s->context(), args);
+    } else {
+      std::memcpy(out->data(), in->data(), input.nbytes());
+      AllReduceInPlace(*s, out->data(), input, *fn, algorithm);
+    }
+    if (op == ReduceOp::kAvg) {
+      gloo_backend::DivideInPlace(input.dtype(), out->data(), input.numel(), s->size());
+    }
+    return out->CopyBack();
   });
 }
 
@@ -456,14 +523,14 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllGather(Tensor input, 
       shm->AllGather(in->data(), out->data(), chunk, s->op_timeout());
       return out->CopyBack();
     }
-    ::gloo::AllgatherOptions opts(s->context());
-    DispatchElementSize(input.element_size(), [&](auto elem) {
-      using T = decltype(elem);
-      if (!in_place) opts.setInput(static_cast<T*>(in->data()), input.numel());
-      opts.setOutput(static_cast<T*>(out->data()), output.numel());
-    });
-    opts.setTimeout(s->op_timeout());
-    ::gloo::allgather(opts);
+    gloo_backend::RingAllGatherArgs args;
+    args.input = in_place ? own_slot : in->data();
+    args.output = out->data();
+    args.count = static_cast<size_t>(input.numel());
+    args.element_size = input.element_size();
+    args.timeout = s->op_timeout();
+    args.max_segment_bytes = s->options().all_gather_segment_bytes;
+    gloo_backend::RingAllGather(s->context(), args);
     return out->CopyBack();
   });
 }

@@ -150,6 +150,22 @@ absl::Status CheckPeer(const GroupView& group, absl::string_view op, int peer) {
   return absl::OkStatus();
 }
 
+absl::Status CheckAllReduceBuffers(const GroupView& group, const Tensor& input,
+                                   const Tensor& output) {
+  if (output.numel() != input.numel()) {
+    return Invalid(group, "all_reduce",
+                   absl::StrCat("output has ", output.numel(), " elements; input has ",
+                                input.numel(), "; they must match"));
+  }
+  // Both are contiguous (CheckTensor), so equal data pointers make the same
+  // tensor: NCCL's in-place form.
+  if (input.data() != output.data() && SpansOverlap(input, output)) {
+    return Invalid(group, "all_reduce",
+                   "input and output overlap; pass the same tensor for the in-place form");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckAllGatherSizes(const GroupView& group, const Tensor& input,
                                  const Tensor& output) {
   int64_t expected = 0;

@@ -62,6 +62,11 @@ absl::Status CheckRoot(const GroupView& group, absl::string_view op, int root);
 // 0 <= peer < size and peer != rank.
 absl::Status CheckPeer(const GroupView& group, absl::string_view op, int peer);
 
+// output numel == input numel, and the two are the same tensor or do not
+// overlap (the out-of-place all_reduce).
+absl::Status CheckAllReduceBuffers(const GroupView& group, const Tensor& input,
+                                   const Tensor& output);
+
 // output numel == size * input numel.
 absl::Status CheckAllGatherSizes(const GroupView& group, const Tensor& input, const Tensor& output);
 

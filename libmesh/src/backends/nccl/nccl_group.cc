@@ -508,6 +508,32 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllReduce(Tensor tensor, Reduce
       });
 }
 
+absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllReduce(Tensor input, Tensor output,
+                                                           ReduceOp op) {
+  static constexpr absl::string_view kOp = "all_reduce";
+  const NcclCaps& caps = core_->params().caps;
+  const GroupView view = View();
+  if (absl::Status s = CheckTensor(view, kOp, "input", input, caps); !s.ok()) return s;
+  if (absl::Status s = CheckTensor(view, kOp, "output", output, caps); !s.ok()) return s;
+  if (absl::Status s = CheckSameDType(view, kOp, input, output); !s.ok()) return s;
+  if (absl::Status s = CheckAllReduceBuffers(view, input, output); !s.ok()) return s;
+  if (absl::Status s = CheckReduceOp(view, kOp, input.dtype(), op, caps); !s.ok()) return s;
+  const ncclDataType_t type = ToNcclDataType(input.dtype());
+  const ncclRedOp_t red = ToNcclRedOp(op);
+  const size_t count = static_cast<size_t>(input.numel());
+  const void* send = input.data();
+  void* recv = output.data();
+  return core_->Launch(
+      kOp,
+      [&] {
+        return absl::StrCat(Describe(input), " -> ", Describe(output), ", ", ReduceOpName(op));
+      },
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        if (count == 0) return ncclSuccess;
+        return ncclAllReduce(send, recv, count, type, red, comm, stream);
+      });
+}
+
 absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Broadcast(Tensor tensor, int root) {
   static constexpr absl::string_view kOp = "broadcast";
   const GroupView view = View();

@@ -240,6 +240,7 @@ class NcclGroup final : public ProcessGroupNccl {
   void* stream() const override { return core_->stream(); }
 
   absl::StatusOr<WorkPtr> AllReduce(Tensor tensor, ReduceOp op) override;
+  absl::StatusOr<WorkPtr> AllReduce(Tensor input, Tensor output, ReduceOp op) override;
   absl::StatusOr<WorkPtr> Broadcast(Tensor tensor, int root) override;
   absl::StatusOr<WorkPtr> Reduce(Tensor tensor, int root, ReduceOp op) override;
   absl::StatusOr<WorkPtr> AllGather(Tensor input, Tensor output) override;
