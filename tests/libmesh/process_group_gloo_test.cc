@@ -905,6 +905,46 @@ TEST(GlooPointToPoint, MessagesMatchInIssueOrderPerTag) {
   });
 }
 
+// A Recv of tag 0 posted before collectives run must catch only its Send:
+// the rings' segments travel on slots of their own (gloo_slots.h).
+TEST(GlooPointToPoint, APendingRecvNeverCatchesACollectivesMessages) {
+  const int n = 2;
+  const int64_t count = 1000;
+  Ranks& ranks = SharedWorld(n);
+  OnRanks(n, [&](int r) {
+    ProcessGroup& g = *ranks.world[r];
+    const int peer = 1 - r;
+    Tensor recv = Poisoned(DType::kInt32, {count});
+    auto pending = g.Recv(recv, peer, 0);
+    ASSERT_TRUE(pending.ok()) << pending.status();
+
+    Tensor in = Poisoned(DType::kInt32, {count});
+    FillWith(in, [&](int64_t i) { return Value(DType::kInt32, ReduceOp::kSum, r, i, 40); });
+    Tensor gathered = Poisoned(DType::kInt32, {n * count});
+    ASSERT_TRUE(Await(g.AllGather(in, gathered)).ok());
+    Tensor reduced = Poisoned(DType::kInt32, {count});
+    ASSERT_TRUE(Await(g.AllReduce(in, reduced, ReduceOp::kSum)).ok());
+    Tensor chunk = Poisoned(DType::kInt32, {count / n});
+    ASSERT_TRUE(Await(g.ReduceScatter(in, chunk, ReduceOp::kSum)).ok());
+    EXPECT_FALSE((*pending)->IsCompleted()) << "the Recv matched a collective's message";
+    ASSERT_TRUE(Await(g.Barrier()).ok());  // Both have looked before either sends.
+
+    Tensor send = Poisoned(DType::kInt32, {count});
+    FillWith(send, [&](int64_t i) { return Value(DType::kInt32, ReduceOp::kSum, r, i, 41); });
+    ASSERT_TRUE(Await(g.Send(send, peer, 0)).ok());
+    ASSERT_TRUE(Await(std::move(pending)).ok());
+    ExpectElements(
+        recv, [&](int64_t i) { return Value(DType::kInt32, ReduceOp::kSum, peer, i, 41); },
+        absl::StrCat("rank ", r, " recv"));
+    ExpectElements(
+        gathered,
+        [&](int64_t k) {
+          return Value(DType::kInt32, ReduceOp::kSum, static_cast<int>(k / count), k % count, 40);
+        },
+        absl::StrCat("rank ", r, " all_gather"));
+  });
+}
+
 // ---- Factory ------------------------------------------------------------------------
 
 TEST(GlooFactory, NewGroupsBuildsTheFamiliesOfA2x2Mesh) {

@@ -9,16 +9,12 @@
 #include <gloo/types.h>
 
 #include "absl/functional/function_ref.h"
+#include "backends/gloo/gloo_slots.h"
 #include "common/check.h"
 #include "cpu_pool.h"
 
 namespace mesh::gloo_backend {
 namespace {
-
-// gloo's own collectives use slot prefixes 0x01..0x08; ours stay clear of
-// them so a ring can never match another collective's messages.
-constexpr uint8_t kReduceScatterSlotPrefix = 0x20;
-constexpr uint8_t kAllGatherSlotPrefix = 0x21;
 
 // How a chunk of `chunk` bytes is cut: segments of `seg` bytes (whole
 // elements, at most max_bytes, at least one element), the last one shorter.

@@ -36,8 +36,8 @@
 // the CPU pool): reduce-scatter and all-reduce use two receive buffers and
 // up to two accumulators of one chunk each; all-gather none.
 //
-// Messages: each collective uses its own gloo slot prefix (0x20..0x21),
-// clear of gloo's 0x01..0x08, and relies on gloo matching one peer's
+// Messages: each collective uses its own gloo slot prefix (gloo_slots.h),
+// clear of gloo's and of Send/Recv, and relies on gloo matching one peer's
 // messages on one slot first in, first out.
 //
 // Errors: these throw what gloo throws (an IoException on timeout or a

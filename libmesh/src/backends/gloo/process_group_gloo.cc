@@ -18,6 +18,7 @@
 #include "backends/gloo/gloo_group_state.h"
 #include "backends/gloo/gloo_reduce.h"
 #include "backends/gloo/gloo_ring.h"
+#include "backends/gloo/gloo_slots.h"
 #include "backends/gloo/gloo_staging.h"
 
 namespace mesh {
@@ -28,9 +29,7 @@ using gloo_backend::Staged;
 
 namespace {
 
-// Send/recv slots; gloo's collectives use prefixes 0x01..0x08 and our
-// reduce-scatter 0x20.
-constexpr uint8_t kSendRecvSlotPrefix = 0x21;
+using gloo_backend::kSendRecvSlotPrefix;  // gloo_slots.h
 
 // gloo adds the timeout to steady_clock::now(); it caps its own "no
 // timeout" at 100 hours for the same reason.
