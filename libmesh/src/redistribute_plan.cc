@@ -220,7 +220,8 @@ struct Path {
   // Elements copied locally (StepCopyElements), summed: the tie-break after
   // the number of steps.
   int64_t copies = 0;
-  // (mesh dim, 0 = to dst, 1 = to Replicate) per step: the final tie-break,
+  // (mesh dim, index of the target in that dim's candidates: dst first,
+  // then Replicate, then src, then the rest) per step: the final tie-break,
   // lowest mesh dims first.
   std::vector<std::pair<int, int>> order;
   Placements state;
@@ -237,6 +238,47 @@ bool Before(const Path& a, const Path& b) {
 struct PathAfter {
   bool operator()(const Path& a, const Path& b) const { return Before(b, a); }
 };
+
+// Above this many states the search keeps each mesh dim to its src, dst or
+// Replicate (at most 3^ndim states); at or below it, to every placement.
+constexpr int64_t kMaxFullSearchStates = 4096;
+
+// The placements each mesh dim may take in the search, in tie-break order:
+// its dst, Replicate, its src, then every Shard(d) and every Partial that
+// src or dst uses. Intermediate placements outside {src, dst, Replicate}
+// matter: e.g. [S(2), S(2), S(2)] -> [P(avg), S(0), S(2)] on a (4, 3, 2)
+// mesh of a [1, 2, 13] tensor is cheapest through a Shard(0) that neither
+// end holds on that dim (tests/libmesh/redistribute_plan_test.cc).
+std::vector<std::vector<Placement>> SearchCandidates(const Placements& src, const Placements& dst,
+                                                     int tensor_rank) {
+  std::vector<Placement> everything;
+  for (int d = 0; d < tensor_rank; ++d) everything.push_back(Placement::Shard(d));
+  for (const Placements* side : {&src, &dst}) {
+    for (const Placement& p : *side) {
+      if (p.is_partial() && std::find(everything.begin(), everything.end(), p) == everything.end()) {
+        everything.push_back(p);
+      }
+    }
+  }
+  const int64_t per_dim = static_cast<int64_t>(everything.size()) + 1;  // + Replicate.
+  int64_t states = 1;
+  for (size_t i = 0; i < src.size() && states <= kMaxFullSearchStates; ++i) states *= per_dim;
+  const bool full = states <= kMaxFullSearchStates;
+  std::vector<std::vector<Placement>> candidates(src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    std::vector<Placement>& c = candidates[i];
+    auto add = [&](const Placement& p) {
+      if (std::find(c.begin(), c.end(), p) == c.end()) c.push_back(p);
+    };
+    add(dst[i]);
+    add(Placement::Replicate());
+    add(src[i]);
+    if (full) {
+      for (const Placement& p : everything) add(p);
+    }
+  }
+  return candidates;
+}
 
 }  // namespace
 
@@ -306,8 +348,9 @@ absl::StatusOr<RedistributePlan> PlanRedistribute(absl::Span<const int64_t> glob
   if (plan.src == plan.dst) return plan;
 
   const int ndim = static_cast<int>(mesh_shape.size());
-  // States are keyed by their printed form; each mesh dim takes one of its
-  // src, dst or Replicate, so there are at most 3^ndim of them.
+  const std::vector<std::vector<Placement>> candidates =
+      SearchCandidates(plan.src, plan.dst, tensor_rank);
+  // States are keyed by their printed form.
   absl::flat_hash_set<std::string> settled;
   std::priority_queue<Path, std::vector<Path>, PathAfter> frontier;
   Path start;
@@ -324,10 +367,10 @@ absl::StatusOr<RedistributePlan> PlanRedistribute(absl::Span<const int64_t> glob
     }
     for (int i = 0; i < ndim; ++i) {
       const Placement& from = path.state[i];
-      const Placement targets[2] = {plan.dst[i], Placement::Replicate()};
-      for (int choice = 0; choice < 2; ++choice) {
-        const Placement& to = targets[choice];
-        if (choice == 1 && to == plan.dst[i]) continue;  // Already tried as choice 0.
+      const std::vector<Placement>& targets = candidates[static_cast<size_t>(i)];
+      for (int choice = 0; choice < static_cast<int>(targets.size()); ++choice) {
+        const Placement& to = targets[static_cast<size_t>(choice)];
+        if (to == from) continue;
         const std::optional<RedistributeOp> op = StepKind(from, to);
         if (!op.has_value() || !NestingAllows(path.state, i, from, to)) continue;
         Path next;

@@ -30,8 +30,11 @@
 // changes (or introduces) Shard(d) is only valid while no mesh dim j > i
 // shards the same tensor dim d (left-to-right nesting: dim j's chunks live
 // inside dim i's). The planner searches every order of single-dim steps,
-// including detours through Replicate where nesting requires them, and
-// returns one that receives the fewest bytes per rank in total (ties: fewest
+// including detours (through Replicate, back to a dim's source placement,
+// or through a Shard that neither end holds) where nesting or cost call for
+// them: each mesh dim may take every Shard, Replicate, and the Partials of
+// src and dst, unless that makes more than 4096 states, when each keeps to
+// its src, dst or Replicate. It returns one that receives the fewest bytes per rank in total (ties: fewest
 // steps, then the fewest elements the executor must copy locally: pieces
 // packed or unpacked because they are strided, and local steps' copies;
 // then the lowest mesh dims first). Doing the dims one at a time in
