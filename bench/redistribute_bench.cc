@@ -1,6 +1,7 @@
 #include "bench/redistribute_bench.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -115,12 +116,71 @@ double Median(std::vector<double> v) {
 // ---- The raw side ---------------------------------------------------------------
 
 // One raw collective of the baseline, with its buffers allocated up front.
+//
+// The floor side also makes the local copies that the step's change of
+// layout needs whoever does it: an all_to_all whose pieces are strided in
+// the local block packs them into `in` first (from `strided`, a block laid
+// out like the local one), and an all_gather along a dim with something
+// before it unpacks the gathered blocks from `out` into `strided` after.
 struct RawStep {
   RedistributeOp op;
   std::shared_ptr<ProcessGroup> group;
   Tensor in;
   Tensor out;
+  Tensor strided;                  // Empty when the step needs no copies.
+  std::vector<Tensor> pieces;      // Views of `strided`, in peer order.
+  std::vector<Tensor> contiguous;  // The matching views of `in` or `out`.
 };
+
+// Product of the dims before `d`: above 1, blocks cut along d are strided.
+int64_t Outer(absl::Span<const int64_t> shape, int d) {
+  int64_t p = 1;
+  for (int i = 0; i < d; ++i) p *= shape[static_cast<size_t>(i)];
+  return p;
+}
+
+// Contiguous `shape`-shaped view of `buffer` from element `offset`.
+Tensor View(const Tensor& buffer, int64_t offset, absl::Span<const int64_t> shape) {
+  auto* base = static_cast<unsigned char*>(buffer.data()) +
+               offset * static_cast<int64_t>(buffer.element_size());
+  return Tensor::Contiguous(base, buffer.dtype(), shape, buffer.device(), buffer.keep_alive());
+}
+
+// Fills step.strided/pieces/contiguous when the step's layout change needs
+// local copies (see RawStep); the splits are even (powers of two).
+absl::Status AddLayoutCopies(RawStep& step, const RedistributeStep& plan_step,
+                             const LocalLayout& before, const LocalLayout& after, int64_t k) {
+  int dim = -1;
+  std::vector<int64_t> piece_shape(before.shape.begin(), before.shape.end());
+  std::vector<int64_t> strided;  // The strided side's shape.
+  if (plan_step.op == RedistributeOp::kAllToAll) {
+    dim = plan_step.to.dim();
+    if (Outer(before.shape, dim) == 1) return absl::OkStatus();
+    piece_shape[static_cast<size_t>(dim)] /= k;
+    strided.assign(before.shape.begin(), before.shape.end());
+  } else if (plan_step.op == RedistributeOp::kAllGather) {
+    dim = plan_step.from.dim();
+    if (Outer(after.shape, dim) == 1) return absl::OkStatus();
+    strided.assign(after.shape.begin(), after.shape.end());
+  } else {
+    return absl::OkStatus();
+  }
+  const std::vector<int64_t>* block = &piece_shape;
+  auto made = Tensor::Zeros(DType::kFloat32, strided);
+  if (!made.ok()) return made.status();
+  step.strided = *std::move(made);
+  const Tensor& flat = plan_step.op == RedistributeOp::kAllToAll ? step.in : step.out;
+  int64_t count = 1;
+  for (int64_t e : *block) count *= e;
+  const int64_t len = (*block)[static_cast<size_t>(dim)];
+  for (int64_t j = 0; j < k; ++j) {
+    auto piece = step.strided.Narrow(dim, j * len, len);
+    if (!piece.ok()) return piece.status();
+    step.pieces.push_back(*std::move(piece));
+    step.contiguous.push_back(View(flat, j * count, *block));
+  }
+  return absl::OkStatus();
+}
 
 // The plan's communication, done by hand: per non-local step, the raw
 // collective on that step's group, sized from this rank's layout before it.
@@ -154,13 +214,23 @@ absl::StatusOr<std::vector<RawStep>> MakeRawSteps(const DeviceMesh& mesh,
     if (!in.ok()) return in.status();
     auto out = Tensor::Zeros(DType::kFloat32, {out_count});
     if (!out.ok()) return out.status();
-    steps.push_back(RawStep{step.op, *std::move(group), *std::move(in), *std::move(out)});
+    RawStep raw{step.op, *std::move(group), *std::move(in), *std::move(out), {}, {}, {}};
+    auto after = ComputeLocalLayout(shape, mesh.shape(), step.after, mesh.GetCoordinate());
+    if (!after.ok()) return after.status();
+    if (absl::Status s = AddLayoutCopies(raw, step, *layout, *after, k); !s.ok()) return s;
+    steps.push_back(std::move(raw));
   }
   return steps;
 }
 
-absl::Status RunRaw(const std::vector<RawStep>& steps) {
+// `with_copies`: the floor side (RawStep).
+absl::Status RunRaw(const std::vector<RawStep>& steps, bool with_copies = false) {
   for (const RawStep& s : steps) {
+    if (with_copies && s.op == RedistributeOp::kAllToAll) {
+      for (size_t j = 0; j < s.pieces.size(); ++j) {
+        if (absl::Status c = CopyTensor(s.contiguous[j], s.pieces[j]); !c.ok()) return c;
+      }
+    }
     absl::StatusOr<ProcessGroup::WorkPtr> work;
     switch (s.op) {
       case RedistributeOp::kAllGather:
@@ -179,6 +249,11 @@ absl::Status RunRaw(const std::vector<RawStep>& steps) {
         continue;
     }
     if (absl::Status st = Await(std::move(work)); !st.ok()) return st;
+    if (with_copies && s.op == RedistributeOp::kAllGather) {
+      for (size_t j = 0; j < s.pieces.size(); ++j) {
+        if (absl::Status c = CopyTensor(s.pieces[j], s.contiguous[j]); !c.ok()) return c;
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -243,9 +318,10 @@ absl::StatusOr<RedistributeRow> RunCase(const RedistributeBenchOptions& options,
     return absl::ToDoubleMicroseconds(absl::Now() - start);
   };
   const int rounds = options.warmup + options.iterations;
-  // [0, iterations): Redistribute; [iterations, 2 iterations): raw; then the
-  // wrong count, all reduced with max/sum below.
-  auto times = Tensor::Zeros(DType::kFloat64, {2 * int64_t{options.iterations}});
+  // [0, iterations): Redistribute; [iterations, 2 iterations): raw;
+  // [2 iterations, 3 iterations): the floor (raw plus layout copies), all
+  // reduced with max below.
+  auto times = Tensor::Zeros(DType::kFloat64, {3 * int64_t{options.iterations}});
   if (!times.ok()) return times.status();
   double* t = times->data_as<double>();
   for (int i = 0; i < rounds; ++i) {
@@ -261,22 +337,20 @@ absl::StatusOr<RedistributeRow> RunCase(const RedistributeBenchOptions& options,
       });
     };
     auto run_raw = [&] { return timed([&] { return RunRaw(*raw); }); };
-    absl::StatusOr<double> red_us = absl::UnknownError("not run");
-    absl::StatusOr<double> raw_us = absl::UnknownError("not run");
-    if (i % 2 == 0) {
-      red_us = run_redistribute();
-      if (!red_us.ok()) return red_us.status();
-      raw_us = run_raw();
-      if (!raw_us.ok()) return raw_us.status();
-    } else {
-      raw_us = run_raw();
-      if (!raw_us.ok()) return raw_us.status();
-      red_us = run_redistribute();
-      if (!red_us.ok()) return red_us.status();
+    auto run_floor = [&] { return timed([&] { return RunRaw(*raw, /*with_copies=*/true); }); };
+    // The sides take turns going first: round i starts with side i mod 3.
+    std::array<absl::StatusOr<double>, 3> us = {absl::UnknownError("not run"),
+                                                absl::UnknownError("not run"),
+                                                absl::UnknownError("not run")};
+    for (int turn = 0; turn < 3; ++turn) {
+      const int side = (i + turn) % 3;
+      us[side] = side == 0 ? run_redistribute() : side == 1 ? run_raw() : run_floor();
+      if (!us[side].ok()) return us[side].status();
     }
     if (i >= options.warmup) {
-      t[i - options.warmup] = *red_us;
-      t[options.iterations + i - options.warmup] = *raw_us;
+      for (int side = 0; side < 3; ++side) {
+        t[side * options.iterations + i - options.warmup] = *us[side];
+      }
     }
   }
   if (absl::Status s = Await(world.AllReduce(*times, ReduceOp::kMax)); !s.ok()) return s;
@@ -297,11 +371,20 @@ absl::StatusOr<RedistributeRow> RunCase(const RedistributeBenchOptions& options,
   row.redistribute_us = Median(std::vector<double>(t, t + options.iterations));
   row.raw_us = Median(std::vector<double>(t + options.iterations, t + 2 * options.iterations));
   row.ratio = row.raw_us > 0 ? row.redistribute_us / row.raw_us : 0;
-  std::vector<double> paired;
-  for (int i = 0; i < options.iterations; ++i) {
-    if (t[options.iterations + i] > 0) paired.push_back(t[i] / t[options.iterations + i]);
-  }
-  row.paired_ratio = paired.empty() ? 0 : Median(std::move(paired));
+  row.floor_us =
+      Median(std::vector<double>(t + 2 * options.iterations, t + 3 * options.iterations));
+  auto paired_against = [&](int side) {
+    std::vector<double> paired;
+    for (int i = 0; i < options.iterations; ++i) {
+      const double base = t[side * options.iterations + i];
+      if (base > 0) paired.push_back(t[i] / base);
+    }
+    return paired.empty() ? 0.0 : Median(std::move(paired));
+  };
+  row.paired_ratio = paired_against(1);
+  row.floor_ratio = paired_against(2);
+  row.layout_copies = std::any_of(raw->begin(), raw->end(),
+                                  [](const RawStep& s) { return !s.pieces.empty(); });
   row.wrong = wrong->data_as<int64_t>()[0];
   return row;
 }
@@ -456,6 +539,9 @@ nlohmann::json ToJson(const RedistributeRow& row) {
           {"raw_us", row.raw_us},
           {"ratio", row.ratio},
           {"paired_ratio", row.paired_ratio},
+          {"floor_us", row.floor_us},
+          {"floor_ratio", row.floor_ratio},
+          {"layout_copies", row.layout_copies},
           {"wrong", row.wrong}};
 }
 
@@ -477,6 +563,9 @@ absl::StatusOr<RedistributeRow> RedistributeRowFromJson(const nlohmann::json& js
   row.raw_us = json.value("raw_us", 0.0);
   row.ratio = json.value("ratio", 0.0);
   row.paired_ratio = json.value("paired_ratio", 0.0);
+  row.floor_us = json.value("floor_us", 0.0);
+  row.floor_ratio = json.value("floor_ratio", 0.0);
+  row.layout_copies = json.value("layout_copies", false);
   row.wrong = json.value("wrong", int64_t{0});
   return row;
 }
@@ -510,19 +599,23 @@ std::string RedistributeHeader(const RedistributeBenchOptions& o) {
       o.shared_memory ? "shared memory (TCP for setup) " : "TCP ", o.hostname,
       ", float32, warm-up ", o.warmup, ", median of ", o.iterations,
       " rounds of the slowest rank; raw = the plan's collectives by hand\n",
-      absl::StrFormat("| %-22s | %-7s | %-7s | %-31s | %17s | %9s | %5s | %6s | %5s |\n",
+      absl::StrFormat("| %-22s | %-7s | %-7s | %-31s | %17s | %9s | %5s | %6s | %10s | %5s | %5s |\n",
                       "transition", "mesh", "size", "plan", "redistribute (us)", "raw (us)",
-                      "ratio", "paired", "wrong"),
-      absl::StrFormat("|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(24, '-'), std::string(9, '-'),
-                      std::string(9, '-'), std::string(33, '-'), std::string(19, '-'),
-                      std::string(11, '-'), std::string(7, '-'), std::string(8, '-'),
+                      "ratio", "paired", "floor (us)", "vs fl", "wrong"),
+      absl::StrFormat("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(24, '-'),
+                      std::string(9, '-'), std::string(9, '-'), std::string(33, '-'),
+                      std::string(19, '-'), std::string(11, '-'), std::string(7, '-'),
+                      std::string(8, '-'), std::string(12, '-'), std::string(7, '-'),
                       std::string(7, '-')));
 }
 
 std::string FormatRow(const RedistributeRow& row) {
-  return absl::StrFormat("| %-22s | %-7s | %-7s | %-31s | %17.0f | %9.0f | %5.2f | %6.2f | %5d |",
-                         row.transition, row.mesh, Size(row.bytes), row.plan, row.redistribute_us,
-                         row.raw_us, row.ratio, row.paired_ratio, row.wrong);
+  return absl::StrFormat(
+      "| %-22s | %-7s | %-7s | %-31s | %17.0f | %9.0f | %5.2f | %6.2f | %10s | %5s | %5d |",
+      row.transition, row.mesh, Size(row.bytes), row.plan, row.redistribute_us, row.raw_us,
+      row.ratio, row.paired_ratio,
+      row.layout_copies ? absl::StrFormat("%.0f", row.floor_us) : std::string("= raw"),
+      row.layout_copies ? absl::StrFormat("%.2f", row.floor_ratio) : std::string("-"), row.wrong);
 }
 
 }  // namespace mesh::bench

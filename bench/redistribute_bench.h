@@ -18,14 +18,21 @@
 // the layout before the step); for the 1-D rows the plan must be the single
 // step the table names, or the worker fails. So the ratio is Redistribute's
 // overhead (planning or the plan cache, allocating the result, packing and
-// unpacking shards, copies) over the communication itself; 1.0 is the floor.
+// unpacking shards, copies) over the communication itself.
+//
+// A third side, the floor, adds to the raw collectives the local copies
+// that the change of layout needs whoever makes it: S(0) -> S(1) must gather
+// each peer's strided column block into a contiguous message (Gloo sends
+// contiguous ranges), and an all_gather along dim 1 must scatter the blocks
+// it receives into strided places. For rows that need none it equals the
+// raw side. Redistribute / floor is the overhead over the minimum work.
 //
 // Timing: `warmup` untimed rounds, then `iterations` rounds; in each, the
 // ranks meet at a barrier before each side, and a side's time is the slowest
-// rank's. Even rounds run Redistribute first, odd rounds the raw side, so
-// neither side always follows the other. Rows report the median over
-// rounds of each side (ratio: their quotient) and the median of the
-// rounds' own quotients (paired_ratio). Each row first checks one
+// rank's. Round i starts with side i mod 3 (Redistribute, raw, floor), so no
+// side always follows another. Rows report the median over rounds of each
+// side (ratio: their quotient) and the median of the rounds' own quotients
+// (paired_ratio; floor_ratio against the floor). Each row first checks one
 // Redistribute's local result against the global tensor ("wrong" counts
 // mismatched elements over all ranks).
 //
@@ -87,6 +94,13 @@ struct RedistributeRow {
   // sides of a round run back to back, so a load change between rounds
   // (this machine is shared) moves both.
   double paired_ratio = 0;
+  // The floor: the raw collectives plus the local copies the layout change
+  // needs whoever does it (packing strided all_to_all pieces, unpacking an
+  // all_gather along a dim with something before it), by hand. Equal to the
+  // raw side (layout_copies false) for rows that need none.
+  double floor_us = 0;     // Median.
+  double floor_ratio = 0;  // Median over rounds of Redistribute / floor.
+  bool layout_copies = false;
   int64_t wrong = 0;
 };
 

@@ -269,6 +269,9 @@ class Report:
             return
         for row in r.get("rows", []):
             note = f"plan {row.get('plan')}; ratio: median of per-round ratios"
+            if row.get("layout_copies"):
+                note += (f"; floor (raw + the layout's local copies) {row.get('floor_us', 0):,.0f} µs,"
+                         f" Redistribute / floor {row.get('floor_ratio', 0):.2f}")
             if row.get("wrong"):
                 note += f"; {row['wrong']} WRONG elements"
             self.add("redistribute",
