@@ -70,6 +70,14 @@ TEST_F(WorkerMetricsTest, CollectivesRecordBytesAndDurationByOpAndBackend) {
     // The decorator forwards: the sum is right.
     EXPECT_EQ(data[0], 3.0f);
     EXPECT_EQ(data[kElements - 1], 3.0f);
+    // The out-of-place form is metered as all_reduce too.
+    std::vector<float> out(kElements, -1.0f);
+    Tensor output = Tensor::Contiguous(out.data(), DType::kFloat32, {kElements});
+    auto oop = (*world)->AllReduce(tensor, output, ReduceOp::kMax);
+    ASSERT_TRUE(oop.ok()) << oop.status();
+    ASSERT_TRUE((*oop)->Wait().ok());
+    EXPECT_EQ(out[0], 3.0f);
+    EXPECT_EQ(data[0], 3.0f);
     // A refused op moves nothing and records nothing.
     EXPECT_FALSE((*world)->Broadcast(tensor, /*root=*/7).ok());
     // A barrier: its duration, zero bytes.
@@ -79,11 +87,12 @@ TEST_F(WorkerMetricsTest, CollectivesRecordBytesAndDurationByOpAndBackend) {
   });
   for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(statuses[r].ok()) << r << ": " << statuses[r];
 
-  // Both ranks record into the one registry: 2 x 4000 bytes, 2 durations.
+  // Both ranks record into the one registry: two all-reduces each, 4000
+  // bytes and a duration per call.
   EXPECT_EQ(registry_->CounterValue("mesh_collective_bytes_total", {"all_reduce", "gloo"}),
-            2.0 * kElements * sizeof(float));
+            4.0 * kElements * sizeof(float));
   EXPECT_EQ(registry_->HistogramCount("mesh_collective_duration_seconds", {"all_reduce", "gloo"}),
-            2u);
+            4u);
   EXPECT_GT(registry_->HistogramSum("mesh_collective_duration_seconds", {"all_reduce", "gloo"}),
             0.0);
   EXPECT_EQ(registry_->CounterValue("mesh_collective_bytes_total", {"broadcast", "gloo"}), 0);
