@@ -117,19 +117,23 @@ double Median(std::vector<double> v) {
 
 // One raw collective of the baseline, with its buffers allocated up front.
 //
-// The floor side also makes the local copies that the step's change of
-// layout needs whoever does it: an all_to_all whose pieces are strided in
-// the local block packs them into `in` first (from `strided`, a block laid
-// out like the local one), and an all_gather along a dim with something
-// before it unpacks the gathered blocks from `out` into `strided` after.
+// The floor side also makes, serially, the local copies that the step's
+// change of layout needs whoever makes it: an all_to_all whose pieces are
+// strided in the local block packs them into `in` first, one whose pieces
+// are strided in the result unpacks them from `out` after, and an
+// all_gather along a dim with something before it unpacks the gathered
+// blocks. This rank's own piece is left out: the collective already copies
+// it from input to output, and a direct implementation copies it once.
 struct RawStep {
   RedistributeOp op;
   std::shared_ptr<ProcessGroup> group;
   Tensor in;
   Tensor out;
-  Tensor strided;                  // Empty when the step needs no copies.
-  std::vector<Tensor> pieces;      // Views of `strided`, in peer order.
-  std::vector<Tensor> contiguous;  // The matching views of `in` or `out`.
+  std::vector<Tensor> strided;  // Blocks laid out like the local ones.
+  // (destination, source) pairs, before and after the collective.
+  std::vector<std::pair<Tensor, Tensor>> copies_before;
+  std::vector<std::pair<Tensor, Tensor>> copies_after;
+  bool has_copies() const { return !copies_before.empty() || !copies_after.empty(); }
 };
 
 // Product of the dims before `d`: above 1, blocks cut along d are strided.
@@ -146,38 +150,60 @@ Tensor View(const Tensor& buffer, int64_t offset, absl::Span<const int64_t> shap
   return Tensor::Contiguous(base, buffer.dtype(), shape, buffer.device(), buffer.keep_alive());
 }
 
-// Fills step.strided/pieces/contiguous when the step's layout change needs
-// local copies (see RawStep); the splits are even (powers of two).
+// Copies between a block of `strided_shape`, cut into k even pieces of
+// `piece` along `dim`, and the k contiguous pieces of `flat`, skipping
+// piece `own`: into `flat` (pack) or out of it (unpack).
+absl::Status AddPieces(RawStep& step, absl::Span<const int64_t> strided_shape,
+                       std::vector<int64_t> piece, int dim, int64_t k, int own, const Tensor& flat,
+                       bool pack) {
+  auto block = Tensor::Zeros(DType::kFloat32, strided_shape);
+  if (!block.ok()) return block.status();
+  step.strided.push_back(*block);
+  const int64_t count = Numel(piece);
+  const int64_t len = piece[static_cast<size_t>(dim)];
+  for (int64_t j = 0; j < k; ++j) {
+    if (j == own) continue;
+    auto strided = block->Narrow(dim, j * len, len);
+    if (!strided.ok()) return strided.status();
+    Tensor contiguous = View(flat, j * count, piece);
+    if (pack) {
+      step.copies_before.emplace_back(contiguous, *strided);
+    } else {
+      step.copies_after.emplace_back(*strided, contiguous);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Adds the step's layout copies (see RawStep); splits are even (powers of
+// two).
 absl::Status AddLayoutCopies(RawStep& step, const RedistributeStep& plan_step,
                              const LocalLayout& before, const LocalLayout& after, int64_t k) {
-  int dim = -1;
-  std::vector<int64_t> piece_shape(before.shape.begin(), before.shape.end());
-  std::vector<int64_t> strided;  // The strided side's shape.
+  const int own = step.group->rank();
   if (plan_step.op == RedistributeOp::kAllToAll) {
-    dim = plan_step.to.dim();
-    if (Outer(before.shape, dim) == 1) return absl::OkStatus();
-    piece_shape[static_cast<size_t>(dim)] /= k;
-    strided.assign(before.shape.begin(), before.shape.end());
+    const int d = plan_step.from.dim();
+    const int e = plan_step.to.dim();
+    // Piece (from j, to m): the before block cut along e to m's range.
+    std::vector<int64_t> piece(before.shape.begin(), before.shape.end());
+    piece[static_cast<size_t>(e)] = after.shape[static_cast<size_t>(e)];
+    if (Outer(before.shape, e) > 1) {
+      if (absl::Status s = AddPieces(step, before.shape, piece, e, k, own, step.in, true);
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (Outer(after.shape, d) > 1) {
+      if (absl::Status s = AddPieces(step, after.shape, piece, d, k, own, step.out, false);
+          !s.ok()) {
+        return s;
+      }
+    }
   } else if (plan_step.op == RedistributeOp::kAllGather) {
-    dim = plan_step.from.dim();
-    if (Outer(after.shape, dim) == 1) return absl::OkStatus();
-    strided.assign(after.shape.begin(), after.shape.end());
-  } else {
-    return absl::OkStatus();
-  }
-  const std::vector<int64_t>* block = &piece_shape;
-  auto made = Tensor::Zeros(DType::kFloat32, strided);
-  if (!made.ok()) return made.status();
-  step.strided = *std::move(made);
-  const Tensor& flat = plan_step.op == RedistributeOp::kAllToAll ? step.in : step.out;
-  int64_t count = 1;
-  for (int64_t e : *block) count *= e;
-  const int64_t len = (*block)[static_cast<size_t>(dim)];
-  for (int64_t j = 0; j < k; ++j) {
-    auto piece = step.strided.Narrow(dim, j * len, len);
-    if (!piece.ok()) return piece.status();
-    step.pieces.push_back(*std::move(piece));
-    step.contiguous.push_back(View(flat, j * count, *block));
+    const int d = plan_step.from.dim();
+    if (Outer(after.shape, d) > 1) {
+      std::vector<int64_t> piece(before.shape.begin(), before.shape.end());
+      return AddPieces(step, after.shape, piece, d, k, own, step.out, false);
+    }
   }
   return absl::OkStatus();
 }
@@ -226,9 +252,9 @@ absl::StatusOr<std::vector<RawStep>> MakeRawSteps(const DeviceMesh& mesh,
 // `with_copies`: the floor side (RawStep).
 absl::Status RunRaw(const std::vector<RawStep>& steps, bool with_copies = false) {
   for (const RawStep& s : steps) {
-    if (with_copies && s.op == RedistributeOp::kAllToAll) {
-      for (size_t j = 0; j < s.pieces.size(); ++j) {
-        if (absl::Status c = CopyTensor(s.contiguous[j], s.pieces[j]); !c.ok()) return c;
+    if (with_copies) {
+      for (const auto& [dst, src] : s.copies_before) {
+        if (absl::Status c = CopyTensor(dst, src); !c.ok()) return c;
       }
     }
     absl::StatusOr<ProcessGroup::WorkPtr> work;
@@ -249,9 +275,9 @@ absl::Status RunRaw(const std::vector<RawStep>& steps, bool with_copies = false)
         continue;
     }
     if (absl::Status st = Await(std::move(work)); !st.ok()) return st;
-    if (with_copies && s.op == RedistributeOp::kAllGather) {
-      for (size_t j = 0; j < s.pieces.size(); ++j) {
-        if (absl::Status c = CopyTensor(s.pieces[j], s.contiguous[j]); !c.ok()) return c;
+    if (with_copies) {
+      for (const auto& [dst, src] : s.copies_after) {
+        if (absl::Status c = CopyTensor(dst, src); !c.ok()) return c;
       }
     }
   }
@@ -383,8 +409,8 @@ absl::StatusOr<RedistributeRow> RunCase(const RedistributeBenchOptions& options,
   };
   row.paired_ratio = paired_against(1);
   row.floor_ratio = paired_against(2);
-  row.layout_copies = std::any_of(raw->begin(), raw->end(),
-                                  [](const RawStep& s) { return !s.pieces.empty(); });
+  row.layout_copies =
+      std::any_of(raw->begin(), raw->end(), [](const RawStep& s) { return s.has_copies(); });
   row.wrong = wrong->data_as<int64_t>()[0];
   return row;
 }
@@ -599,9 +625,10 @@ std::string RedistributeHeader(const RedistributeBenchOptions& o) {
       o.shared_memory ? "shared memory (TCP for setup) " : "TCP ", o.hostname,
       ", float32, warm-up ", o.warmup, ", median of ", o.iterations,
       " rounds of the slowest rank; raw = the plan's collectives by hand\n",
-      absl::StrFormat("| %-22s | %-7s | %-7s | %-31s | %17s | %9s | %5s | %6s | %10s | %5s | %5s |\n",
-                      "transition", "mesh", "size", "plan", "redistribute (us)", "raw (us)",
-                      "ratio", "paired", "floor (us)", "vs fl", "wrong"),
+      absl::StrFormat(
+          "| %-22s | %-7s | %-7s | %-31s | %17s | %9s | %5s | %6s | %10s | %5s | %5s |\n",
+          "transition", "mesh", "size", "plan", "redistribute (us)", "raw (us)", "ratio", "paired",
+          "floor (us)", "vs fl", "wrong"),
       absl::StrFormat("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(24, '-'),
                       std::string(9, '-'), std::string(9, '-'), std::string(33, '-'),
                       std::string(19, '-'), std::string(11, '-'), std::string(7, '-'),

@@ -20,12 +20,15 @@
 // overhead (planning or the plan cache, allocating the result, packing and
 // unpacking shards, copies) over the communication itself.
 //
-// A third side, the floor, adds to the raw collectives the local copies
-// that the change of layout needs whoever makes it: S(0) -> S(1) must gather
-// each peer's strided column block into a contiguous message (Gloo sends
-// contiguous ranges), and an all_gather along dim 1 must scatter the blocks
-// it receives into strided places. For rows that need none it equals the
-// raw side. Redistribute / floor is the overhead over the minimum work.
+// A third side, the floor, adds to the raw collectives, serially, the local
+// copies that the change of layout needs whoever makes it: S(0) -> S(1)
+// must gather each peer's strided column block into a contiguous message
+// (Gloo sends contiguous ranges), and an all_gather along dim 1 must scatter
+// the blocks it receives into strided places (this rank's own piece is left
+// out: the collective copies it already). For rows that need none it equals
+// the raw side. Redistribute / floor is the overhead over that work done
+// one after the other; Redistribute overlaps the copies with the transfers,
+// so it can come out below 1.
 //
 // Timing: `warmup` untimed rounds, then `iterations` rounds; in each, the
 // ranks meet at a barrier before each side, and a side's time is the slowest

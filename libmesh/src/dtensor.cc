@@ -499,8 +499,7 @@ absl::StatusOr<Tensor> RunAllReduce(const StepContext& c, const Tensor& local,
   }
   DT_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(local.dtype(), local.shape(), local.device()));
   if (out.numel() == 0) return out;
-  DT_RETURN_IF_ERROR(
-      Finish(group.AllReduce(local, out, c.step.from.op()), group, c.timeout, cuda));
+  DT_RETURN_IF_ERROR(Finish(group.AllReduce(local, out, c.step.from.op()), group, c.timeout, cuda));
   return out;
 }
 

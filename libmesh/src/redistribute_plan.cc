@@ -239,9 +239,13 @@ struct PathAfter {
   bool operator()(const Path& a, const Path& b) const { return Before(b, a); }
 };
 
-// Above this many states the search keeps each mesh dim to its src, dst or
-// Replicate (at most 3^ndim states); at or below it, to every placement.
-constexpr int64_t kMaxFullSearchStates = 4096;
+// The wider search costs about states x edges x ranks (each edge's bytes
+// come from every sharded coordinate), so it runs while states x ranks stays
+// within this budget (about 0.1 s of planning on the development VM, once
+// per cache key); beyond it each mesh dim keeps to its src, dst or
+// Replicate (at most 3^ndim states). E.g. a 4-d tensor on (4, 4, 4, 4)
+// (625 states x 256 ranks) searches everything; on (8, 8, 8, 8) it does not.
+constexpr int64_t kFullSearchBudget = int64_t{1} << 20;
 
 // The placements each mesh dim may take in the search, in tie-break order:
 // its dst, Replicate, its src, then every Shard(d) and every Partial that
@@ -250,20 +254,26 @@ constexpr int64_t kMaxFullSearchStates = 4096;
 // mesh of a [1, 2, 13] tensor is cheapest through a Shard(0) that neither
 // end holds on that dim (tests/libmesh/redistribute_plan_test.cc).
 std::vector<std::vector<Placement>> SearchCandidates(const Placements& src, const Placements& dst,
+                                                     absl::Span<const int64_t> mesh_shape,
                                                      int tensor_rank) {
   std::vector<Placement> everything;
   for (int d = 0; d < tensor_rank; ++d) everything.push_back(Placement::Shard(d));
   for (const Placements* side : {&src, &dst}) {
     for (const Placement& p : *side) {
-      if (p.is_partial() && std::find(everything.begin(), everything.end(), p) == everything.end()) {
+      if (p.is_partial() &&
+          std::find(everything.begin(), everything.end(), p) == everything.end()) {
         everything.push_back(p);
       }
     }
   }
   const int64_t per_dim = static_cast<int64_t>(everything.size()) + 1;  // + Replicate.
-  int64_t states = 1;
-  for (size_t i = 0; i < src.size() && states <= kMaxFullSearchStates; ++i) states *= per_dim;
-  const bool full = states <= kMaxFullSearchStates;
+  int64_t cost = 1;  // States x ranks, saturating past the budget.
+  for (size_t i = 0; i < src.size() && cost <= kFullSearchBudget; ++i) {
+    cost *= per_dim;
+    cost = std::min(cost, kFullSearchBudget + 1) * std::max<int64_t>(mesh_shape[i], 1);
+    cost = std::min(cost, kFullSearchBudget + 1);
+  }
+  const bool full = cost <= kFullSearchBudget;
   std::vector<std::vector<Placement>> candidates(src.size());
   for (size_t i = 0; i < src.size(); ++i) {
     std::vector<Placement>& c = candidates[i];
@@ -349,7 +359,7 @@ absl::StatusOr<RedistributePlan> PlanRedistribute(absl::Span<const int64_t> glob
 
   const int ndim = static_cast<int>(mesh_shape.size());
   const std::vector<std::vector<Placement>> candidates =
-      SearchCandidates(plan.src, plan.dst, tensor_rank);
+      SearchCandidates(plan.src, plan.dst, mesh_shape, tensor_rank);
   // States are keyed by their printed form.
   absl::flat_hash_set<std::string> settled;
   std::priority_queue<Path, std::vector<Path>, PathAfter> frontier;

@@ -404,14 +404,14 @@ std::string Tensor::DebugString() const {
 
 bool SpansOverlap(const Tensor& a, const Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0 || !(a.device() == b.device())) return false;
-  auto span_end = [](const Tensor& t) {
+  // As integers: pointers into unrelated objects do not compare with <.
+  auto begin = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()); };
+  auto end = [&](const Tensor& t) {
     int64_t last = 0;
     for (int d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-    return static_cast<const char*>(t.data()) + (last + 1) * static_cast<int64_t>(t.element_size());
+    return begin(t) + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(t.element_size()));
   };
-  const char* a_begin = static_cast<const char*>(a.data());
-  const char* b_begin = static_cast<const char*>(b.data());
-  return a_begin < span_end(b) && b_begin < span_end(a);
+  return begin(a) < end(b) && begin(b) < end(a);
 }
 
 absl::Status CopyTensor(const Tensor& dst, const Tensor& src) {

@@ -633,6 +633,16 @@ TEST_P(GlooRings, ReduceScatterAllGatherAndAllReduceMatchTheReference) {
       };
       ExpectElements(gathered, expected_sum, "all_gather of the reduce_scatter, " + at);
       ExpectElements(reduced, expected_sum, "all_reduce(in, out), " + at);
+
+      // The in-place forms: reduce-scatter into this rank's chunk of its
+      // input, then all-gather from it.
+      Tensor whole = Poisoned(dtype, {n * count});
+      FillWith(whole, [&](int64_t k) { return Value(dtype, op, r, k, 20 + segments); });
+      auto own = whole.Narrow(0, r * count, count);
+      ASSERT_TRUE(own.ok());
+      ASSERT_TRUE(Await(g.ReduceScatter(whole, *own, op)).ok()) << at;
+      ASSERT_TRUE(Await(g.AllGather(*own, whole)).ok()) << at;
+      ExpectElements(whole, expected_sum, "in-place reduce_scatter + all_gather, " + at);
       ExpectElements(
           in, [&](int64_t k) { return Value(dtype, op, r, k, 20 + segments); },
           "all_reduce(in, out) input, " + at);
@@ -653,9 +663,8 @@ std::vector<RingCase> RingCases() {
 
 INSTANTIATE_TEST_SUITE_P(SegmentCounts, GlooRings, ::testing::ValuesIn(RingCases()),
                          [](const auto& info) {
-                           return absl::StrCat("n", info.param.n, "_",
-                                               DTypeName(info.param.dtype), "_",
-                                               info.param.segment_bytes, "B");
+                           return absl::StrCat("n", info.param.n, "_", DTypeName(info.param.dtype),
+                                               "_", info.param.segment_bytes, "B");
                          });
 
 // The fused ring is chosen only where the ring is and the group size
@@ -663,26 +672,32 @@ INSTANTIATE_TEST_SUITE_P(SegmentCounts, GlooRings, ::testing::ValuesIn(RingCases
 // place. Both give the same answer, and the input is never written.
 TEST(GlooOutOfPlaceAllReduce, FallsBackWhereTheFusedRingDoesNotApply) {
   const int n = 3;
-  Ranks& ranks = SharedWorld(n);  // Auto: bcube below 16 MiB for 3 ranks.
-  OnRanks(n, [&](int r) {
-    ProcessGroup& g = *ranks.world[r];
-    for (int64_t count : {int64_t{3}, int64_t{4}, int64_t{3 * 1000}, int64_t{3001}}) {
-      Tensor in = Poisoned(DType::kInt32, {count});
-      FillWith(in, [&](int64_t i) { return Value(DType::kInt32, ReduceOp::kSum, r, i, 30); });
-      Tensor out = Poisoned(DType::kInt32, {count});
-      ASSERT_TRUE(Await(g.AllReduce(in, out, ReduceOp::kSum)).ok());
-      ExpectElements(
-          out,
-          [&](int64_t i) {
-            return Fold(DType::kInt32, ReduceOp::kSum, n,
-                        [&](int q) { return Value(DType::kInt32, ReduceOp::kSum, q, i, 30); });
-          },
-          absl::StrCat("rank ", r, " count ", count));
-      ExpectElements(
-          in, [&](int64_t i) { return Value(DType::kInt32, ReduceOp::kSum, r, i, 30); },
-          "input");
-    }
-  });
+  // Ring forced, so that counts not divisible by 3 take the fallback with
+  // the ring chosen; the shared world (auto: bcube below 16 MiB for 3
+  // ranks) takes it with bcube.
+  GlooOptions options = TestOptions();
+  options.allreduce_algorithm = GlooAllreduceAlgorithm::kRing;
+  auto ring = MakeRanks(n, options);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  for (Ranks* ranks : {ring->get(), &SharedWorld(n)})
+    OnRanks(n, [&](int r) {
+      ProcessGroup& g = *ranks->world[r];
+      for (int64_t count : {int64_t{3}, int64_t{4}, int64_t{3 * 1000}, int64_t{3001}}) {
+        Tensor in = Poisoned(DType::kInt32, {count});
+        FillWith(in, [&](int64_t i) { return Value(DType::kInt32, ReduceOp::kSum, r, i, 30); });
+        Tensor out = Poisoned(DType::kInt32, {count});
+        ASSERT_TRUE(Await(g.AllReduce(in, out, ReduceOp::kSum)).ok());
+        ExpectElements(
+            out,
+            [&](int64_t i) {
+              return Fold(DType::kInt32, ReduceOp::kSum, n,
+                          [&](int q) { return Value(DType::kInt32, ReduceOp::kSum, q, i, 30); });
+            },
+            absl::StrCat("rank ", r, " count ", count));
+        ExpectElements(
+            in, [&](int64_t i) { return Value(DType::kInt32, ReduceOp::kSum, r, i, 30); }, "input");
+      }
+    });
 }
 
 // Strided input and output are staged; the same view is the in-place form.
@@ -708,7 +723,9 @@ TEST(GlooOutOfPlaceAllReduce, StridedTensorsAndTheSameViewWork) {
 
     Tensor same = Poisoned(DType::kFloat32, {6});
     FillWith(same, [&](int64_t i) { return Value(DType::kFloat32, ReduceOp::kSum, r, i, 32); });
-    ASSERT_TRUE(Await(g.AllReduce(same, same, ReduceOp::kSum)).ok());
+    // The same buffer under another shape is the in-place form too.
+    Tensor reshaped = Tensor::Contiguous(same.data(), DType::kFloat32, {2, 3});
+    ASSERT_TRUE(Await(g.AllReduce(same, reshaped, ReduceOp::kSum)).ok());
     ExpectElements(
         same,
         [&](int64_t i) {
@@ -822,8 +839,8 @@ TEST(GlooValidation, BadArgumentsFailAtOnceAndLeaveTheGroupHealthy) {
   EXPECT_EQ(g.Broadcast(f, -1).status().code(), invalid);
   EXPECT_EQ(g.Broadcast(f, 2).status().code(), invalid);
   EXPECT_EQ(g.Reduce(f, 2, ReduceOp::kSum).status().code(), invalid);
-  EXPECT_EQ(g.AllReduce(f, f8, ReduceOp::kSum).status().code(), invalid);  // numel
-  EXPECT_EQ(g.AllReduce(f8, i8, ReduceOp::kSum).status().code(), invalid);  // dtype
+  EXPECT_EQ(g.AllReduce(f, f8, ReduceOp::kSum).status().code(), invalid);    // numel
+  EXPECT_EQ(g.AllReduce(f8, i8, ReduceOp::kSum).status().code(), invalid);   // dtype
   EXPECT_EQ(g.AllReduce(cuda, f, ReduceOp::kSum).status().code(), invalid);  // device
   EXPECT_EQ(g.AllReduce(f, broadcast_view, ReduceOp::kSum).status().code(), invalid);
   EXPECT_EQ(g.AllReduce(b, Poisoned(DType::kBool, {4}), ReduceOp::kSum).status().code(), invalid);
@@ -835,6 +852,11 @@ TEST(GlooValidation, BadArgumentsFailAtOnceAndLeaveTheGroupHealthy) {
     const absl::Status overlap = g.AllReduce(*low, *high, ReduceOp::kSum).status();
     EXPECT_EQ(overlap.code(), invalid);
     EXPECT_THAT(std::string(overlap.message()), HasSubstr("overlap"));
+    // all_gather's input may be this rank's chunk of the output (rank 0:
+    // elements [0, 4) of 8), nothing else of it; likewise reduce_scatter's
+    // output and its input.
+    EXPECT_EQ(g.AllGather(*high, f8).status().code(), invalid);
+    EXPECT_EQ(g.ReduceScatter(f8, *high, ReduceOp::kSum).status().code(), invalid);
   }
   EXPECT_EQ(g.AllGather(f, f).status().code(), invalid);      // numel
   EXPECT_EQ(g.AllGather(f, i8).status().code(), invalid);     // dtype

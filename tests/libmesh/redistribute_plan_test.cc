@@ -5,6 +5,7 @@
 #include "mesh/redistribute_plan.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -228,10 +229,22 @@ std::vector<Case> HandCases() {
       // Straight to S(1) the own chunk is 7 rows x 2 cols = 56 B, three
       // times (168 B): 5 columns chunk unevenly (2, 2, 1, 0). Reducing onto
       // the rows (2, 2, 2, 1: 3 x 40 B) and then swapping (40 B) is cheaper.
-      {"1d_Pavg_to_S1", g75, f32, m4, {P(ReduceOp::kAvg)}, {S(1)},
-       {Op::kReduceScatter, Op::kAllToAll}, 160},
+      {"1d_Pavg_to_S1",
+       g75,
+       f32,
+       m4,
+       {P(ReduceOp::kAvg)},
+       {S(1)},
+       {Op::kReduceScatter, Op::kAllToAll},
+       160},
       // Evenly, the single reduce_scatter: own chunk 8 rows x 2 cols, thrice.
-      {"1d_Pavg_to_S1_even", {8, 8}, f32, m4, {P(ReduceOp::kAvg)}, {S(1)}, {Op::kReduceScatter},
+      {"1d_Pavg_to_S1_even",
+       {8, 8},
+       f32,
+       m4,
+       {P(ReduceOp::kAvg)},
+       {S(1)},
+       {Op::kReduceScatter},
        3 * 8 * 2 * 4},
       // New shard 7 x c_r, old 2/2/2/1 rows x 5: ranks 0, 1 miss 14 - 4.
       {"1d_S0_to_S1", g75, f32, m4, {S(0)}, {S(1)}, {Op::kAllToAll}, 40},
@@ -449,8 +462,9 @@ int64_t ShortestPath(const Shape& global, DType dtype, const Shape& mesh, const 
 
 // Dijkstra over every state a search could reach: each mesh dim holds any
 // Shard(d) of the tensor's dims, Replicate, or a Partial of an op that src
-// or dst uses, and any table step is an edge. The planner searches less
-// (src, dst or Replicate per dim); this says that costs nothing.
+// or dst uses, and any table step is an edge. Written independently of the
+// planner (which searches the same space on meshes this small), so the two
+// must agree on the cheapest total.
 int64_t UnrestrictedShortestPath(const Shape& global, DType dtype, const Shape& mesh,
                                  const Placements& src, const Placements& dst) {
   std::vector<Placement> choices = {R};
@@ -478,8 +492,8 @@ int64_t UnrestrictedShortestPath(const Shape& global, DType dtype, const Shape& 
         Placements next = state;
         next[i] = to;
         if (settled.count(PlacementsToString(next)) > 0) continue;
-        frontier.push({cost + ReferenceBytes(global, dtype, mesh, state, static_cast<int>(i), to),
-                       next});
+        frontier.push(
+            {cost + ReferenceBytes(global, dtype, mesh, state, static_cast<int>(i), to), next});
       }
     }
   }
@@ -547,8 +561,7 @@ TEST(RedistributePlanTest, RandomPlansAreValidOptimalAndBeatEveryDimOrder) {
 // over the other, all-gather back (the hierarchical all-reduce), instead of
 // two full all-reduces.
 TEST(RedistributePlanTest, PartialOnTwoDimsIsTheHierarchicalAllReduce) {
-  const RedistributePlan plan =
-      MustPlan({1024}, DType::kFloat32, {2, 4}, {P(), P()}, {R, R});
+  const RedistributePlan plan = MustPlan({1024}, DType::kFloat32, {2, 4}, {P(), P()}, {R, R});
   std::vector<RedistributeOp> ops;
   for (const RedistributeStep& step : plan.steps) ops.push_back(step.op);
   EXPECT_THAT(ops, ::testing::ElementsAre(RedistributeOp::kReduceScatter,
@@ -561,18 +574,52 @@ TEST(RedistributePlanTest, PartialOnTwoDimsIsTheHierarchicalAllReduce) {
   CheckPlan(plan, {1024}, DType::kFloat32, {2, 4});
 }
 
+// On a large mesh the search keeps each mesh dim to its src, dst or
+// Replicate (planning time; redistribute_plan.cc), and its plans are still
+// valid and never worse than any one-dim-at-a-time order.
+TEST(RedistributePlanTest, LargeMeshesSearchTheNarrowSpaceQuickly) {
+  const Shape mesh = {8, 8, 8, 8};  // 4096 ranks.
+  const Shape global = {64, 48, 32, 16};
+  for (const auto& [src, dst] : std::vector<std::pair<Placements, Placements>>{
+           {{S(0), S(1), S(2), S(3)}, {S(3), S(2), S(1), S(0)}},
+           {{P(), S(0), S(1), R}, {R, S(1), S(0), S(2)}},
+           {{S(0), S(0), S(0), S(0)}, {R, R, R, R}}}) {
+    SCOPED_TRACE(PlacementsToString(src) + " -> " + PlacementsToString(dst));
+    const auto start = std::chrono::steady_clock::now();
+    const RedistributePlan plan = MustPlan(global, DType::kFloat32, mesh, src, dst);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%s -> %s on 8^4: %zu steps, %.3f s\n", PlacementsToString(src).c_str(),
+                PlacementsToString(dst).c_str(), plan.steps.size(), seconds);
+    const std::optional<int64_t> order = BestDimOrder(global, DType::kFloat32, mesh, src, dst);
+    if (order.has_value()) {
+      EXPECT_LE(plan.bytes_per_rank, *order) << plan.ToString();
+    }
+    for (const RedistributeStep& step : plan.steps) {
+      // Narrow space: every dim is at its src, dst or Replicate throughout.
+      for (size_t i = 0; i < mesh.size(); ++i) {
+        EXPECT_TRUE(step.after[i] == src[i] || step.after[i] == dst[i] || step.after[i] == R)
+            << plan.ToString();
+      }
+    }
+  }
+}
+
 TEST(RedistributePlanTest, TiesPreferFewerStepsThenLowerMeshDims) {
   // Two independent free slices: dim 0 first.
   const RedistributePlan plan = MustPlan({4, 4}, DType::kFloat32, {2, 2}, {R, R}, {S(0), S(1)});
   ASSERT_EQ(plan.steps.size(), 2u);
   EXPECT_EQ(plan.steps[0].mesh_dim, 0);
   EXPECT_EQ(plan.steps[1].mesh_dim, 1);
-  // Two equal all-gathers on a (2, 2) mesh: dim 0 first.
+  // Nested shards of one dim: nesting makes the inner mesh dim go first.
   const RedistributePlan gather = MustPlan({4}, DType::kFloat32, {2, 2}, {S(0), S(0)}, {R, R});
   ASSERT_EQ(gather.steps.size(), 2u) << gather.ToString();
-  EXPECT_EQ(gather.steps[0].mesh_dim, 1);  // Nesting: the inner dim first.
+  EXPECT_EQ(gather.steps[0].mesh_dim, 1);
+  // Two all-gathers of the same bytes and steps: the fewer local copies go
+  // first (mesh dim 1's column blocks unpack a quarter of the tensor).
   const RedistributePlan two = MustPlan({4, 4}, DType::kFloat32, {2, 2}, {S(0), S(1)}, {R, R});
   ASSERT_EQ(two.steps.size(), 2u) << two.ToString();
+  EXPECT_EQ(two.steps[0].mesh_dim, 1) << two.ToString();
   // Deterministic: the same inputs give the same plan.
   EXPECT_EQ(MustPlan({4, 4}, DType::kFloat32, {2, 2}, {S(0), S(1)}, {R, R}).ToString(),
             two.ToString());

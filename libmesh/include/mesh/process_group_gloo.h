@@ -30,8 +30,8 @@
 // segmented rings of our own (gloo 0.5 has no abortable reduce-scatter, and
 // its all-gather does not overlap its steps; backends/gloo/gloo_ring.h).
 // Broadcast is gloo's binomial tree, Reduce gloo's ring reduce-scatter plus
-// gather, AllToAll gloo's pairwise exchange, Barrier gloo's. With GlooOptions::shared_memory, groups on one host run
-// their collectives through shared memory instead (send/recv stay on TCP).
+// gather, AllToAll gloo's pairwise exchange, Barrier gloo's. With GlooOptions::shared_memory,
+// groups on one host run their collectives through shared memory instead (send/recv stay on TCP).
 //
 // Failure. gloo blocks inside its ops and reports errors by throwing; the
 // backend catches every exception at the op boundary and turns it into a

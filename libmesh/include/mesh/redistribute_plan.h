@@ -33,9 +33,9 @@
 // including detours (through Replicate, back to a dim's source placement,
 // or through a Shard that neither end holds) where nesting or cost call for
 // them: each mesh dim may take every Shard, Replicate, and the Partials of
-// src and dst, unless that makes more than 4096 states, when each keeps to
-// its src, dst or Replicate. It returns one that receives the fewest bytes per rank in total (ties: fewest
-// steps, then the fewest elements the executor must copy locally: pieces
+// src and dst, unless states x ranks would exceed 2^20 (large meshes), when
+// each keeps to its src, dst or Replicate. It returns one that receives the fewest bytes per rank
+// in total (ties: fewest steps, then the fewest elements the executor must copy locally: pieces
 // packed or unpacked because they are strided, and local steps' copies;
 // then the lowest mesh dims first). Doing the dims one at a time in
 // any valid order is one of the candidates, so the result is never worse.

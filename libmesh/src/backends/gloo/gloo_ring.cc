@@ -21,8 +21,7 @@ namespace {
 struct Segmenting {
   Segmenting(size_t chunk_bytes, size_t element_size, size_t max_bytes)
       : chunk(chunk_bytes),
-        seg(std::min(chunk_bytes,
-                     std::max(element_size, max_bytes / element_size * element_size))),
+        seg(std::min(chunk_bytes, std::max(element_size, max_bytes / element_size * element_size))),
         count((chunk_bytes + seg - 1) / seg) {}
   size_t len(size_t k) const { return std::min(seg, chunk - k * seg); }
   size_t chunk;
@@ -191,8 +190,7 @@ void ReduceScatterRing(const std::shared_ptr<::gloo::Context>& context,
       const size_t g = static_cast<size_t>(s) * segs.count + k;
       tmp_buf->waitRecv(args.timeout);
       const size_t off = k * segs.seg;
-      args.reduce(dest + off, own + off, scratch + (g % kRecvSlots) * segs.seg,
-                  segs.len(k) / elem);
+      args.reduce(dest + off, own + off, scratch + (g % kRecvSlots) * segs.seg, segs.len(k) / elem);
       if (g + kRecvSlots < total) post_recv(g + kRecvSlots);
       if (last) {
         on_final(k);
@@ -222,8 +220,7 @@ void RingReduceScatter(const std::shared_ptr<::gloo::Context>& context,
 void RingAllGather(const std::shared_ptr<::gloo::Context>& context, const RingAllGatherArgs& args) {
   MESH_CHECK(context->size >= 2, "ring all-gather needs two or more ranks");
   MESH_CHECK(args.count > 0 && args.element_size > 0, "ring all-gather of nothing");
-  const Segmenting segs(args.count * args.element_size, args.element_size,
-                        args.max_segment_bytes);
+  const Segmenting segs(args.count * args.element_size, args.element_size, args.max_segment_bytes);
   AllGatherRing ring(context, static_cast<uint8_t*>(args.output), segs, args.tag, args.timeout);
   ring.PostRecvs();
   if (args.input == ring.own()) {
@@ -235,9 +232,8 @@ void RingAllGather(const std::shared_ptr<::gloo::Context>& context, const RingAl
   // overlaps the wire. gloo never writes through a buffer that only sends.
   auto in_buf = context->createUnboundBuffer(const_cast<void*>(args.input), segs.chunk);
   for (size_t k = 0; k < segs.count; ++k) {
-    in_buf->send((context->rank + 1) % context->size, ::gloo::Slot::build(kAllGatherSlotPrefix,
-                                                                          args.tag),
-                 k * segs.seg, segs.len(k));
+    in_buf->send((context->rank + 1) % context->size,
+                 ::gloo::Slot::build(kAllGatherSlotPrefix, args.tag), k * segs.seg, segs.len(k));
   }
   std::memcpy(ring.own(), args.input, segs.chunk);
   ring.Forward();
@@ -248,8 +244,7 @@ void RingAllReduce(const std::shared_ptr<::gloo::Context>& context, const RingAl
   MESH_CHECK(context->size >= 2, "ring all-reduce needs two or more ranks");
   MESH_CHECK(args.count > 0 && args.element_size > 0, "ring all-reduce of nothing");
   MESH_CHECK(args.input != args.output, "ring all-reduce is out of place only");
-  const Segmenting segs(args.count * args.element_size, args.element_size,
-                        args.max_segment_bytes);
+  const Segmenting segs(args.count * args.element_size, args.element_size, args.max_segment_bytes);
   AllGatherRing gather(context, static_cast<uint8_t*>(args.output), segs, args.tag, args.timeout);
   gather.PostRecvs();
   RingReduceScatterArgs scatter;

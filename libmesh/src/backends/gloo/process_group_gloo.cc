@@ -75,6 +75,45 @@ absl::Status Prefixed(const std::string& prefix, const absl::Status& status) {
     if (!_status.ok()) return _status;  \
   } while (false)
 
+// The in-place form of an out-of-place all-reduce: both contiguous from the
+// same address (numel and dtype were checked equal), whatever their shapes,
+// as NCCL's sendbuff == recvbuff.
+bool SameBuffer(const Tensor& a, const Tensor& b) {
+  return a.data() == b.data() && a.is_contiguous() && b.is_contiguous();
+}
+
+// `chunk` is exactly member `rank`'s chunk of `whole` (c10d's in-place
+// all-gather input and reduce-scatter output): both contiguous, and chunk
+// starts rank * its numel elements into whole.
+bool IsOwnChunk(const Tensor& chunk, const Tensor& whole, int rank) {
+  return chunk.is_contiguous() && whole.is_contiguous() &&
+         chunk.data() == static_cast<const unsigned char*>(whole.data()) +
+                             static_cast<int64_t>(rank) * chunk.numel() *
+                                 static_cast<int64_t>(chunk.element_size());
+}
+
+// gloo's allreduce (or the shared-memory one) over `data`, `like`'s numel
+// elements of its dtype, in place. (A template only because State is
+// private to ProcessGroupGloo.)
+template <typename State>
+void AllReduceInPlace(State& s, void* data, const Tensor& like, const gloo_backend::ReduceFn& fn,
+                      GlooAllreduceAlgorithm algorithm) {
+  const size_t n = static_cast<size_t>(like.numel());
+  if (gloo_backend::ShmGroup* shm = s.shm()) {
+    shm->AllReduce(data, n, like.element_size(), fn, s.op_timeout());
+    return;
+  }
+  ::gloo::AllreduceOptions opts(s.context());
+  DispatchElementSize(like.element_size(),
+                      [&](auto elem) { opts.setOutput(static_cast<decltype(elem)*>(data), n); });
+  opts.setReduceFunction(fn);
+  opts.setAlgorithm(algorithm == GlooAllreduceAlgorithm::kRing
+                        ? ::gloo::AllreduceOptions::Algorithm::RING
+                        : ::gloo::AllreduceOptions::Algorithm::BCUBE);
+  opts.setTimeout(s.op_timeout());
+  ::gloo::allreduce(opts);
+}
+
 }  // namespace
 
 const char* GlooAllreduceAlgorithmName(GlooAllreduceAlgorithm algorithm) {
@@ -296,36 +335,6 @@ void ProcessGroupGloo::State::PointToPointLoop() {
 
 // ---- ProcessGroupGloo -------------------------------------------------------
 
-// Same memory, dtype, shape and strides: the in-place form of an
-// out-of-place op.
-bool SameView(const Tensor& a, const Tensor& b) {
-  return a.data() == b.data() && a.dtype() == b.dtype() && a.device() == b.device() &&
-         a.shape() == b.shape() && a.strides() == b.strides();
-}
-
-// gloo's allreduce (or the shared-memory one) over `data`, `like`'s numel
-// elements of its dtype, in place. (A template only because State is
-// private to ProcessGroupGloo.)
-template <typename State>
-void AllReduceInPlace(State& s, void* data, const Tensor& like,
-                      const gloo_backend::ReduceFn& fn, GlooAllreduceAlgorithm algorithm) {
-  const size_t n = static_cast<size_t>(like.numel());
-  if (gloo_backend::ShmGroup* shm = s.shm()) {
-    shm->AllReduce(data, n, like.element_size(), fn, s.op_timeout());
-    return;
-  }
-  ::gloo::AllreduceOptions opts(s.context());
-  DispatchElementSize(like.element_size(), [&](auto elem) {
-    opts.setOutput(static_cast<decltype(elem)*>(data), n);
-  });
-  opts.setReduceFunction(fn);
-  opts.setAlgorithm(algorithm == GlooAllreduceAlgorithm::kRing
-                        ? ::gloo::AllreduceOptions::Algorithm::RING
-                        : ::gloo::AllreduceOptions::Algorithm::BCUBE);
-  opts.setTimeout(s.op_timeout());
-  ::gloo::allreduce(opts);
-}
-
 ProcessGroupGloo::ProcessGroupGloo(int rank, std::vector<int> global_ranks, std::string name,
                                    const GlooOptions& options, std::shared_ptr<State> state)
     : ProcessGroup(rank, std::move(global_ranks), std::move(name), options.group),
@@ -385,11 +394,11 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllReduce(Tensor input, 
     return absl::InvalidArgumentError(absl::StrCat(what, ": output has ", output.numel(),
                                                    " elements; input has ", input.numel()));
   }
-  if (SameView(input, output)) return AllReduce(std::move(output), op);
+  if (SameBuffer(input, output)) return AllReduce(std::move(output), op);
   if (SpansOverlap(input, output)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": input ", input.DebugString(), " and output ", output.DebugString(),
-        " overlap; pass the same view for the in-place form"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": input ", input.DebugString(), " and output ", output.DebugString(),
+                     " overlap; pass the same tensor for the in-place form"));
   }
   const GlooAllreduceAlgorithm algorithm = AllreduceAlgorithmFor(input.nbytes());
   State* s = state_.get();
@@ -505,6 +514,11 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllGather(Tensor input, 
                                                    " elements; expected group size ", size(),
                                                    " x input's ", input.numel()));
   }
+  if (SpansOverlap(input, output) && !IsOwnChunk(input, output, rank())) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": input ", input.DebugString(),
+                                                   " overlaps output ", output.DebugString(),
+                                                   " other than as this rank's chunk of it"));
+  }
   State* s = state_.get();
   return s->Enqueue("all_gather", [s, input, output]() -> absl::Status {
     if (input.numel() == 0) return absl::OkStatus();
@@ -546,6 +560,11 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::ReduceScatter(Tensor inp
     return absl::InvalidArgumentError(absl::StrCat(what, ": input has ", input.numel(),
                                                    " elements; expected group size ", size(),
                                                    " x output's ", output.numel()));
+  }
+  if (SpansOverlap(input, output) && !IsOwnChunk(output, input, rank())) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": output ", output.DebugString(),
+                                                   " overlaps input ", input.DebugString(),
+                                                   " other than as this rank's chunk of it"));
   }
   State* s = state_.get();
   return s->Enqueue("reduce_scatter", [s, input, output, op]() -> absl::Status {
