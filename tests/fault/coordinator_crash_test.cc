@@ -20,7 +20,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,12 +32,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/grpc_status.h"
 #include "mesh/process_group_gloo.h"
 #include "mesh/runtime.h"
 #include "mesh/store.h"
 #include "mesh/v1/admin.grpc.pb.h"
 #include "mesh/v1/job.grpc.pb.h"
 #include "mesh/v1/worker.grpc.pb.h"
+#include "tests/util/cluster_queries.h"
 #include "tests/util/mesh_cluster.h"
 #include "tests/util/pending_call.h"
 #include "tests/util/proc.h"
@@ -47,7 +48,10 @@ namespace mesh {
 namespace {
 
 using ::mesh::testing::ContextWithDeadline;
+using ::mesh::testing::CreateBareJob;
+using ::mesh::testing::JoinRank;
 using ::mesh::testing::MeshCluster;
+using ::mesh::testing::RankOf;
 using ::mesh::testing::WaitUntil;
 using ::testing::HasSubstr;
 using namespace mesh::v1;  // NOLINT
@@ -64,24 +68,12 @@ constexpr absl::Duration kUnblockBound = absl::Seconds(15);
 
 using PendingCall = ::mesh::testing::PendingCall<absl::Status>;
 
-absl::Status FromGrpc(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
-
 class CoordinatorCrashTest : public ::testing::Test {
  protected:
   CoordinatorCrashTest() : cluster_(ClusterBinaries(), "mesh-fault-crash") {}
 
   JobSpec ShellJob(const std::string& script) {
-    JobSpec spec;
-    spec.set_name("sh");
-    spec.add_command("/bin/sh");
-    spec.add_command("-c");
-    spec.add_command(script);
-    spec.mutable_nodes()->set_min(2);
-    spec.set_nproc_per_node(1);
-    (*spec.mutable_env())["MARKER"] = marker_;
-    return spec;
+    return ::mesh::testing::ShellJobSpec(script, /*nodes=*/2, /*nproc=*/1, marker_);
   }
 
   // The worker processes of `job`: children of an agent. (Their `sleep`
@@ -99,35 +91,16 @@ class CoordinatorCrashTest : public ::testing::Test {
     return workers;
   }
 
-  RankContext Rank(const std::string& job, int rank) {
-    RankContext context;
-    context.set_job_id(job);
-    context.set_rank(rank);
-    context.set_incarnation(100 + rank);
-    return context;
-  }
-
   void CreateJob(const std::string& id, int world_size) {
-    CreateJobRequest request;
-    request.set_job_id(id);
-    request.set_world_size(world_size);
-    CreateJobResponse response;
-    const grpc::Status status = cluster_.admin().CreateJob(
-        ContextWithDeadline(absl::Seconds(10)).get(), request, &response);
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    const absl::Status status = CreateBareJob(cluster_.admin(), id, world_size);
+    ASSERT_TRUE(status.ok()) << status;
   }
 
   // Join on a channel of its own, so that each pending call sees the
   // connection drop by itself.
   absl::Status Join(const std::shared_ptr<grpc::Channel>& channel, const RankContext& rank,
                     absl::Duration timeout) {
-    JoinRequest request;
-    *request.mutable_context() = rank;
-    request.set_host("host-a");
-    request.set_timeout_seconds(absl::ToDoubleSeconds(timeout));
-    JoinResponse response;
-    return FromGrpc(WorkerService::NewStub(channel)->Join(
-        ContextWithDeadline(timeout + absl::Seconds(5)).get(), request, &response));
+    return FromGrpcStatus(JoinRank(*WorkerService::NewStub(channel), rank, timeout));
   }
 
   RuntimeOptions RuntimeFor(const std::string& job, int rank, int world) {
@@ -167,24 +140,21 @@ TEST_F(CoordinatorCrashTest, Kill9AfterSubmitAckAndWhileRunningKeepsTheJobAndIts
   const int port = cluster_.port();
   const std::string release = cluster_.dir() + "/release";
 
-  SubmitJobRequest submit;
-  *submit.mutable_spec() =
-      ShellJob(absl::StrCat("while [ ! -e '", release, "' ]; do sleep 0.1; done; echo done $RANK"));
-  SubmitJobResponse submitted;
-  const grpc::Status status =
-      cluster_.jobs().SubmitJob(ContextWithDeadline(absl::Seconds(10)).get(), submit, &submitted);
-  ASSERT_TRUE(status.ok()) << status.error_message();
+  const absl::StatusOr<Job> submitted = ::mesh::testing::SubmitJob(
+      cluster_.jobs(), ShellJob(absl::StrCat("while [ ! -e '", release,
+                                             "' ]; do sleep 0.1; done; echo done $RANK")));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
   // Right after the acknowledgement: the launch orders may or may not have
   // reached the agents.
   ASSERT_TRUE(cluster_.KillCoordinator().ok());
-  const std::string id = submitted.job().id();
+  const std::string id = submitted->id();
   std::printf("[ scenario 1 ] submitted %s (state %s at ack), coordinator killed\n", id.c_str(),
-              JobState_Name(submitted.job().state()).c_str());
+              JobState_Name(submitted->state()).c_str());
 
   absl::Time restart = absl::Now();
   ASSERT_TRUE(cluster_.StartCoordinator(port, {}, kNodeTimeout).ok());
-  std::optional<Job> job = cluster_.GetJob(id);
-  ASSERT_TRUE(job.has_value()) << "acknowledged job " << id << " lost";
+  absl::StatusOr<Job> job = cluster_.GetJob(id);
+  ASSERT_TRUE(job.ok()) << "acknowledged job " << id << " lost: " << job.status();
   EXPECT_EQ(job->id(), id);
   // Recovered nodes count as READY at once (last seen: the recovery); an
   // agent is back when its heartbeats (every 0.2 s) are seen after that.
@@ -206,7 +176,7 @@ TEST_F(CoordinatorCrashTest, Kill9AfterSubmitAckAndWhileRunningKeepsTheJobAndIts
   restart = absl::Now();
   ASSERT_TRUE(cluster_.StartCoordinator(port, {}, kNodeTimeout).ok());
   job = cluster_.GetJob(id);
-  ASSERT_TRUE(job.has_value());
+  ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), JOB_STATE_RUNNING);
   ASSERT_TRUE(agents_back()) << "agents did not reconnect";
   std::printf("[ scenario 1 ] agents back %.2f s after the second restart\n",
@@ -217,7 +187,7 @@ TEST_F(CoordinatorCrashTest, Kill9AfterSubmitAckAndWhileRunningKeepsTheJobAndIts
                          restart + kNodeTimeout + absl::Seconds(1) - absl::Now()))
       << WorkerShells(id).size() << " workers now";
   job = cluster_.GetJob(id);
-  ASSERT_TRUE(job.has_value());
+  ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), JOB_STATE_RUNNING);
   EXPECT_EQ(job->generation(), generation);
 
@@ -239,36 +209,36 @@ TEST_F(CoordinatorCrashTest, Kill9EndsBlockedJoinBarrierAndGetWithUnavailableWit
   CreateJob("kv", 1);
   {
     auto a = cluster_.NewChannel();
-    PendingCall other([&] { return Join(a, Rank("barrier", 1), absl::Seconds(20)); });
-    ASSERT_TRUE(Join(cluster_.NewChannel(), Rank("barrier", 0), absl::Seconds(20)).ok());
+    PendingCall other([&] { return Join(a, RankOf("barrier", 1), absl::Seconds(20)); });
+    ASSERT_TRUE(Join(cluster_.NewChannel(), RankOf("barrier", 0), absl::Seconds(20)).ok());
   }
-  ASSERT_TRUE(Join(cluster_.NewChannel(), Rank("kv", 0), absl::Seconds(20)).ok());
+  ASSERT_TRUE(Join(cluster_.NewChannel(), RankOf("kv", 0), absl::Seconds(20)).ok());
 
   std::vector<std::string> names = {"join", "barrier", "kv get"};
   std::vector<std::unique_ptr<PendingCall>> calls;
   auto join_channel = cluster_.NewChannel();
   calls.push_back(std::make_unique<PendingCall>(
-      [&, join_channel] { return Join(join_channel, Rank("join", 0), kLongWait); }));
+      [&, join_channel] { return Join(join_channel, RankOf("join", 0), kLongWait); }));
   auto barrier_channel = cluster_.NewChannel();
   calls.push_back(std::make_unique<PendingCall>([&, barrier_channel] {
     BarrierRequest request;
-    *request.mutable_context() = Rank("barrier", 0);
+    *request.mutable_context() = RankOf("barrier", 0);
     request.set_name("rank-1-never-comes");
     request.set_timeout_seconds(absl::ToDoubleSeconds(kLongWait));
     BarrierResponse response;
-    return FromGrpc(WorkerService::NewStub(barrier_channel)
-                        ->Barrier(ContextWithDeadline(kLongWait).get(), request, &response));
+    return FromGrpcStatus(WorkerService::NewStub(barrier_channel)
+                              ->Barrier(ContextWithDeadline(kLongWait).get(), request, &response));
   }));
   auto kv_channel = cluster_.NewChannel();
   calls.push_back(std::make_unique<PendingCall>([&, kv_channel] {
     KvGetRequest request;
-    *request.mutable_context() = Rank("kv", 0);
+    *request.mutable_context() = RankOf("kv", 0);
     request.set_key("never-set");
     request.set_wait(true);
     request.set_timeout_seconds(absl::ToDoubleSeconds(kLongWait));
     KvGetResponse response;
-    return FromGrpc(WorkerService::NewStub(kv_channel)
-                        ->KvGet(ContextWithDeadline(kLongWait).get(), request, &response));
+    return FromGrpcStatus(WorkerService::NewStub(kv_channel)
+                              ->KvGet(ContextWithDeadline(kLongWait).get(), request, &response));
   }));
   // Parked on the server: none has ended a second later.
   EXPECT_FALSE(WaitUntil(

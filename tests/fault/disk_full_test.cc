@@ -196,8 +196,8 @@ class DiskFullTest : public ::testing::Test {
       for (const Job& job : *all) listed[job.id()] = job.spec().idempotency_key();
       EXPECT_EQ(listed, acked);
       for (const auto& [id, key] : acked) {
-        std::optional<Job> job = cluster_.GetJob(id);
-        ASSERT_TRUE(job.has_value()) << id;
+        absl::StatusOr<Job> job = cluster_.GetJob(id);
+        ASSERT_TRUE(job.ok()) << id << ": " << job.status();
         EXPECT_EQ(job->spec().idempotency_key(), key);
       }
     };

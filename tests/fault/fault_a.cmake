@@ -1,7 +1,7 @@
 # fault-a scenarios of issue 10 (1, 2, 3, 9, 10): kill -9 of the coordinator
 # after a submit, while workers run, during a stream of submits and while
 # ranks block; a rank that exits 0 without Leave; a full state disk.
-# Included from tests/fault/CMakeLists.txt. Binaries: tests/util/mesh_cluster.h.
+# Included from tests/fault/CMakeLists.txt. Harness: tests/util/mesh_cluster.h.
 
 set(MESH_FAULT_BINS
   MESH_COORDINATOR_BIN="$<TARGET_FILE:mesh-coordinator>"
@@ -11,7 +11,7 @@ set(MESH_FAULT_BINS
 # Scenarios 1 and 3: kill -9 of the coordinator after a submit, while
 # workers run, and while ranks block in join, barrier and get.
 mesh_cc_test(coordinator_crash_test SRCS coordinator_crash_test.cc
-             DEPS mesh_cluster_test_util mesh::mesh LABELS fault TIMEOUT 240)
+             DEPS mesh_cluster_test_util mesh_common mesh::mesh LABELS fault TIMEOUT 240)
 target_compile_definitions(coordinator_crash_test PRIVATE ${MESH_FAULT_BINS})
 add_dependencies(coordinator_crash_test mesh-coordinator mesh-agent meshctl)
 

@@ -2,24 +2,17 @@
 # partition and latency in network namespaces, grandchildren of a killed
 # agent, and 20k idle waiters. Included from tests/fault/CMakeLists.txt.
 
-# The harness: real coordinator and agents, network namespaces, CPU burner.
-add_library(mesh_fault_b_harness STATIC fault_b_cluster.cc)
-mesh_target_defaults(mesh_fault_b_harness)
-target_link_libraries(mesh_fault_b_harness PUBLIC mesh_test_util mesh_protos gRPC::grpc++
-                                                  GTest::gtest)
-target_compile_definitions(mesh_fault_b_harness PRIVATE
-  MESH_COORDINATOR_BIN="$<TARGET_FILE:mesh-coordinator>"
-  MESH_AGENT_BIN="$<TARGET_FILE:mesh-agent>")
-add_dependencies(mesh_fault_b_harness mesh-coordinator mesh-agent)
+# The harness: tests/util/fault_cluster.h (mesh_fault_cluster_test_util in
+# tests/CMakeLists.txt), real coordinator and agents, network namespaces.
 
 # Scenario 4: SIGSTOP of an agent past the node heartbeat timeout, SIGCONT.
 mesh_cc_test(fault_b_stall_test SRCS fault_b_stall_test.cc
-             DEPS mesh_fault_b_harness LABELS fault TIMEOUT 180)
+             DEPS mesh_fault_cluster_test_util LABELS fault TIMEOUT 180)
 
 # Scenario 8: a shell script's grandchildren (setsid ones too) when the
 # agent is killed with SIGKILL, and on cancel.
 mesh_cc_test(fault_b_grandchildren_test SRCS fault_b_grandchildren_test.cc
-             DEPS mesh_fault_b_harness LABELS fault TIMEOUT 120)
+             DEPS mesh_fault_cluster_test_util LABELS fault TIMEOUT 120)
 
 # The libmesh worker of the network tests: join, barrier, Gloo all_reduce.
 add_executable(fault_b_worker fault_b_worker.cc)
@@ -30,7 +23,7 @@ target_link_libraries(fault_b_worker PRIVATE mesh::mesh)
 # network namespaces (skipped without root / CAP_NET_ADMIN / `ip`; 7 also
 # without sch_netem).
 mesh_cc_test(fault_b_network_test SRCS fault_b_network_test.cc
-             DEPS mesh_fault_b_harness LABELS fault TIMEOUT 300)
+             DEPS mesh_fault_cluster_test_util LABELS fault TIMEOUT 300)
 target_compile_definitions(fault_b_network_test PRIVATE
   FAULT_B_WORKER_BIN="$<TARGET_FILE:fault_b_worker>")
 add_dependencies(fault_b_network_test fault_b_worker)
@@ -38,7 +31,7 @@ add_dependencies(fault_b_network_test fault_b_worker)
 # Scenario 5: node and rank heartbeats at 0.9x their timeout with every
 # core busy for 15 s (slow: the burner would disturb other tests' timing).
 mesh_cc_test(fault_b_cpu_load_test SRCS fault_b_cpu_load_test.cc
-             DEPS mesh_fault_b_harness LABELS fault slow TIMEOUT 180)
+             DEPS mesh_fault_cluster_test_util LABELS fault slow TIMEOUT 180)
 target_compile_definitions(fault_b_cpu_load_test PRIVATE
   FAULT_B_WORKER_BIN="$<TARGET_FILE:fault_b_worker>")
 add_dependencies(fault_b_cpu_load_test fault_b_worker)
@@ -47,4 +40,4 @@ add_dependencies(fault_b_cpu_load_test fault_b_worker)
 # against one coordinator process: memory per pending call and heartbeat
 # latency under that load.
 mesh_cc_test(fault_b_overload_test SRCS fault_b_overload_test.cc
-             DEPS mesh_fault_b_harness LABELS fault slow TIMEOUT 600)
+             DEPS mesh_fault_cluster_test_util LABELS fault slow TIMEOUT 600)

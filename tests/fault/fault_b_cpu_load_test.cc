@@ -31,7 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "tests/fault/fault_b_cluster.h"
+#include "tests/util/fault_cluster.h"
 
 namespace mesh::fault {
 namespace {
@@ -70,13 +70,13 @@ TEST(CpuLoadTest, HeartbeatsAtNineTenthsOfTheTimeoutUnderFullCpuLoadRaiseNoFalse
   while (!terminal && absl::Now() < deadline) {
     lowest_ready = std::min(lowest_ready, cluster.ReadyNodes());
     auto job = cluster.Get(id);
-    terminal = job.has_value() &&
+    terminal = job.ok() &&
                (job->state() == v1::JOB_STATE_SUCCEEDED || job->state() == v1::JOB_STATE_FAILED ||
                 job->state() == v1::JOB_STATE_CANCELLED);
     absl::SleepFor(absl::Milliseconds(100));
   }
   auto job = cluster.WaitTerminal(id, absl::Seconds(30));
-  ASSERT_TRUE(job.has_value());
+  ASSERT_TRUE(job.ok()) << job.status();
   const double took = absl::ToDoubleSeconds(absl::Now() - start);
   std::printf(
       "fault-b cpu load: %d burners; job %s after %.1f s (hold %.0f s); fewest ready nodes %d\n",

@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "tests/fault/fault_b_cluster.h"
+#include "tests/util/fault_cluster.h"
 
 namespace mesh::fault {
 namespace {
@@ -73,7 +73,7 @@ TEST_F(GrandchildrenTest, Kill9OfTheAgentLeavesNoProcessOfTheJobEvenSetsidOnes) 
   // The job fails naming the node; node-0's workers, setsid ones included,
   // are stopped by their (live) agent's KILL.
   auto job = cluster_.WaitTerminal(id, absl::Seconds(30));
-  ASSERT_TRUE(job.has_value());
+  ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(job->root_cause().node(), "node-1");
   EXPECT_TRUE(FaultCluster::Eventually(

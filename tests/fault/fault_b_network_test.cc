@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "tests/fault/fault_b_cluster.h"
+#include "tests/util/fault_cluster.h"
 
 namespace mesh::fault {
 namespace {
@@ -93,7 +93,7 @@ TEST_F(NetworkTest, PartitionedNodeIsLostThenFencedAndTheJobRunsAgainAfterHealin
   // The restart needs node-1: the job waits for it, node-0's worker killed.
   ASSERT_TRUE(FaultCluster::Eventually(kSlack, [&] {
     auto job = cluster_->Get(id);
-    return job.has_value() && job->generation() == 1 && job->state() == v1::JOB_STATE_PENDING;
+    return job.ok() && job->generation() == 1 && job->state() == v1::JOB_STATE_PENDING;
   })) << cluster_->Get(id)->DebugString();
   auto job = cluster_->Get(id);
   EXPECT_EQ(job->root_cause().node(), "node-1");
@@ -138,7 +138,7 @@ TEST_F(NetworkTest, LibmeshJobAcrossTheVethSucceeds) {
   spec.add_command(FAULT_B_WORKER_BIN);
   const std::string id = cluster_->Submit(spec);
   auto job = cluster_->WaitTerminal(id, absl::Seconds(90));
-  ASSERT_TRUE(job.has_value());
+  ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->root_cause().message();
 }
 
@@ -160,7 +160,7 @@ TEST_F(NetworkTest, JobSucceedsUnder200msLatencyWithJitter) {
   const absl::Time start = absl::Now();
   const std::string id = cluster_->Submit(spec);
   auto job = cluster_->WaitTerminal(id, absl::Seconds(120));
-  ASSERT_TRUE(job.has_value());
+  ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->root_cause().message();
   EXPECT_EQ(job->restarts(), 0);
   std::printf("fault-b latency: 2-rank join + barrier + all_reduce job took %.1f s at 200+-50 ms\n",

@@ -40,7 +40,7 @@
 #include "mesh/v1/job.grpc.pb.h"
 #include "mesh/v1/worker.grpc.pb.h"
 #include "tests/common/http_get.h"
-#include "tests/fault/fault_b_cluster.h"
+#include "tests/util/fault_cluster.h"
 
 namespace mesh::fault {
 namespace {

@@ -19,7 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "mesh/v1/job.grpc.pb.h"
-#include "tests/fault/fault_b_cluster.h"
+#include "tests/util/fault_cluster.h"
 
 namespace mesh::fault {
 namespace {
@@ -56,7 +56,7 @@ TEST_F(StallTest, StoppedAgentIsLostJobRestartsElsewhereAndResumedAgentIsFenced)
                                         /*max_restarts=*/1));
   ASSERT_TRUE(cluster_.WaitForState(id, v1::JOB_STATE_RUNNING, absl::Seconds(20)));
   auto job = cluster_.Get(id);
-  ASSERT_TRUE(job.has_value());
+  ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_EQ(job->nodes_size(), 2);
   const std::string victim = job->nodes(1);
   const int victim_index = AgentIndex(victim);
@@ -77,7 +77,7 @@ TEST_F(StallTest, StoppedAgentIsLostJobRestartsElsewhereAndResumedAgentIsFenced)
   // The job restarted without the victim: generation 1 on the two others.
   ASSERT_TRUE(FaultCluster::Eventually(kSlack + absl::Seconds(10), [&] {
     auto j = cluster_.Get(id);
-    return j.has_value() && j->generation() == 1 && j->state() == v1::JOB_STATE_RUNNING;
+    return j.ok() && j->generation() == 1 && j->state() == v1::JOB_STATE_RUNNING;
   })) << cluster_.Get(id)->DebugString();
   job = cluster_.Get(id);
   EXPECT_EQ(job->restarts(), 1);
@@ -109,7 +109,7 @@ TEST_F(StallTest, StoppedAgentIsLostJobRestartsElsewhereAndResumedAgentIsFenced)
   // still generation 1, running, one restart; no transition after RUNNING.
   absl::SleepFor(absl::Seconds(1));
   job = cluster_.Get(id);
-  ASSERT_TRUE(job.has_value());
+  ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(job->generation(), 1);
   EXPECT_EQ(job->restarts(), 1);
@@ -126,7 +126,7 @@ TEST_F(StallTest, StoppedAgentWithNoSpareNodeFailsTheJobNamingIt) {
   ASSERT_TRUE(cluster_.WaitForState(id, v1::JOB_STATE_RUNNING, absl::Seconds(20)));
   cluster_.agent(1).Signal(SIGSTOP);
   auto job = cluster_.WaitTerminal(id, kNodeTimeout + kSlack + absl::Seconds(10));
-  ASSERT_TRUE(job.has_value());
+  ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(job->root_cause().node(), "node-1");
   EXPECT_THAT(job->root_cause().message(), HasSubstr("node-1"));

@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
-#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -36,6 +35,8 @@
 #include "mesh/v1/job.grpc.pb.h"
 #include "mesh/v1/worker.grpc.pb.h"
 #include "tests/common/http_get.h"
+#include "tests/util/cluster_queries.h"
+#include "tests/util/mesh_cluster.h"
 #include "tests/util/pending_call.h"
 #include "tests/util/proc.h"
 #include "tests/util/subprocess.h"
@@ -43,21 +44,20 @@
 namespace mesh {
 namespace {
 
+using ::mesh::testing::ContextWithDeadline;
 using ::mesh::testing::ExitCode;
 using ::mesh::testing::MakeTempDir;
+using ::mesh::testing::RankOf;
 using ::mesh::testing::Subprocess;
 using ::testing::HasSubstr;
-using ::testing::StartsWith;
 using namespace mesh::v1;  // NOLINT
 
-constexpr absl::Duration kStartTimeout = absl::Seconds(20);
 // --shutdown-grace of the coordinator under test, and how much longer its
 // exit may take (process teardown, a loaded machine).
 constexpr absl::Duration kGrace = absl::Seconds(2);
 constexpr absl::Duration kExitMargin = absl::Seconds(5);
 // The pending calls' own deadlines: far beyond anything a shutdown takes.
 constexpr absl::Duration kWaitDeadline = absl::Seconds(120);
-constexpr char kBanner[] = "mesh-coordinator listening on ";
 
 // {"--insecure"} when `binary --help` lists that flag, else {}: plaintext
 // on loopback needs it once the binaries default to TLS, and is an unknown
@@ -74,12 +74,6 @@ std::vector<std::string> PlaintextFlags(const std::string& binary) {
   }
   EXPECT_TRUE(process->Wait(absl::Seconds(20)).ok());
   return listed ? std::vector<std::string>{"--insecure"} : std::vector<std::string>{};
-}
-
-std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(10)) {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  return context;
 }
 
 class ShutdownProcessTest : public ::testing::Test {
@@ -103,14 +97,11 @@ class ShutdownProcessTest : public ::testing::Test {
         "--node-heartbeat-interval", "0.2", "--node-heartbeat-timeout", "10", "--heartbeat-timeout",
         "300", "--metrics-port", "0", "--sd-file", dir_ + "/targets.json"};
     for (const std::string& flag : PlaintextFlags(MESH_COORDINATOR_BIN)) argv.push_back(flag);
-    auto process = Subprocess::Start(argv);
-    ASSERT_TRUE(process.ok()) << process.status();
-    auto line = process->ReadLine(kStartTimeout);
-    ASSERT_TRUE(line.ok()) << line.status();
-    ASSERT_THAT(*line, StartsWith(kBanner));
-    address_ = line->substr(sizeof(kBanner) - 1);
-    port_ = std::stoi(address_.substr(address_.rfind(':') + 1));
-    coordinator_ = std::make_unique<Subprocess>(*std::move(process));
+    auto started = ::mesh::testing::StartCoordinatorProcess(argv);
+    ASSERT_TRUE(started.ok()) << started.status();
+    address_ = started->address;
+    port_ = started->port;
+    coordinator_ = std::move(started->process);
     channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
     workers_ = WorkerService::NewStub(channel_);
     admin_ = AdminService::NewStub(channel_);
@@ -151,69 +142,20 @@ class ShutdownProcessTest : public ::testing::Test {
     return -1;
   }
 
-  RankContext Rank(const std::string& job, int rank) {
-    RankContext context;
-    context.set_job_id(job);
-    context.set_rank(rank);
-    context.set_incarnation(100 + rank);
-    return context;
-  }
-
   void CreateJob(const std::string& id, int world_size) {
-    CreateJobRequest request;
-    request.set_job_id(id);
-    request.set_world_size(world_size);
-    CreateJobResponse response;
-    const grpc::Status status = admin_->CreateJob(Context().get(), request, &response);
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    const absl::Status status = ::mesh::testing::CreateBareJob(*admin_, id, world_size);
+    ASSERT_TRUE(status.ok()) << status;
   }
 
   grpc::Status Join(const RankContext& rank, absl::Duration timeout) {
-    JoinRequest request;
-    *request.mutable_context() = rank;
-    request.set_host("host-a");
-    request.set_timeout_seconds(absl::ToDoubleSeconds(timeout));
-    JoinResponse response;
-    return workers_->Join(Context(timeout + absl::Seconds(5)).get(), request, &response);
+    return ::mesh::testing::JoinRank(*workers_, rank, timeout);
   }
 
   JobSpec ShellJob(const std::string& script, int nproc) {
-    JobSpec spec;
-    spec.set_name("sh");
-    spec.add_command("/bin/sh");
-    spec.add_command("-c");
-    spec.add_command(script);
-    spec.mutable_nodes()->set_min(1);
-    spec.set_nproc_per_node(nproc);
-    (*spec.mutable_env())["MARKER"] = marker_;
-    return spec;
+    return ::mesh::testing::ShellJobSpec(script, /*nodes=*/1, nproc, marker_);
   }
 
-  std::string Submit(const JobSpec& spec) {
-    SubmitJobRequest request;
-    *request.mutable_spec() = spec;
-    SubmitJobResponse response;
-    const grpc::Status status = jobs_->SubmitJob(Context().get(), request, &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return response.job().id();
-  }
-
-  std::optional<Job> Get(const std::string& id) {
-    GetJobRequest request;
-    request.set_job_id(id);
-    GetJobResponse response;
-    if (!jobs_->GetJob(Context().get(), request, &response).ok()) return std::nullopt;
-    return response.job();
-  }
-
-  int ReadyNodes() {
-    ListNodesRequest request;
-    ListNodesResponse response;
-    if (!jobs_->ListNodes(Context().get(), request, &response).ok()) return -1;
-    int ready = 0;
-    for (const auto& node : response.nodes()) ready += node.state() == NODE_STATE_READY;
-    return ready;
-  }
+  int ReadyNodes() { return ::mesh::testing::ReadyNodes(*jobs_).value_or(-1); }
 
   std::string dir_;
   std::string address_;
@@ -236,16 +178,17 @@ TEST_F(ShutdownProcessTest, SigtermEndsPendingWaitsRefusesCallsExitsZeroAndKeeps
   // kv: one rank, joined; barrier: two ranks, both joined; join: two ranks,
   // only rank 0 comes.
   CreateJob("kv", 1);
-  ASSERT_TRUE(Join(Rank("kv", 0), absl::Seconds(10)).ok());
+  ASSERT_TRUE(Join(RankOf("kv", 0), absl::Seconds(10)).ok());
   CreateJob("barrier", 2);
   {
-    PendingCall other([&] { return Join(Rank("barrier", 1), absl::Seconds(10)); });
-    ASSERT_TRUE(Join(Rank("barrier", 0), absl::Seconds(10)).ok());
+    PendingCall other([&] { return Join(RankOf("barrier", 1), absl::Seconds(10)); });
+    ASSERT_TRUE(Join(RankOf("barrier", 0), absl::Seconds(10)).ok());
   }
   CreateJob("join", 2);
   // Acknowledged before SIGTERM: PENDING, as no agent runs.
-  const std::string job_id = Submit(ShellJob("true", 1));
-  ASSERT_FALSE(job_id.empty());
+  const absl::StatusOr<Job> acknowledged = ::mesh::testing::SubmitJob(*jobs_, ShellJob("true", 1));
+  ASSERT_TRUE(acknowledged.ok()) << acknowledged.status();
+  const std::string job_id = acknowledged->id();
 
   std::vector<std::unique_ptr<PendingCall>> calls;
   calls.push_back(std::make_unique<PendingCall>([&] {
@@ -253,26 +196,26 @@ TEST_F(ShutdownProcessTest, SigtermEndsPendingWaitsRefusesCallsExitsZeroAndKeeps
     request.set_job_id(job_id);
     request.set_timeout_seconds(absl::ToDoubleSeconds(kWaitDeadline));
     WaitJobResponse response;
-    return jobs_->WaitJob(Context(kWaitDeadline).get(), request, &response);
+    return jobs_->WaitJob(ContextWithDeadline(kWaitDeadline).get(), request, &response);
   }));
   calls.push_back(std::make_unique<PendingCall>([&] {
     KvWaitRequest request;
-    *request.mutable_context() = Rank("kv", 0);
+    *request.mutable_context() = RankOf("kv", 0);
     request.add_keys("never-set");
     request.set_timeout_seconds(absl::ToDoubleSeconds(kWaitDeadline));
     KvWaitResponse response;
-    return workers_->KvWait(Context(kWaitDeadline).get(), request, &response);
+    return workers_->KvWait(ContextWithDeadline(kWaitDeadline).get(), request, &response);
   }));
   calls.push_back(std::make_unique<PendingCall>([&] {
     BarrierRequest request;
-    *request.mutable_context() = Rank("barrier", 0);
+    *request.mutable_context() = RankOf("barrier", 0);
     request.set_name("rank-1-never-comes");
     request.set_timeout_seconds(absl::ToDoubleSeconds(kWaitDeadline));
     BarrierResponse response;
-    return workers_->Barrier(Context(kWaitDeadline).get(), request, &response);
+    return workers_->Barrier(ContextWithDeadline(kWaitDeadline).get(), request, &response);
   }));
   calls.push_back(
-      std::make_unique<PendingCall>([&] { return Join(Rank("join", 0), kWaitDeadline); }));
+      std::make_unique<PendingCall>([&] { return Join(RankOf("join", 0), kWaitDeadline); }));
   // The join, KV wait and barrier are parked on the server (WaitJob has no
   // gauge; it was sent first).
   ASSERT_TRUE(::mesh::testing::WaitUntil([&] { return PendingWaits() == 3; }, absl::Seconds(20)))
@@ -303,12 +246,13 @@ TEST_F(ShutdownProcessTest, SigtermEndsPendingWaitsRefusesCallsExitsZeroAndKeeps
   // from the services, or CANCELLED from gRPC itself when the call reaches
   // a server that is already closing (see docs/limits.md).
   KvSetRequest set;
-  *set.mutable_context() = Rank("kv", 0);
+  *set.mutable_context() = RankOf("kv", 0);
   set.set_key("late");
   set.set_value("v");
   KvSetResponse set_response;
   const absl::Time before_late = absl::Now();
-  const grpc::Status late = workers_->KvSet(Context(kWaitDeadline).get(), set, &set_response);
+  const grpc::Status late =
+      workers_->KvSet(ContextWithDeadline(kWaitDeadline).get(), set, &set_response);
   EXPECT_THAT(late.error_code(),
               ::testing::AnyOf(grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::CANCELLED))
       << late.error_message();
@@ -316,7 +260,7 @@ TEST_F(ShutdownProcessTest, SigtermEndsPendingWaitsRefusesCallsExitsZeroAndKeeps
   SubmitJobRequest submit;
   *submit.mutable_spec() = ShellJob("true", 1);
   SubmitJobResponse submitted;
-  EXPECT_THAT(jobs_->SubmitJob(Context().get(), submit, &submitted).error_code(),
+  EXPECT_THAT(jobs_->SubmitJob(ContextWithDeadline().get(), submit, &submitted).error_code(),
               ::testing::AnyOf(grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::CANCELLED));
 
   auto exited = coordinator_->Wait(kGrace + kExitMargin - (absl::Now() - sigterm));
@@ -326,13 +270,13 @@ TEST_F(ShutdownProcessTest, SigtermEndsPendingWaitsRefusesCallsExitsZeroAndKeeps
 
   // The acknowledged job survived; the refused one was never stored.
   StartCoordinator(port_);
-  const auto job = Get(job_id);
-  ASSERT_TRUE(job.has_value());
+  const absl::StatusOr<Job> job = ::mesh::testing::GetJob(*jobs_, job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), JOB_STATE_PENDING);
   EXPECT_EQ(job->spec().command(2), "true");
   ListJobsRequest list;
   ListJobsResponse listed;
-  ASSERT_TRUE(jobs_->ListJobs(Context().get(), list, &listed).ok());
+  ASSERT_TRUE(jobs_->ListJobs(ContextWithDeadline().get(), list, &listed).ok());
   EXPECT_EQ(listed.jobs_size(), 1);
 }
 
@@ -341,14 +285,13 @@ TEST_F(ShutdownProcessTest, AgentKeepsWorkersRunningThroughCoordinatorSigtermAnd
   StartAgent();
   ASSERT_TRUE(::mesh::testing::WaitUntil([&] { return ReadyNodes() == 1; }, absl::Seconds(20)));
   const std::string release = dir_ + "/release";
-  const std::string id = Submit(ShellJob(
-      absl::StrCat("while [ ! -e '", release, "' ]; do sleep 0.1; done; echo done $RANK"), 2));
-  ASSERT_TRUE(::mesh::testing::WaitUntil(
-      [&] {
-        auto job = Get(id);
-        return job.has_value() && job->state() == JOB_STATE_RUNNING;
-      },
-      absl::Seconds(20)));
+  const absl::StatusOr<Job> submitted = ::mesh::testing::SubmitJob(
+      *jobs_,
+      ShellJob(absl::StrCat("while [ ! -e '", release, "' ]; do sleep 0.1; done; echo done $RANK"),
+               2));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string id = submitted->id();
+  ASSERT_TRUE(::mesh::testing::WaitForState(*jobs_, id, JOB_STATE_RUNNING, absl::Seconds(20)));
   // The two worker shells: the agent's children. Their short-lived `sleep`
   // children share the environment (and are called "sh" too between fork
   // and exec), so they are told apart by their parent.
@@ -382,15 +325,11 @@ TEST_F(ShutdownProcessTest, AgentKeepsWorkersRunningThroughCoordinatorSigtermAnd
   EXPECT_EQ(workers(), before);
   std::ofstream(release).put('\n');
 
-  WaitJobRequest request;
-  request.set_job_id(id);
-  request.set_timeout_seconds(60);
-  WaitJobResponse response;
-  const grpc::Status status = jobs_->WaitJob(Context(absl::Seconds(65)).get(), request, &response);
-  ASSERT_TRUE(status.ok()) << status.error_message();
-  EXPECT_EQ(response.job().state(), JOB_STATE_SUCCEEDED);
-  EXPECT_EQ(response.job().restarts(), 0);
-  EXPECT_EQ(response.job().generation(), 0);
+  const absl::StatusOr<Job> done = ::mesh::testing::WaitTerminal(*jobs_, id, absl::Seconds(60));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done->restarts(), 0);
+  EXPECT_EQ(done->generation(), 0);
 }
 
 }  // namespace

@@ -7,9 +7,9 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "tests/util/proc.h"
 
 namespace mesh::testing {
 
@@ -20,10 +20,60 @@ constexpr char kBanner[] = "mesh-coordinator listening on ";
 
 }  // namespace
 
-std::unique_ptr<grpc::ClientContext> ContextWithDeadline(absl::Duration timeout) {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  return context;
+std::vector<std::string> CoordinatorArgv(const std::string& binary, const std::string& listen,
+                                         int port, const std::string& state_dir,
+                                         absl::Duration node_interval,
+                                         absl::Duration node_timeout) {
+  return {binary,
+          "--insecure",
+          "--listen",
+          listen,
+          "--port",
+          absl::StrCat(port),
+          "--state-dir",
+          state_dir,
+          "--node-heartbeat-interval",
+          absl::StrCat(absl::ToDoubleSeconds(node_interval)),
+          "--node-heartbeat-timeout",
+          absl::StrCat(absl::ToDoubleSeconds(node_timeout)),
+          "--kill-grace",
+          "1",
+          "--shutdown-grace",
+          "0.5"};
+}
+
+std::vector<std::string> AgentArgv(const std::string& binary, const std::string& coordinator,
+                                   const std::string& name, const std::string& address, int slots,
+                                   const std::string& work_dir) {
+  return {
+      binary,    "--coordinator",     coordinator, "--name", name,         "--address", address,
+      "--slots", absl::StrCat(slots), "--gpus",    "none",   "--work-dir", work_dir,    "--grace",
+      "1"};
+}
+
+absl::StatusOr<StartedCoordinator> StartCoordinatorProcess(const std::vector<std::string>& argv,
+                                                           const std::vector<std::string>& env) {
+  absl::StatusOr<Subprocess> process = Subprocess::Start(argv, env);
+  if (!process.ok()) return process.status();
+  absl::StatusOr<std::string> line = process->ReadLine(kStartTimeout);
+  if (!line.ok()) return line.status();
+  if (!absl::StartsWith(*line, kBanner)) {
+    return absl::FailedPreconditionError(absl::StrCat("coordinator printed: ", *line));
+  }
+  StartedCoordinator started;
+  started.address = line->substr(sizeof(kBanner) - 1);
+  if (!absl::SimpleAtoi(started.address.substr(started.address.rfind(':') + 1), &started.port)) {
+    return absl::FailedPreconditionError(absl::StrCat("no port in banner: ", *line));
+  }
+  started.process = std::make_unique<Subprocess>(*std::move(process));
+  return started;
+}
+
+std::shared_ptr<grpc::Channel> NewPrivateChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  // A fresh connection of its own, not one shared with other channels.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
 MeshCluster::MeshCluster(MeshClusterBinaries binaries, const std::string& prefix)
@@ -42,33 +92,14 @@ MeshCluster::~MeshCluster() {
 
 absl::Status MeshCluster::StartCoordinator(int port, const std::vector<std::string>& extra,
                                            absl::Duration node_timeout) {
-  std::vector<std::string> argv = {binaries_.coordinator,
-                                   "--insecure",
-                                   "--listen",
-                                   "127.0.0.1",
-                                   "--port",
-                                   absl::StrCat(port),
-                                   "--state-dir",
-                                   state_dir_,
-                                   "--node-heartbeat-interval",
-                                   "0.2",
-                                   "--node-heartbeat-timeout",
-                                   absl::StrCat(absl::ToDoubleSeconds(node_timeout)),
-                                   "--kill-grace",
-                                   "1",
-                                   "--shutdown-grace",
-                                   "0.5"};
+  std::vector<std::string> argv = CoordinatorArgv(
+      binaries_.coordinator, "127.0.0.1", port, state_dir_, absl::Milliseconds(200), node_timeout);
   argv.insert(argv.end(), extra.begin(), extra.end());
-  absl::StatusOr<Subprocess> process = Subprocess::Start(argv, coordinator_env_);
-  if (!process.ok()) return process.status();
-  absl::StatusOr<std::string> line = process->ReadLine(kStartTimeout);
-  if (!line.ok()) return line.status();
-  if (!absl::StartsWith(*line, kBanner)) {
-    return absl::FailedPreconditionError(absl::StrCat("coordinator printed: ", *line));
-  }
-  address_ = line->substr(sizeof(kBanner) - 1);
-  port_ = std::stoi(address_.substr(address_.rfind(':') + 1));
-  coordinator_ = std::make_unique<Subprocess>(*std::move(process));
+  absl::StatusOr<StartedCoordinator> started = StartCoordinatorProcess(argv, coordinator_env_);
+  if (!started.ok()) return started.status();
+  address_ = started->address;
+  port_ = started->port;
+  coordinator_ = std::move(started->process);
   channel_ = NewChannel();
   jobs_ = mesh::v1::JobService::NewStub(channel_);
   workers_ = mesh::v1::WorkerService::NewStub(channel_);
@@ -89,10 +120,9 @@ pid_t MeshCluster::coordinator_pid() const {
 }
 
 absl::Status MeshCluster::StartAgent(int i, int slots) {
-  absl::StatusOr<Subprocess> process = Subprocess::Start(
-      {binaries_.agent, "--coordinator", address_, "--name", absl::StrCat("node-", i), "--address",
-       "127.0.0.1", "--slots", absl::StrCat(slots), "--gpus", "none", "--work-dir",
-       absl::StrCat(dir_, "/agent-", i), "--grace", "1"});
+  absl::StatusOr<Subprocess> process =
+      Subprocess::Start(AgentArgv(binaries_.agent, address_, absl::StrCat("node-", i), "127.0.0.1",
+                                  slots, absl::StrCat(dir_, "/agent-", i)));
   if (!process.ok()) return process.status();
   if (static_cast<int>(agents_.size()) <= i) agents_.resize(i + 1);
   agents_[i] = std::make_unique<Subprocess>(*std::move(process));
@@ -100,88 +130,17 @@ absl::Status MeshCluster::StartAgent(int i, int slots) {
 }
 
 std::shared_ptr<grpc::Channel> MeshCluster::NewChannel() const {
-  grpc::ChannelArguments args;
-  // A fresh connection of its own, not one shared with the stubs.
-  args.SetInt("grpc.use_local_subchannel_pool", 1);
-  return grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  return NewPrivateChannel(address_);
 }
 
-int MeshCluster::ReadyNodes() {
-  mesh::v1::ListNodesRequest request;
-  mesh::v1::ListNodesResponse response;
-  if (!jobs_->ListNodes(ContextWithDeadline(absl::Seconds(10)).get(), request, &response).ok()) {
-    return -1;
-  }
-  int ready = 0;
-  for (const auto& node : response.nodes()) ready += node.state() == mesh::v1::NODE_STATE_READY;
-  return ready;
-}
+int MeshCluster::ReadyNodes() { return ::mesh::testing::ReadyNodes(*jobs_).value_or(-1); }
 
 int MeshCluster::NodesSeenSince(absl::Time since) {
-  mesh::v1::ListNodesRequest request;
-  mesh::v1::ListNodesResponse response;
-  if (!jobs_->ListNodes(ContextWithDeadline(absl::Seconds(10)).get(), request, &response).ok()) {
-    return -1;
-  }
-  int seen = 0;
-  for (const auto& node : response.nodes()) {
-    seen += absl::FromUnixMillis(node.last_seen_unix_ms()) >= since;
-  }
-  return seen;
-}
-
-std::optional<mesh::v1::Job> MeshCluster::GetJob(const std::string& id) {
-  mesh::v1::GetJobRequest request;
-  request.set_job_id(id);
-  mesh::v1::GetJobResponse response;
-  if (!jobs_->GetJob(ContextWithDeadline(absl::Seconds(10)).get(), request, &response).ok()) {
-    return std::nullopt;
-  }
-  return response.job();
-}
-
-absl::StatusOr<std::vector<mesh::v1::Job>> MeshCluster::ListAllJobs() {
-  std::vector<mesh::v1::Job> all;
-  mesh::v1::ListJobsRequest request;
-  request.set_page_size(37);  // Several pages for a few hundred jobs.
-  // Bounded: a page token that never ends is a bug, not a reason to spin.
-  for (int page = 0; page < 100'000; ++page) {
-    mesh::v1::ListJobsResponse response;
-    const grpc::Status status =
-        jobs_->ListJobs(ContextWithDeadline(absl::Seconds(10)).get(), request, &response);
-    if (!status.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                          status.error_message());
-    }
-    for (auto& job : *response.mutable_jobs()) all.push_back(std::move(job));
-    if (response.next_page_token().empty()) return all;
-    request.set_page_token(response.next_page_token());
-  }
-  return absl::InternalError("ListJobs pages never ended");
-}
-
-bool MeshCluster::WaitForState(const std::string& id, mesh::v1::JobState state,
-                               absl::Duration timeout) {
-  return WaitUntil(
-      [&] {
-        std::optional<mesh::v1::Job> job = GetJob(id);
-        return job.has_value() && job->state() == state;
-      },
-      timeout);
-}
-
-absl::StatusOr<mesh::v1::Job> MeshCluster::WaitTerminal(const std::string& id,
-                                                        absl::Duration timeout) {
-  mesh::v1::WaitJobRequest request;
-  request.set_job_id(id);
-  request.set_timeout_seconds(absl::ToDoubleSeconds(timeout));
-  mesh::v1::WaitJobResponse response;
-  const grpc::Status status =
-      jobs_->WaitJob(ContextWithDeadline(timeout + absl::Seconds(5)).get(), request, &response);
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-  }
-  return response.job();
+  return CountNodes(*jobs_,
+                    [since](const mesh::v1::Node& node) {
+                      return absl::FromUnixMillis(node.last_seen_unix_ms()) >= since;
+                    })
+      .value_or(-1);
 }
 
 }  // namespace mesh::testing

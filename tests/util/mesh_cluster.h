@@ -1,7 +1,10 @@
 // MeshCluster: a real mesh-coordinator and mesh-agents on 127.0.0.1 for
 // process-level tests (tests/fault/, and any integration test that wants
-// it), with the JobService / WorkerService / AdminService stubs and the
-// polling helpers those tests share.
+// it), with the JobService / WorkerService / AdminService stubs and thin
+// wrappers over the shared queries of tests/util/cluster_queries.h. The
+// free functions below (coordinator and agent command lines, starting a
+// coordinator and reading its banner, a private channel) are shared with
+// FaultCluster (tests/util/fault_cluster.h).
 //
 // Ownership: the cluster owns every process it starts (Subprocess: own
 // process group, PR_SET_PDEATHSIG) and its temporary directory; the
@@ -11,7 +14,8 @@
 // Errors: the Start* calls return INTERNAL (fork failed) or the
 // coordinator's banner problem (DEADLINE_EXCEEDED when it did not print
 // "mesh-coordinator listening on <addr>" in time, FAILED_PRECONDITION when
-// it printed something else). RPC helpers return grpc::Status as is.
+// it printed something else). Query wrappers: as cluster_queries.h says
+// (the RPC's status), except that ReadyNodes / NodesSeenSince give -1.
 //
 // Start processes from a thread that outlives them: PR_SET_PDEATHSIG fires
 // when the *thread* that forked a child exits, not the process.
@@ -24,7 +28,6 @@
 #include <sys/types.h>
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +39,7 @@
 #include "mesh/v1/admin.grpc.pb.h"
 #include "mesh/v1/job.grpc.pb.h"
 #include "mesh/v1/worker.grpc.pb.h"
+#include "tests/util/cluster_queries.h"
 #include "tests/util/subprocess.h"
 
 namespace mesh::testing {
@@ -45,8 +49,40 @@ struct MeshClusterBinaries {
   std::string agent;        // mesh-agent
 };
 
-// A client context whose deadline is `timeout` from now.
-std::unique_ptr<grpc::ClientContext> ContextWithDeadline(absl::Duration timeout);
+// The command line of a harness coordinator: `binary` with --insecure,
+// --listen `listen`, --port `port` (0: any), --state-dir `state_dir`, node
+// heartbeats every `node_interval` with a `node_timeout` timeout, a 1 s kill
+// grace and a 0.5 s shutdown grace. Append flags to add or override (later
+// flags win).
+std::vector<std::string> CoordinatorArgv(const std::string& binary, const std::string& listen,
+                                         int port, const std::string& state_dir,
+                                         absl::Duration node_interval, absl::Duration node_timeout);
+
+// The command line of a harness agent: `binary` dialing `coordinator`,
+// registered as `name` at `address`, `slots` slots, no GPUs, its work
+// directory `work_dir`, a 1 s grace.
+std::vector<std::string> AgentArgv(const std::string& binary, const std::string& coordinator,
+                                   const std::string& name, const std::string& address, int slots,
+                                   const std::string& work_dir);
+
+// A coordinator started by StartCoordinatorProcess, and where it listens.
+struct StartedCoordinator {
+  std::unique_ptr<Subprocess> process;
+  std::string address;  // host:port from its banner.
+  int port = 0;
+};
+
+// Starts `argv` (a mesh-coordinator command line) with `env` ("NAME=value")
+// added and waits up to 30 s for its banner "mesh-coordinator listening on
+// <host:port>". Errors: INTERNAL (fork failed), DEADLINE_EXCEEDED (no line
+// in time), OUT_OF_RANGE (it exited first), FAILED_PRECONDITION (its first
+// line was not the banner).
+absl::StatusOr<StartedCoordinator> StartCoordinatorProcess(
+    const std::vector<std::string>& argv, const std::vector<std::string>& env = {});
+
+// A plaintext channel to `address` on a connection of its own (not shared
+// with other channels of this process).
+std::shared_ptr<grpc::Channel> NewPrivateChannel(const std::string& address);
 
 class MeshCluster {
  public:
@@ -92,20 +128,25 @@ class MeshCluster {
   // share the stubs' connection).
   std::shared_ptr<grpc::Channel> NewChannel() const;
 
-  // ---- JobService helpers (10 s deadlines) ------------------------------
+  // ---- JobService queries (cluster_queries.h, on jobs()) ----------------
   // READY nodes; -1 when ListNodes fails. After a restart, recovered nodes
   // count as READY before their agents are back: see NodesSeenSince.
   int ReadyNodes();
   // Nodes whose last heartbeat or registration is at or after `since`; -1
   // when ListNodes fails.
   int NodesSeenSince(absl::Time since);
-  std::optional<mesh::v1::Job> GetJob(const std::string& id);
-  // Every job, through every page of ListJobs. Errors: the failing page's.
-  absl::StatusOr<std::vector<mesh::v1::Job>> ListAllJobs();
-  // Polls GetJob until the job is in `state`.
-  bool WaitForState(const std::string& id, mesh::v1::JobState state, absl::Duration timeout);
-  // WaitJob with a server-side timeout; the job as the reply has it.
-  absl::StatusOr<mesh::v1::Job> WaitTerminal(const std::string& id, absl::Duration timeout);
+  absl::StatusOr<mesh::v1::Job> GetJob(const std::string& id) {
+    return ::mesh::testing::GetJob(*jobs_, id);
+  }
+  absl::StatusOr<std::vector<mesh::v1::Job>> ListAllJobs() {
+    return ::mesh::testing::ListAllJobs(*jobs_);
+  }
+  bool WaitForState(const std::string& id, mesh::v1::JobState state, absl::Duration timeout) {
+    return ::mesh::testing::WaitForState(*jobs_, id, state, timeout);
+  }
+  absl::StatusOr<mesh::v1::Job> WaitTerminal(const std::string& id, absl::Duration timeout) {
+    return ::mesh::testing::WaitTerminal(*jobs_, id, timeout);
+  }
 
  private:
   const MeshClusterBinaries binaries_;
