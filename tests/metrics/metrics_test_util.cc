@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "tests/common/http_get.h"
+#include "tests/util/cluster_queries.h"
 #include "tests/util/proc.h"
 
 namespace mesh::testing {
@@ -324,26 +325,14 @@ absl::StatusOr<std::vector<SdTarget>> MetricsCluster::Targets(const std::string&
 }
 
 absl::StatusOr<std::string> MetricsCluster::Submit(const mesh::v1::JobSpec& spec) {
-  mesh::v1::SubmitJobRequest request;
-  *request.mutable_spec() = spec;
-  mesh::v1::SubmitJobResponse response;
-  const grpc::Status status = jobs_->SubmitJob(Context().get(), request, &response);
-  if (!status.ok()) {
-    return absl::InternalError(absl::StrCat("SubmitJob: ", status.error_message()));
-  }
-  return response.job().id();
+  absl::StatusOr<mesh::v1::Job> job = SubmitJob(*jobs_, spec);
+  if (!job.ok()) return job.status();
+  return job->id();
 }
 
 absl::StatusOr<mesh::v1::Job> MetricsCluster::WaitTerminal(const std::string& id,
                                                            absl::Duration timeout) {
-  mesh::v1::WaitJobRequest request;
-  request.set_job_id(id);
-  request.set_timeout_seconds(absl::ToDoubleSeconds(timeout));
-  mesh::v1::WaitJobResponse response;
-  const grpc::Status status =
-      jobs_->WaitJob(Context(timeout + absl::Seconds(5)).get(), request, &response);
-  if (!status.ok()) return absl::InternalError(absl::StrCat("WaitJob: ", status.error_message()));
-  return response.job();
+  return testing::WaitTerminal(*jobs_, id, timeout);
 }
 
 absl::StatusOr<std::string> MetricsCluster::StartHeldWorkerJob(const std::string& worker_bin,
