@@ -63,6 +63,15 @@ absl::Status CheckSameDType(const Tensor& a, const Tensor& b) {
   return absl::OkStatus();
 }
 
+// What every op with an input and an output checks: both on the CPU, the
+// output writable, one dtype.
+absl::Status CheckInputOutput(const Tensor& input, const Tensor& output) {
+  if (absl::Status s = CheckCpu(input, "input"); !s.ok()) return s;
+  if (absl::Status s = CheckCpu(output, "output"); !s.ok()) return s;
+  if (absl::Status s = CheckWritable(output, "output"); !s.ok()) return s;
+  return CheckSameDType(input, output);
+}
+
 // `status` with `prefix` in front of its message.
 absl::Status Prefixed(const std::string& prefix, const absl::Status& status) {
   if (status.ok()) return status;
@@ -385,10 +394,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllReduce(Tensor tensor,
 absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllReduce(Tensor input, Tensor output,
                                                                   ReduceOp op) {
   const std::string what = state_->Describe("all_reduce");
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckCpu(input, "input")));
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckCpu(output, "output")));
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckWritable(output, "output")));
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckSameDType(input, output)));
+  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckInputOutput(input, output)));
   MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, gloo_backend::CheckReduceSupported(input.dtype(), op)));
   if (output.numel() != input.numel()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": output has ", output.numel(),
@@ -505,10 +511,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::Reduce(Tensor tensor, in
 
 absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllGather(Tensor input, Tensor output) {
   const std::string what = state_->Describe("all_gather");
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckCpu(input, "input")));
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckCpu(output, "output")));
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckWritable(output, "output")));
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckSameDType(input, output)));
+  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckInputOutput(input, output)));
   if (output.numel() != input.numel() * size()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": output has ", output.numel(),
                                                    " elements; expected group size ", size(),
@@ -551,10 +554,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllGather(Tensor input, 
 absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::ReduceScatter(Tensor input, Tensor output,
                                                                       ReduceOp op) {
   const std::string what = state_->Describe("reduce_scatter");
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckCpu(input, "input")));
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckCpu(output, "output")));
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckWritable(output, "output")));
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckSameDType(input, output)));
+  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckInputOutput(input, output)));
   MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, gloo_backend::CheckReduceSupported(input.dtype(), op)));
   if (input.numel() != output.numel() * size()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": input has ", input.numel(),
@@ -605,10 +605,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProcessGroupGloo::AllToAll(
     Tensor input, Tensor output, std::vector<int64_t> input_splits,
     std::vector<int64_t> output_splits) {
   const std::string what = state_->Describe("all_to_all");
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckCpu(input, "input")));
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckCpu(output, "output")));
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckWritable(output, "output")));
-  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckSameDType(input, output)));
+  MESH_GLOO_RETURN_IF_ERROR(Prefixed(what, CheckInputOutput(input, output)));
   if (input.dim() == 0 || output.dim() == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": input and output need a dimension 0 to split; got ",
