@@ -5,7 +5,6 @@
 #include "mesh/redistribute_plan.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -575,9 +574,10 @@ TEST(RedistributePlanTest, PartialOnTwoDimsIsTheHierarchicalAllReduce) {
 }
 
 // On a large mesh the search keeps each mesh dim to its src, dst or
-// Replicate (planning time; redistribute_plan.cc), and its plans are still
-// valid and never worse than any one-dim-at-a-time order.
-TEST(RedistributePlanTest, LargeMeshesSearchTheNarrowSpaceQuickly) {
+// Replicate (planning time; redistribute_plan.cc). (The reference checks of
+// the random test walk every rank per step, too slow for 4096 ranks; the
+// narrow space itself is what the planner searched before, checked there.)
+TEST(RedistributePlanTest, LargeMeshesSearchTheNarrowSpace) {
   const Shape mesh = {8, 8, 8, 8};  // 4096 ranks.
   const Shape global = {64, 48, 32, 16};
   for (const auto& [src, dst] : std::vector<std::pair<Placements, Placements>>{
@@ -585,23 +585,19 @@ TEST(RedistributePlanTest, LargeMeshesSearchTheNarrowSpaceQuickly) {
            {{P(), S(0), S(1), R}, {R, S(1), S(0), S(2)}},
            {{S(0), S(0), S(0), S(0)}, {R, R, R, R}}}) {
     SCOPED_TRACE(PlacementsToString(src) + " -> " + PlacementsToString(dst));
-    const auto start = std::chrono::steady_clock::now();
     const RedistributePlan plan = MustPlan(global, DType::kFloat32, mesh, src, dst);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%s -> %s on 8^4: %zu steps, %.3f s\n", PlacementsToString(src).c_str(),
-                PlacementsToString(dst).c_str(), plan.steps.size(), seconds);
-    const std::optional<int64_t> order = BestDimOrder(global, DType::kFloat32, mesh, src, dst);
-    if (order.has_value()) {
-      EXPECT_LE(plan.bytes_per_rank, *order) << plan.ToString();
-    }
+    ASSERT_FALSE(plan.steps.empty());
+    Placements state = src;
     for (const RedistributeStep& step : plan.steps) {
+      EXPECT_EQ(step.before, state) << plan.ToString();
+      EXPECT_TRUE(StepIsValid(state, step.mesh_dim, step.to)) << plan.ToString();
+      state = step.after;
       // Narrow space: every dim is at its src, dst or Replicate throughout.
       for (size_t i = 0; i < mesh.size(); ++i) {
-        EXPECT_TRUE(step.after[i] == src[i] || step.after[i] == dst[i] || step.after[i] == R)
-            << plan.ToString();
+        EXPECT_TRUE(state[i] == src[i] || state[i] == dst[i] || state[i] == R) << plan.ToString();
       }
     }
+    EXPECT_EQ(state, dst) << plan.ToString();
   }
 }
 
