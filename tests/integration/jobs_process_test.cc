@@ -35,6 +35,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "mesh/v1/job.grpc.pb.h"
+#include "tests/util/cluster_queries.h"
 #include "tests/util/proc.h"
 #include "tests/util/subprocess.h"
 
@@ -99,67 +100,42 @@ class JobsProcessTest : public ::testing::Test {
   }
 
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(10)) {
-    auto context = std::make_unique<grpc::ClientContext>();
-    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    return context;
+    return mesh::testing::ContextWithDeadline(timeout);
   }
 
+  // Thin wrappers over tests/util/cluster_queries.h.
   int ReadyNodes() {
-    mesh::v1::ListNodesRequest request;
-    mesh::v1::ListNodesResponse response;
-    if (!jobs_->ListNodes(Context().get(), request, &response).ok()) return -1;
-    int ready = 0;
-    for (const auto& node : response.nodes()) ready += node.state() == mesh::v1::NODE_STATE_READY;
-    return ready;
+    absl::StatusOr<int> ready = mesh::testing::ReadyNodes(*jobs_);
+    return ready.ok() ? *ready : -1;
   }
 
   // 2 nodes x 2 processes running `script` with /bin/sh.
   mesh::v1::JobSpec ShellJob(const std::string& script, int max_restarts = 0) {
-    mesh::v1::JobSpec spec;
-    spec.set_name("sh");
-    spec.add_command("/bin/sh");
-    spec.add_command("-c");
-    spec.add_command(script);
-    spec.mutable_nodes()->set_min(2);
-    spec.set_nproc_per_node(2);
+    mesh::v1::JobSpec spec = mesh::testing::ShellJobSpec(script, 2, 2, marker_);
     spec.set_max_restarts(max_restarts);
-    (*spec.mutable_env())["MARKER"] = marker_;
     return spec;
   }
 
   std::string Submit(const mesh::v1::JobSpec& spec) {
-    mesh::v1::SubmitJobRequest request;
-    *request.mutable_spec() = spec;
-    mesh::v1::SubmitJobResponse response;
-    const grpc::Status status = jobs_->SubmitJob(Context().get(), request, &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return response.job().id();
+    absl::StatusOr<mesh::v1::Job> job = mesh::testing::SubmitJob(*jobs_, spec);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id() : std::string();
   }
 
   std::optional<mesh::v1::Job> Get(const std::string& id) {
-    mesh::v1::GetJobRequest request;
-    request.set_job_id(id);
-    mesh::v1::GetJobResponse response;
-    if (!jobs_->GetJob(Context().get(), request, &response).ok()) return std::nullopt;
-    return response.job();
+    absl::StatusOr<mesh::v1::Job> job = mesh::testing::GetJob(*jobs_, id);
+    if (!job.ok()) return std::nullopt;
+    return *std::move(job);
   }
 
   bool WaitForState(const std::string& id, JobState state, absl::Duration timeout) {
-    return Eventually(timeout, [&] {
-      auto job = Get(id);
-      return job.has_value() && job->state() == state;
-    });
+    return mesh::testing::WaitForState(*jobs_, id, state, timeout);
   }
 
   mesh::v1::Job WaitTerminal(const std::string& id, absl::Duration timeout = absl::Seconds(60)) {
-    mesh::v1::WaitJobRequest request;
-    request.set_job_id(id);
-    request.set_timeout_seconds(absl::ToDoubleSeconds(timeout));
-    mesh::v1::WaitJobResponse response;
-    const grpc::Status status =
-        jobs_->WaitJob(Context(timeout + absl::Seconds(5)).get(), request, &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return response.job();
+    absl::StatusOr<mesh::v1::Job> job = mesh::testing::WaitTerminal(*jobs_, id, timeout);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *std::move(job) : mesh::v1::Job();
   }
 
   // Runs meshctl with `args` against this cluster; returns its exit code and
