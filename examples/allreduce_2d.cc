@@ -94,14 +94,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int rank = (*runtime)->rank();
-  if (absl::Status s = Run(**runtime, elements); !s.ok()) {
+  // Reports our own error to the job (a peer's is already its error), or
+  // leaves cleanly.
+  if (absl::Status s = (*runtime)->Finish(Run(**runtime, elements)); !s.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
-    // A peer's failure is already the job's error; our own is news.
-    if ((*runtime)->health().ok()) (void)(*runtime)->ReportError(s.ToString());
-    return 1;
-  }
-  if (absl::Status s = (*runtime)->Shutdown(); !s.ok()) {
-    std::fprintf(stderr, "rank %d: shutdown: %s\n", rank, s.ToString().c_str());
     return 1;
   }
   std::printf("rank %d: ok\n", rank);

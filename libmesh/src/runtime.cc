@@ -732,6 +732,16 @@ absl::Status Runtime::Shutdown() {
   return client_->Leave(options_.rpc_timeout);
 }
 
+absl::Status Runtime::Finish(absl::Status result) {
+  if (!result.ok()) {
+    if (health().ok()) (void)ReportError(result.ToString());
+    return result;
+  }
+  absl::Status left = Shutdown();
+  if (left.ok()) return left;
+  return absl::Status(left.code(), absl::StrCat("shutdown: ", left.message()));
+}
+
 void Runtime::SimulateHangForTesting() {
   {
     absl::MutexLock lock(&mu_);

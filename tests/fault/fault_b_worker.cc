@@ -117,14 +117,9 @@ int main() {
     std::printf("rank %d: held %.1f s, %d rounds, healthy\n", (*runtime)->rank(), hold_seconds,
                 rounds);
   }
-  if (!status.ok()) {
+  if (status = (*runtime)->Finish(status); !status.ok()) {
     std::fprintf(stderr, "fault_b_worker rank %d: %s\n", (*runtime)->rank(),
                  status.ToString().c_str());
-    if ((*runtime)->health().ok()) (void)(*runtime)->ReportError(status.ToString());
-    return 1;
-  }
-  if (absl::Status s = (*runtime)->Shutdown(); !s.ok()) {
-    std::fprintf(stderr, "fault_b_worker: shutdown: %s\n", s.ToString().c_str());
     return 1;
   }
   return 0;

@@ -456,6 +456,29 @@ TEST_F(RuntimeTest, ReportErrorFailsEveryRankIncludingTheReporter) {
   EXPECT_TRUE(JobFailed());
 }
 
+TEST_F(RuntimeTest, FinishReportsAnOwnErrorOnceAndLeavesOnSuccess) {
+  StartCoordinator(3);
+  auto runtimes = InitWorld(3);
+  ASSERT_EQ(runtimes.size(), 3u);
+  // Rank 2 finishes well: it leaves, and nobody fails.
+  EXPECT_TRUE(runtimes[2]->Finish(absl::OkStatus()).ok());
+  EXPECT_EQ(runtimes[2]->health().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(JobFailed());
+  // Rank 1's own error becomes the job's, naming it.
+  const absl::Status oom = absl::ResourceExhaustedError("CUDA out of memory");
+  EXPECT_EQ(runtimes[1]->Finish(oom), oom);
+  ASSERT_TRUE(WaitFor([&] { return !runtimes[0]->health().ok(); }, absl::Seconds(10)));
+  const absl::Status error = runtimes[0]->health();
+  EXPECT_THAT(std::string(error.message()), HasSubstr("rank 1 (host-1)"));
+  EXPECT_THAT(std::string(error.message()), HasSubstr("CUDA out of memory"));
+  EXPECT_TRUE(JobFailed());
+  // Rank 0 then fails because of it: its Finish returns its own status,
+  // and the job's error stays rank 1's.
+  const absl::Status peer = absl::AbortedError("collective failed");
+  EXPECT_EQ(runtimes[0]->Finish(peer), peer);
+  EXPECT_EQ(runtimes[0]->health(), error);
+}
+
 TEST_F(RuntimeTest, LosingTheCoordinatorFailsRanksWithUnavailable) {
   StartCoordinator(2);
   auto runtimes = InitWorld(2);

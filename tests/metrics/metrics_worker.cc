@@ -90,14 +90,9 @@ int main() {
   }
   absl::Status status = Exercise(**runtime);
   if (status.ok()) status = WaitForRelease(**runtime, dir);
-  if (!status.ok()) {
+  if (status = (*runtime)->Finish(status); !status.ok()) {
     std::fprintf(stderr, "metrics_worker rank %d: %s\n", (*runtime)->rank(),
                  status.ToString().c_str());
-    if ((*runtime)->health().ok()) (void)(*runtime)->ReportError(status.ToString());
-    return 1;
-  }
-  if (absl::Status s = (*runtime)->Shutdown(); !s.ok()) {
-    std::fprintf(stderr, "metrics_worker: shutdown: %s\n", s.ToString().c_str());
     return 1;
   }
   return 0;

@@ -311,6 +311,14 @@ class Runtime {
   // then there is nothing to leave.
   absl::Status Shutdown();
 
+  // The usual end of a worker, with `result` its own outcome:
+  //   OK     -> Shutdown(); returns its status, prefixed "shutdown: ".
+  //   error  -> ReportError(result) unless the job has already failed (a
+  //             peer's failure is already the job's error, and reporting it
+  //             again would only blame this rank); returns `result`.
+  // So `return (*rt)->Finish(Train(**rt)).ok() ? 0 : 1;` ends a worker.
+  absl::Status Finish(absl::Status result);
+
   // Tests only: behaves as if this process hung — heartbeats and the watch
   // stop, nothing is sent to the coordinator, and the groups are left as
   // they are. The destructor then skips Leave.
