@@ -23,13 +23,13 @@
 #include "absl/time/clock.h"
 #include "tests/common/http_get.h"
 #include "tests/util/cluster_queries.h"
+#include "tests/util/mesh_cluster.h"
 #include "tests/util/proc.h"
 
 namespace mesh::testing {
 namespace {
 
 constexpr absl::Duration kStartTimeout = absl::Seconds(30);
-constexpr char kBanner[] = "mesh-coordinator listening on ";
 
 std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(10)) {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -212,61 +212,28 @@ absl::StatusOr<std::unique_ptr<MetricsCluster>> MetricsCluster::Start() {
 }
 
 absl::Status MetricsCluster::StartProcesses() {
-  auto coordinator = Subprocess::Start({MESH_COORDINATOR_BIN,
-                                        "--insecure",
-                                        "--listen",
-                                        "127.0.0.1",
-                                        "--port",
-                                        "0",
-                                        "--state-dir",
-                                        dir_ + "/state",
-                                        "--node-heartbeat-interval",
-                                        "0.2",
-                                        "--node-heartbeat-timeout",
-                                        "2",
-                                        "--kill-grace",
-                                        "1",
-                                        "--shutdown-grace",
-                                        "0.5",
-                                        "--metrics-port",
-                                        "0",
-                                        "--sd-file",
-                                        sd_file_});
+  // The harness's coordinator and agent command lines (tests/util/
+  // mesh_cluster.h), plus the metrics flags under test.
+  std::vector<std::string> argv =
+      CoordinatorArgv(MESH_COORDINATOR_BIN, "127.0.0.1", 0, dir_ + "/state",
+                      absl::Milliseconds(200), absl::Seconds(2));
+  argv.insert(argv.end(), {"--metrics-port", "0", "--sd-file", sd_file_});
+  absl::StatusOr<StartedCoordinator> coordinator = StartCoordinatorProcess(argv);
   if (!coordinator.ok()) return coordinator.status();
-  auto line = coordinator->ReadLine(kStartTimeout);
-  if (!line.ok()) return line.status();
-  if (line->rfind(kBanner, 0) != 0) {
-    return absl::InternalError(absl::StrCat("unexpected coordinator banner: ", *line));
-  }
-  address_ = line->substr(sizeof(kBanner) - 1);
-  coordinator_ = std::make_unique<Subprocess>(*std::move(coordinator));
+  address_ = coordinator->address;
+  coordinator_ = std::move(coordinator->process);
   channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
   jobs_ = mesh::v1::JobService::NewStub(channel_);
 
   for (int i = 0; i < kAgents; ++i) {
     absl::StatusOr<std::string> worker_ports = FreePortRange(2);
     if (!worker_ports.ok()) return worker_ports.status();
-    auto agent = Subprocess::Start({MESH_AGENT_BIN,
-                                    "--coordinator",
-                                    address_,
-                                    "--name",
-                                    absl::StrCat("node-", i),
-                                    "--address",
-                                    "127.0.0.1",
-                                    "--slots",
-                                    "2",
-                                    "--gpus",
-                                    "none",
-                                    "--work-dir",
-                                    absl::StrCat(dir_, "/agent-", i),
-                                    "--grace",
-                                    "1",
-                                    "--metrics-port",
-                                    "0",
-                                    "--metrics-listen",
-                                    "127.0.0.1",
-                                    "--worker-metrics-ports",
-                                    *worker_ports});
+    std::vector<std::string> agent_argv =
+        AgentArgv(MESH_AGENT_BIN, address_, absl::StrCat("node-", i), "127.0.0.1", 2,
+                  absl::StrCat(dir_, "/agent-", i));
+    agent_argv.insert(agent_argv.end(), {"--metrics-port", "0", "--metrics-listen", "127.0.0.1",
+                                         "--worker-metrics-ports", *worker_ports});
+    auto agent = Subprocess::Start(agent_argv);
     if (!agent.ok()) return agent.status();
     agents_.push_back(std::make_unique<Subprocess>(*std::move(agent)));
   }
