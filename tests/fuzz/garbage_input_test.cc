@@ -175,19 +175,6 @@ std::string RandomBytes(std::mt19937_64& random, size_t size) {
   return bytes;
 }
 
-// Tag of field `number` with wire type `type`, as a varint.
-std::string Tag(uint32_t number, uint32_t type) {
-  std::string out;
-  uint64_t value = (uint64_t{number} << 3) | type;
-  do {
-    uint8_t byte = value & 0x7f;
-    value >>= 7;
-    if (value != 0) byte |= 0x80;
-    out.push_back(static_cast<char>(byte));
-  } while (value != 0);
-  return out;
-}
-
 std::string Varint(uint64_t value) {
   std::string out;
   do {
@@ -198,6 +185,9 @@ std::string Varint(uint64_t value) {
   } while (value != 0);
   return out;
 }
+
+// Tag of field `number` with wire type `type`, as a varint.
+std::string Tag(uint32_t number, uint32_t type) { return Varint((uint64_t{number} << 3) | type); }
 
 // 10,000 levels of an unknown group field (wire type 3 ... 4).
 std::string NestedGroups(int depth) {
