@@ -508,30 +508,41 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllReduce(Tensor tensor, Reduce
       });
 }
 
-absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllReduce(Tensor input, Tensor output,
-                                                           ReduceOp op) {
-  static constexpr absl::string_view kOp = "all_reduce";
+absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::LaunchReduction(
+    absl::string_view op, const Tensor& input, const Tensor& output, ReduceOp reduce_op,
+    absl::FunctionRef<absl::Status(const GroupView&)> sizes, ReductionCall call) {
   const NcclCaps& caps = core_->params().caps;
   const GroupView view = View();
-  if (absl::Status s = CheckTensor(view, kOp, "input", input, caps); !s.ok()) return s;
-  if (absl::Status s = CheckTensor(view, kOp, "output", output, caps); !s.ok()) return s;
-  if (absl::Status s = CheckSameDType(view, kOp, input, output); !s.ok()) return s;
-  if (absl::Status s = CheckAllReduceBuffers(view, input, output); !s.ok()) return s;
-  if (absl::Status s = CheckReduceOp(view, kOp, input.dtype(), op, caps); !s.ok()) return s;
+  if (absl::Status s = CheckTensor(view, op, "input", input, caps); !s.ok()) return s;
+  if (absl::Status s = CheckTensor(view, op, "output", output, caps); !s.ok()) return s;
+  if (absl::Status s = CheckSameDType(view, op, input, output); !s.ok()) return s;
+  if (absl::Status s = sizes(view); !s.ok()) return s;
+  if (absl::Status s = CheckReduceOp(view, op, input.dtype(), reduce_op, caps); !s.ok()) return s;
   const ncclDataType_t type = ToNcclDataType(input.dtype());
-  const ncclRedOp_t red = ToNcclRedOp(op);
-  const size_t count = static_cast<size_t>(input.numel());
+  const ncclRedOp_t red = ToNcclRedOp(reduce_op);
+  const size_t count = static_cast<size_t>(output.numel());
   const void* send = input.data();
   void* recv = output.data();
   return core_->Launch(
-      kOp,
+      op,
       [&] {
-        return absl::StrCat(Describe(input), " -> ", Describe(output), ", ", ReduceOpName(op));
+        return absl::StrCat(Describe(input), " -> ", Describe(output), ", ",
+                            ReduceOpName(reduce_op));
       },
       [&](ncclComm_t comm, cudaStream_t stream) {
+        // Zero elements on every member (they agree on numel): nothing to
+        // do, and NCCL need not see a possibly-null pointer.
         if (count == 0) return ncclSuccess;
-        return ncclAllReduce(send, recv, count, type, red, comm, stream);
+        return call(send, recv, count, type, red, comm, stream);
       });
+}
+
+absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllReduce(Tensor input, Tensor output,
+                                                           ReduceOp op) {
+  return LaunchReduction(
+      "all_reduce", input, output, op,
+      [&](const GroupView& view) { return CheckAllReduceBuffers(view, input, output); },
+      &ncclAllReduce);
 }
 
 absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Broadcast(Tensor tensor, int root) {
@@ -594,28 +605,10 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllGather(Tensor input, Tensor 
 
 absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::ReduceScatter(Tensor input, Tensor output,
                                                                ReduceOp op) {
-  static constexpr absl::string_view kOp = "reduce_scatter";
-  const NcclCaps& caps = core_->params().caps;
-  const GroupView view = View();
-  if (absl::Status s = CheckTensor(view, kOp, "input", input, caps); !s.ok()) return s;
-  if (absl::Status s = CheckTensor(view, kOp, "output", output, caps); !s.ok()) return s;
-  if (absl::Status s = CheckSameDType(view, kOp, input, output); !s.ok()) return s;
-  if (absl::Status s = CheckReduceScatterSizes(view, input, output); !s.ok()) return s;
-  if (absl::Status s = CheckReduceOp(view, kOp, input.dtype(), op, caps); !s.ok()) return s;
-  const ncclDataType_t type = ToNcclDataType(input.dtype());
-  const ncclRedOp_t red = ToNcclRedOp(op);
-  const size_t count = static_cast<size_t>(output.numel());
-  const void* send = input.data();
-  void* recv = output.data();
-  return core_->Launch(
-      kOp,
-      [&] {
-        return absl::StrCat(Describe(input), " -> ", Describe(output), ", ", ReduceOpName(op));
-      },
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        if (count == 0) return ncclSuccess;
-        return ncclReduceScatter(send, recv, count, type, red, comm, stream);
-      });
+  return LaunchReduction(
+      "reduce_scatter", input, output, op,
+      [&](const GroupView& view) { return CheckReduceScatterSizes(view, input, output); },
+      &ncclReduceScatter);
 }
 
 absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllToAll(Tensor input, Tensor output,

@@ -261,6 +261,17 @@ class NcclGroup final : public ProcessGroupNccl {
 
   GroupView View() const;
 
+  // The reductions from `input` into `output` (out-of-place all_reduce,
+  // reduce_scatter): the tensor, dtype and reduction checks plus `sizes`
+  // (the op's element-count rule), then `call(send, recv, count, type, red,
+  // comm, stream)` with count = output's elements, through Launch.
+  using ReductionCall = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                                         ncclComm_t, cudaStream_t);
+  absl::StatusOr<WorkPtr> LaunchReduction(absl::string_view op, const Tensor& input,
+                                          const Tensor& output, ReduceOp reduce_op,
+                                          absl::FunctionRef<absl::Status(const GroupView&)> sizes,
+                                          ReductionCall call);
+
   const std::shared_ptr<GroupCore> core_;
   // Keeps the watchdog thread alive while the group lives.
   const std::shared_ptr<Watchdog> watchdog_;
