@@ -53,19 +53,25 @@ TEST(NcclErrors, CodesSayWhetherRetryingCanHelp) {
 }
 
 TEST(NcclErrors, MessageNamesTheOperationAndNcclsReason) {
-  const absl::Status s = NcclError("issuing all_reduce #3", ncclRemoteError, nullptr);
+  const absl::Status s =
+      NcclError(RealNcclApi(), "issuing all_reduce #3", ncclRemoteError, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(s.message()), HasSubstr("issuing all_reduce #3: NCCL error 6: "));
   EXPECT_THAT(std::string(s.message()), HasSubstr(ncclGetErrorString(ncclRemoteError)));
 }
 
 TEST(NcclErrors, CreationReportsInternalFailuresAsUnavailable) {
-  EXPECT_EQ(NcclError("x", ncclInternalError, nullptr, absl::StatusCode::kUnavailable).code(),
-            absl::StatusCode::kUnavailable);
-  EXPECT_EQ(NcclError("x", ncclUnhandledCudaError, nullptr, absl::StatusCode::kUnavailable).code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(
+      NcclError(RealNcclApi(), "x", ncclInternalError, nullptr, absl::StatusCode::kUnavailable)
+          .code(),
+      absl::StatusCode::kUnavailable);
+  EXPECT_EQ(
+      NcclError(RealNcclApi(), "x", ncclUnhandledCudaError, nullptr, absl::StatusCode::kUnavailable)
+          .code(),
+      absl::StatusCode::kUnavailable);
   // Usage errors keep their codes: retrying will not fix them.
-  EXPECT_EQ(NcclError("x", ncclInvalidUsage, nullptr, absl::StatusCode::kUnavailable).code(),
+  EXPECT_EQ(NcclError(RealNcclApi(), "x", ncclInvalidUsage, nullptr, absl::StatusCode::kUnavailable)
+                .code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -86,7 +92,7 @@ TEST(NcclConfig, IsNonBlockingAndNamed) {
 TEST(NcclSplit, AvailableWithTheLoadedLibrary) {
   int version = 0;
   ASSERT_EQ(ncclGetVersion(&version), ncclSuccess);
-  EXPECT_EQ(SplitAvailable(), version >= NCCL_VERSION(2, 18, 0));
+  EXPECT_EQ(SplitAvailable(RealNcclApi()), version >= NCCL_VERSION(2, 18, 0));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "backends/nccl/nccl_api.h"
 #include "backends/nccl/nccl_checks.h"
 #include "backends/nccl/nccl_group.h"
 #include "backends/nccl/nccl_util.h"
@@ -24,10 +25,10 @@ namespace {
 static_assert(sizeof(ncclUniqueId) == kNcclUniqueIdBytes && kUniqueIdBytes == kNcclUniqueIdBytes,
               "ncclUniqueId changed size");
 
-absl::StatusOr<std::string> GenerateIdBytes() {
+absl::StatusOr<std::string> GenerateIdBytes(NcclApi& api) {
   ncclUniqueId id;
-  if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
-    return NcclError("ncclGetUniqueId", r, nullptr);
+  if (ncclResult_t r = api.GetUniqueId(&id); r != ncclSuccess) {
+    return NcclError(api, "ncclGetUniqueId", r, nullptr);
   }
   return std::string(id.internal, sizeof(id.internal));
 }
@@ -46,14 +47,15 @@ std::string GroupWhat(absl::string_view name, int rank, int size, int device) {
 
 // A split or init that succeeded with different members than the spec means
 // ranks passed different specs for one group.
-absl::Status CheckCommShape(ncclComm_t comm, int size, int rank, absl::string_view what) {
+absl::Status CheckCommShape(NcclApi& api, ncclComm_t comm, int size, int rank,
+                            absl::string_view what) {
   int count = 0;
   int user_rank = 0;
-  if (ncclResult_t r = ncclCommCount(comm, &count); r != ncclSuccess) {
-    return NcclError(absl::StrCat(what, ": ncclCommCount"), r, comm);
+  if (ncclResult_t r = api.CommCount(comm, &count); r != ncclSuccess) {
+    return NcclError(api, absl::StrCat(what, ": ncclCommCount"), r, comm);
   }
-  if (ncclResult_t r = ncclCommUserRank(comm, &user_rank); r != ncclSuccess) {
-    return NcclError(absl::StrCat(what, ": ncclCommUserRank"), r, comm);
+  if (ncclResult_t r = api.CommUserRank(comm, &user_rank); r != ncclSuccess) {
+    return NcclError(api, absl::StrCat(what, ": ncclCommUserRank"), r, comm);
   }
   if (count != size || user_rank != rank) {
     return absl::InvalidArgumentError(
@@ -66,10 +68,11 @@ absl::Status CheckCommShape(ncclComm_t comm, int size, int rank, absl::string_vi
 
 class NcclFactory final : public NcclProcessGroupFactory {
  public:
-  NcclFactory(NcclProcessGroupFactoryOptions options, bool split,
+  NcclFactory(NcclApi& api, NcclProcessGroupFactoryOptions options, bool split,
               std::unique_ptr<NcclUniqueIdBroker> broker, std::shared_ptr<Watchdog> watchdog,
               std::shared_ptr<NcclGroup> world)
-      : options_(std::move(options)),
+      : api_(api),
+        options_(std::move(options)),
         split_(split),
         broker_(std::move(broker)),
         watchdog_(std::move(watchdog)),
@@ -98,6 +101,7 @@ class NcclFactory final : public NcclProcessGroupFactory {
   absl::StatusOr<std::shared_ptr<NcclGroup>> Adopt(const GroupSpec& spec, int group_rank,
                                                    ncclComm_t comm);
 
+  NcclApi& api_;
   const NcclProcessGroupFactoryOptions options_;
   const bool split_;
   const std::unique_ptr<NcclUniqueIdBroker> broker_;  // May be null.
@@ -132,7 +136,7 @@ absl::StatusOr<std::shared_ptr<NcclGroup>> NcclFactory::Adopt(const GroupSpec& s
   params.options = options_.group_options;
   params.caps = BuiltCaps();
   absl::StatusOr<std::shared_ptr<NcclGroup>> group = NcclGroup::Create(
-      std::move(params), spec.global_ranks, comm, watchdog_, options_.destroy_timeout);
+      api_, std::move(params), spec.global_ranks, comm, watchdog_, options_.destroy_timeout);
   if (!group.ok()) return group.status();
   absl::Status reason;
   {
@@ -169,8 +173,9 @@ absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::NewGroup
           "NCCL NewGroups: building groups from unique ids (ncclCommSplit is unavailable or "
           "disabled) needs a store in NcclProcessGroupFactoryOptions");
     }
-    absl::StatusOr<std::vector<std::string>> exchanged =
-        ExchangeUniqueIds(specs, options_.world_rank, call, *broker_, GenerateIdBytes, deadline);
+    absl::StatusOr<std::vector<std::string>> exchanged = ExchangeUniqueIds(
+        specs, options_.world_rank, call, *broker_, [this] { return GenerateIdBytes(api_); },
+        deadline);
     if (!exchanged.ok()) return exchanged.status();
     ids = *std::move(exchanged);
   }
@@ -186,11 +191,11 @@ absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::NewGroup
     const char* comm_name = PersistentName(name);  // NCCL keeps the pointer.
     absl::StatusOr<ncclComm_t> comm =
         split_ ? world_->core()->Split(spec.color, group_rank, comm_name, what, deadline, cancelled)
-               : InitComm(ToUniqueId(ids[i]), size, group_rank, device, comm_name, what, deadline,
-                          cancelled);
+               : InitComm(api_, ToUniqueId(ids[i]), size, group_rank, device, comm_name, what,
+                          deadline, cancelled);
     if (!comm.ok()) return comm.status();
-    if (absl::Status s = CheckCommShape(*comm, size, group_rank, what); !s.ok()) {
-      ncclCommAbort(*comm);
+    if (absl::Status s = CheckCommShape(api_, *comm, size, group_rank, what); !s.ok()) {
+      api_.CommAbort(*comm);
       return s;
     }
     absl::StatusOr<std::shared_ptr<NcclGroup>> group = Adopt(spec, group_rank, *comm);
@@ -219,14 +224,20 @@ void NcclFactory::AbortAll(absl::Status reason) {
 
 absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> CreateNcclFactory(
     NcclProcessGroupFactoryOptions options, std::unique_ptr<NcclUniqueIdBroker> broker) {
+  return CreateNcclFactory(std::move(options), std::move(broker), RealNcclApi());
+}
+
+absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> CreateNcclFactory(
+    NcclProcessGroupFactoryOptions options, std::unique_ptr<NcclUniqueIdBroker> broker,
+    NcclApi& api) {
   if (absl::Status s = CheckFactoryOptions(options); !s.ok()) return s;
   bool split = false;
   switch (options.group_creation) {
     case NcclGroupCreation::kAuto:
-      split = SplitAvailable();
+      split = SplitAvailable(api);
       break;
     case NcclGroupCreation::kSplit:
-      if (!SplitAvailable()) {
+      if (!SplitAvailable(api)) {
         return absl::FailedPreconditionError(
             "NCCL factory options: group_creation is kSplit, but ncclCommSplit needs NCCL >= "
             "2.18");
@@ -241,7 +252,11 @@ absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> CreateNcclFactory(
     broker = std::make_unique<StoreUniqueIdBroker>(options.store);
   }
   const int device = options.device.index();
-  const int visible = CudaDeviceCount();
+  int visible = 0;
+  if (api.GetDeviceCount(&visible) != cudaSuccess) {
+    api.GetLastCudaError();  // No driver or no device; clear it for later calls.
+    visible = 0;
+  }
   if (visible == 0) {
     return absl::FailedPreconditionError(
         "the NCCL backend needs a CUDA device, but none is visible to this process (no driver, "
@@ -254,9 +269,9 @@ absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> CreateNcclFactory(
   }
 
   const std::string what = GroupWhat("world", options.world_rank, options.world_size, device);
-  absl::StatusOr<ncclComm_t> comm =
-      InitComm(ToUniqueId(options.world_unique_id), options.world_size, options.world_rank, device,
-               "world", what, absl::Now() + options.init_timeout, [] { return absl::OkStatus(); });
+  absl::StatusOr<ncclComm_t> comm = InitComm(
+      api, ToUniqueId(options.world_unique_id), options.world_size, options.world_rank, device,
+      "world", what, absl::Now() + options.init_timeout, [] { return absl::OkStatus(); });
   if (!comm.ok()) return comm.status();
 
   auto watchdog = std::make_shared<Watchdog>(options.watchdog_interval);
@@ -270,15 +285,17 @@ absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> CreateNcclFactory(
   std::vector<int> ranks(options.world_size);
   std::iota(ranks.begin(), ranks.end(), 0);
   absl::StatusOr<std::shared_ptr<NcclGroup>> world = NcclGroup::Create(
-      std::move(params), std::move(ranks), *comm, watchdog, options.destroy_timeout);
+      api, std::move(params), std::move(ranks), *comm, watchdog, options.destroy_timeout);
   if (!world.ok()) return world.status();
   return std::unique_ptr<NcclProcessGroupFactory>(new NcclFactory(
-      std::move(options), split, std::move(broker), std::move(watchdog), *std::move(world)));
+      api, std::move(options), split, std::move(broker), std::move(watchdog), *std::move(world)));
 }
 
 }  // namespace nccl
 
-absl::StatusOr<std::string> GenerateNcclUniqueId() { return nccl::GenerateIdBytes(); }
+absl::StatusOr<std::string> GenerateNcclUniqueId() {
+  return nccl::GenerateIdBytes(nccl::RealNcclApi());
+}
 
 absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> NcclProcessGroupFactory::Create(
     NcclProcessGroupFactoryOptions options) {

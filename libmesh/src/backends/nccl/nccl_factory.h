@@ -12,9 +12,19 @@
 
 namespace mesh::nccl {
 
+class NcclApi;  // backends/nccl/nccl_api.h
+
 // As NcclProcessGroupFactory::Create, with `broker` (may be null) used for
 // unique-ID exchange instead of one built over options.store.
 absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> CreateNcclFactory(
     NcclProcessGroupFactoryOptions options, std::unique_ptr<NcclUniqueIdBroker> broker);
+
+// The same over `api` instead of the real libraries (tests drive the
+// factory and its groups through a scripted fake this way). `api` must
+// outlive the factory and every group it makes. Defined only when
+// MESH_HAVE_NCCL.
+absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> CreateNcclFactory(
+    NcclProcessGroupFactoryOptions options, std::unique_ptr<NcclUniqueIdBroker> broker,
+    NcclApi& api);
 
 }  // namespace mesh::nccl

@@ -2,6 +2,10 @@
 
 #include <utility>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "backends/nccl/nccl_util.h"
 #include "backends/nccl/nccl_watchdog.h"
@@ -26,11 +30,11 @@ char* Bytes(const Tensor& t) { return static_cast<char*>(t.data()); }
 // ---- EventPool -------------------------------------------------------------
 
 EventPool::~EventPool() {
-  DeviceGuard guard(device_);
+  DeviceGuard guard(api_, device_);
   absl::MutexLock lock(&mu_);
   // An event whose last record has not completed is released by CUDA once
   // it does; cudaEventDestroy does not block.
-  for (cudaEvent_t event : free_) cudaEventDestroy(event);
+  for (cudaEvent_t event : free_) api_.EventDestroy(event);
 }
 
 absl::StatusOr<cudaEvent_t> EventPool::Acquire() {
@@ -42,12 +46,12 @@ absl::StatusOr<cudaEvent_t> EventPool::Acquire() {
       return event;
     }
   }
-  DeviceGuard guard(device_);  // Events belong to the device current at creation.
+  DeviceGuard guard(api_, device_);  // Events belong to the device current at creation.
   if (!guard.status().ok()) return guard.status();
   cudaEvent_t event = nullptr;
-  if (cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (cudaError_t err = api_.EventCreateWithFlags(&event, cudaEventDisableTiming);
       err != cudaSuccess) {
-    return CudaError("cudaEventCreateWithFlags", err);
+    return CudaError(api_, "cudaEventCreateWithFlags", err);
   }
   return event;
 }
@@ -80,30 +84,43 @@ std::optional<absl::Status> PendingOp::result() const {
 std::optional<absl::Status> PendingOp::Poll() {
   if (std::optional<absl::Status> known = result(); known.has_value()) return known;
   // cudaEventQuery needs no particular current device.
-  const cudaError_t err = cudaEventQuery(done_);
+  NcclApi& api = pool_->api();
+  const cudaError_t err = api.EventQuery(done_);
   if (err == cudaErrorNotReady) return std::nullopt;
   if (err == cudaSuccess) return Finish(absl::OkStatus());
-  return Finish(CudaError(absl::StrCat("cudaEventQuery for ", description_), err));
+  return Finish(CudaError(api, absl::StrCat("cudaEventQuery for ", description_), err));
 }
 
 // ---- GroupCore -------------------------------------------------------------
 
-GroupCore::GroupCore(Params params, ncclComm_t comm, cudaStream_t stream, cudaEvent_t ready,
-                     void* scratch)
-    : params_(std::move(params)),
+GroupCore::GroupCore(NcclApi& api, Params params, ncclComm_t comm, cudaStream_t stream,
+                     cudaEvent_t ready, void* scratch)
+    : api_(api),
+      params_(std::move(params)),
       what_(absl::StrCat("NCCL group '", params_.name, "' (rank ", params_.rank, " of ",
                          params_.size, ", cuda:", params_.device, ")")),
       stream_(stream),
       ready_(ready),
       scratch_(scratch),
-      events_(std::make_shared<EventPool>(params_.device)),
+      events_(std::make_shared<EventPool>(api, params_.device)),
       comm_(comm) {}
 
 GroupCore::~GroupCore() {
   // NcclGroup always closes; this is the last line of defence for a core
   // that leaked past it, and it must not block (it may run on the watchdog).
   absl::MutexLock lock(&issue_mu_);
-  if (comm_ != nullptr) ncclCommAbort(comm_);
+  ReleaseCommLocked();
+  if (comm_ != nullptr) AbandonCommLocked();
+}
+
+void GroupCore::AbandonCommLocked() {
+  // NCCL may still write the slot and run its split job on comm_, so both
+  // stay allocated for the life of the process.
+#if defined(__SANITIZE_ADDRESS__)
+  __lsan_ignore_object(unpublished_split_);
+#endif
+  comm_ = nullptr;
+  unpublished_split_ = nullptr;
 }
 
 absl::Status GroupCore::health() const {
@@ -148,13 +165,25 @@ void GroupCore::AbortLocked() {
     op->Poll();
     op->Finish(reason).IgnoreError();
   }
-  if (comm_ != nullptr) {
-    DeviceGuard guard(params_.device);
-    // Also joins any NCCL job still running for this communicator (an
-    // abandoned init, split or lazy connection).
-    ncclCommAbort(comm_);
-    comm_ = nullptr;
+  ReleaseCommLocked();
+}
+
+void GroupCore::ReleaseCommLocked() {
+  if (comm_ == nullptr) return;
+  DeviceGuard guard(api_, params_.device);
+  if (unpublished_split_ != nullptr) {
+    const ncclComm_t late = LoadPublished(unpublished_split_);
+    // NCCL's split job is still running on comm_ and will write the slot;
+    // released now, NCCL would write into freed memory.
+    if (late == nullptr) return;
+    api_.CommAbort(late);
+    delete unpublished_split_;
+    unpublished_split_ = nullptr;
   }
+  // Also joins any NCCL job still running for this communicator (an
+  // abandoned init or lazy connection).
+  api_.CommAbort(comm_);
+  comm_ = nullptr;
 }
 
 void GroupCore::RetireCompletedLocked() {
@@ -165,7 +194,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> GroupCore::Launch(
     absl::string_view op, absl::FunctionRef<std::string()> detail,
     absl::FunctionRef<ncclResult_t(ncclComm_t, cudaStream_t)> enqueue) {
   if (absl::Status s = Cancelled(); !s.ok()) return s;
-  DeviceGuard guard(params_.device);
+  DeviceGuard guard(api_, params_.device);
   if (!guard.status().ok()) return WithPrefix(absl::StrCat(what_, " ", op), guard.status());
   cudaStream_t caller = static_cast<cudaStream_t>(CurrentCudaStream(Device::Cuda(params_.device)));
   absl::StatusOr<cudaEvent_t> done = events_->Acquire();
@@ -186,29 +215,30 @@ absl::StatusOr<ProcessGroup::WorkPtr> GroupCore::Launch(
   // it is still queued is fine: cudaStreamWaitEvent captures the event's
   // state at the time of the call. A failure here has issued nothing, so it
   // is the caller's synchronous error and the group stays healthy.
-  if (cudaError_t err = cudaEventRecord(ready_, caller); err != cudaSuccess) {
+  if (cudaError_t err = api_.EventRecord(ready_, caller); err != cudaSuccess) {
     return WithPrefix(absl::StrCat(what_, " ", pending->description()),
-                      CudaError("cudaEventRecord on the caller's current stream (is it a stream "
+                      CudaError(api_,
+                                "cudaEventRecord on the caller's current stream (is it a stream "
                                 "of this group's device?)",
                                 err));
   }
-  if (cudaError_t err = cudaStreamWaitEvent(stream_, ready_, 0); err != cudaSuccess) {
+  if (cudaError_t err = api_.StreamWaitEvent(stream_, ready_, 0); err != cudaSuccess) {
     return WithPrefix(absl::StrCat(what_, " ", pending->description()),
-                      CudaError("cudaStreamWaitEvent on the group stream", err));
+                      CudaError(api_, "cudaStreamWaitEvent on the group stream", err));
   }
   absl::Status failure;
   const ncclResult_t r = enqueue(comm_, stream_);
   if (r == ncclInProgress) {
     // First use of a peer connection (lazy connect) runs in NCCL's
     // background thread; nothing is on the stream until it is done.
-    failure = AwaitComm(comm_, absl::StrCat("issuing ", pending->description()),
+    failure = AwaitComm(api_, comm_, absl::StrCat("issuing ", pending->description()),
                         absl::Now() + params_.options.timeout, [this] { return Cancelled(); });
   } else if (r != ncclSuccess) {
-    failure = NcclError(absl::StrCat("issuing ", pending->description()), r, comm_);
+    failure = NcclError(api_, absl::StrCat("issuing ", pending->description()), r, comm_);
   }
   if (failure.ok()) {
-    if (cudaError_t err = cudaEventRecord(*done, stream_); err != cudaSuccess) {
-      failure = CudaError("cudaEventRecord on the group stream", err);
+    if (cudaError_t err = api_.EventRecord(*done, stream_); err != cudaSuccess) {
+      failure = CudaError(api_, "cudaEventRecord on the group stream", err);
     }
   }
   if (!failure.ok()) {
@@ -234,7 +264,7 @@ absl::StatusOr<ncclComm_t> GroupCore::Split(int color, int key, const char* chil
                                             absl::string_view child_what, absl::Time deadline,
                                             absl::FunctionRef<absl::Status()> cancelled) {
 #if MESH_NCCL_HAS_SPLIT
-  DeviceGuard guard(params_.device);
+  DeviceGuard guard(api_, params_.device);
   if (!guard.status().ok()) return guard.status();
   const std::string what = absl::StrCat("ncclCommSplit of ", what_, " into ", child_what);
   auto cancel = [&]() -> absl::Status {
@@ -248,45 +278,41 @@ absl::StatusOr<ncclComm_t> GroupCore::Split(int color, int key, const char* chil
     return WithPrefix(what, reason);
   }
   ncclConfig_t config = NonBlockingConfig(child_name);
-  // NCCL's split job stores the child here from its own thread when it
-  // finishes, so the slot lives on the heap: a split this function gives up
-  // on must not write into a dead stack frame.
+  // NCCL's split job stores the child here from its own thread, at the end
+  // of the child's init, so the slot lives on the heap and is freed only
+  // once NCCL has written it (or never started a job).
   auto* slot = new ncclComm_t(nullptr);
-  absl::Status status;
-  const ncclResult_t r = ncclCommSplit(comm_, color, key, slot, &config);
-  if (r == ncclInProgress) {
-    // The job is attached to the parent: its state reports the split.
-    status = AwaitComm(comm_, what, deadline, cancel, absl::StatusCode::kUnavailable);
-  } else if (r != ncclSuccess) {
-    status = NcclError(what, r, comm_, absl::StatusCode::kUnavailable);
+  SplitWait wait;
+  bool job_started = true;
+  const ncclResult_t r = api_.CommSplit(comm_, color, key, slot, &config);
+  if (r == ncclSuccess || r == ncclInProgress) {
+    wait = AwaitSplit(api_, comm_, slot, what, deadline, cancel);
+  } else {
+    // A synchronous failure: NCCL cleaned up and launched no split job.
+    job_started = false;
+    wait.status = NcclError(api_, what, r, comm_, absl::StatusCode::kUnavailable);
   }
-  if (!status.ok()) {
-    SetAbortReason(absl::Status(status.code(),
-                                absl::StrCat(status.message(), "; the parent ", what_,
-                                             " is unusable after a failed split and was aborted")));
-    // NCCL 2.2x's ncclCommAbort joins the split job before it returns, so
-    // a child the job made meanwhile is in the slot by now and is aborted
-    // too. The documentation does not promise that join, so the slot itself
-    // is leaked rather than freed under a possible late writer: 8 bytes on
-    // a fatal path.
-    AbortLocked();
-    if (ncclComm_t late = __atomic_load_n(slot, __ATOMIC_ACQUIRE); late != nullptr) {
-      ncclCommAbort(late);
-    }
-    return status;
+  if (wait.status.ok()) {
+    delete slot;
+    return wait.child;
   }
-  ncclComm_t child = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
-  delete slot;
-  if (child == nullptr) {
-    return absl::InternalError(absl::StrCat(what, ": NCCL returned no communicator"));
+  const bool published = wait.child != nullptr || !job_started;
+  SetAbortReason(absl::Status(
+      wait.status.code(),
+      absl::StrCat(wait.status.message(), "; the parent ", what_,
+                   published ? " is unusable after a failed split and was aborted"
+                             : " is unusable after a failed split and is aborted once NCCL "
+                               "finishes the split")));
+  if (published) {
+    // The child's init is over (published) or never began: abort the child,
+    // and the slot is ours again.
+    if (wait.child != nullptr) api_.CommAbort(wait.child);
+    delete slot;
+  } else {
+    unpublished_split_ = slot;  // Still NCCL's; ReleaseCommLocked frees it.
   }
-  // The child's own state, normally already ncclSuccess.
-  if (absl::Status s = AwaitComm(child, what, deadline, cancel, absl::StatusCode::kUnavailable);
-      !s.ok()) {
-    ncclCommAbort(child);
-    return s;
-  }
-  return child;
+  AbortLocked();
+  return wait.status;
 #else
   (void)color;
   (void)key;
@@ -299,7 +325,15 @@ absl::StatusOr<ncclComm_t> GroupCore::Split(int color, int key, const char* chil
 }
 
 void GroupCore::WatchdogTick(absl::Time now) {
-  if (aborting_.load(std::memory_order_acquire)) return;
+  if (aborting_.load(std::memory_order_acquire)) {
+    // Finishes an abort deferred behind an unpublished split child. TryLock:
+    // an aborting thread holds the lock only briefly and finishes itself.
+    if (issue_mu_.TryLock()) {
+      if (comm_ != nullptr && unpublished_split_ != nullptr) AbortLocked();
+      issue_mu_.Unlock();
+    }
+    return;
+  }
   absl::Status reason;
   std::string oldest = "no op";
   {
@@ -333,9 +367,10 @@ void GroupCore::WatchdogTick(absl::Time now) {
   if (reason.ok() && issue_mu_.TryLock()) {
     if (comm_ != nullptr) {
       ncclResult_t state = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess &&
+      if (api_.CommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess &&
           state != ncclInProgress) {
-        reason = NcclError(absl::StrCat(what_, ": asynchronous NCCL error while ", oldest,
+        reason = NcclError(api_,
+                           absl::StrCat(what_, ": asynchronous NCCL error while ", oldest,
                                         " was pending; the group was aborted"),
                            state, comm_);
       }
@@ -346,22 +381,34 @@ void GroupCore::WatchdogTick(absl::Time now) {
 }
 
 void GroupCore::Close(absl::Duration destroy_timeout) {
-  DeviceGuard guard(params_.device);
+  DeviceGuard guard(api_, params_.device);
   absl::MutexLock lock(&issue_mu_);
   if (closed_) return;
   closed_ = true;
-  if (comm_ != nullptr) {
+  if (comm_ != nullptr && unpublished_split_ != nullptr) {
+    // An abort deferred behind a split child: give NCCL the destroy timeout
+    // to publish it, asking the parent's state meanwhile so that NCCL can
+    // finish the split's group job.
+    const absl::Time deadline = absl::Now() + destroy_timeout;
+    while (LoadPublished(unpublished_split_) == nullptr && absl::Now() < deadline) {
+      ncclResult_t state = ncclSuccess;
+      api_.CommGetAsyncError(comm_, &state);
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    AbortLocked();
+    if (comm_ != nullptr) AbandonCommLocked();  // Never published.
+  } else if (comm_ != nullptr) {
     absl::Status drained;
-    const ncclResult_t r = ncclCommFinalize(comm_);
+    const ncclResult_t r = api_.CommFinalize(comm_);
     if (r == ncclInProgress) {
-      drained = AwaitComm(comm_, absl::StrCat("finalizing ", what_), absl::Now() + destroy_timeout,
-                          [this] { return Cancelled(); });
+      drained = AwaitComm(api_, comm_, absl::StrCat("finalizing ", what_),
+                          absl::Now() + destroy_timeout, [this] { return Cancelled(); });
     } else if (r != ncclSuccess) {
-      drained = NcclError(absl::StrCat("finalizing ", what_), r, comm_);
+      drained = NcclError(api_, absl::StrCat("finalizing ", what_), r, comm_);
     }
     if (drained.ok()) {
       // Local and non-blocking once finalized.
-      ncclCommDestroy(comm_);
+      api_.CommDestroy(comm_);
       comm_ = nullptr;
     } else {
       SetAbortReason(WithPrefix(
@@ -373,9 +420,9 @@ void GroupCore::Close(absl::Duration destroy_timeout) {
   // After a finalize every issued op has completed, and after an abort every
   // pending op has failed; either way the stream has nothing left that a
   // Work could still need, and a Work's event lives in the pool, not here.
-  if (ready_ != nullptr) cudaEventDestroy(ready_);
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  if (scratch_ != nullptr) cudaFree(scratch_);
+  if (ready_ != nullptr) api_.EventDestroy(ready_);
+  if (stream_ != nullptr) api_.StreamDestroy(stream_);
+  if (scratch_ != nullptr) api_.Free(scratch_);
   ready_ = nullptr;
   stream_ = nullptr;
   scratch_ = nullptr;
@@ -389,11 +436,12 @@ absl::Status NcclWork::Wait(absl::Duration timeout) {
   (void)timeout;
   if (std::optional<absl::Status> known = op_->result(); known.has_value()) return *known;
   const int device = core_->params().device;
-  DeviceGuard guard(device);  // "Stream 0" means the current device's.
+  DeviceGuard guard(core_->api(), device);  // "Stream 0" means the current device's.
   if (!guard.status().ok()) return guard.status();
   cudaStream_t current = static_cast<cudaStream_t>(CurrentCudaStream(Device::Cuda(device)));
-  if (cudaError_t err = cudaStreamWaitEvent(current, op_->done(), 0); err != cudaSuccess) {
-    return CudaError(absl::StrCat("making the current stream wait for ", op_->description(), " of ",
+  if (cudaError_t err = core_->api().StreamWaitEvent(current, op_->done(), 0); err != cudaSuccess) {
+    return CudaError(core_->api(),
+                     absl::StrCat("making the current stream wait for ", op_->description(), " of ",
                                   core_->what()),
                      err);
   }
@@ -420,14 +468,14 @@ void NcclWork::Abort(absl::Status reason) {
 
 // ---- NcclGroup -------------------------------------------------------------
 
-absl::StatusOr<std::shared_ptr<NcclGroup>> NcclGroup::Create(GroupCore::Params params,
+absl::StatusOr<std::shared_ptr<NcclGroup>> NcclGroup::Create(NcclApi& api, GroupCore::Params params,
                                                              std::vector<int> global_ranks,
                                                              ncclComm_t comm,
                                                              std::shared_ptr<Watchdog> watchdog,
                                                              absl::Duration destroy_timeout) {
   MESH_CHECK(comm != nullptr, "NcclGroup::Create needs a communicator");
   const std::string what = absl::StrCat("creating the stream of NCCL group '", params.name, "'");
-  DeviceGuard guard(params.device);
+  DeviceGuard guard(api, params.device);
   cudaStream_t stream = nullptr;
   cudaEvent_t ready = nullptr;
   void* scratch = nullptr;
@@ -435,34 +483,34 @@ absl::StatusOr<std::shared_ptr<NcclGroup>> NcclGroup::Create(GroupCore::Params p
   // Non-blocking: the legacy default stream must not serialize with NCCL's
   // kernels behind the caller's back; ordering is explicit (events).
   if (status.ok()) {
-    if (cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (cudaError_t err = api.StreamCreateWithFlags(&stream, cudaStreamNonBlocking);
         err != cudaSuccess) {
-      status = CudaError("cudaStreamCreateWithFlags", err);
+      status = CudaError(api, "cudaStreamCreateWithFlags", err);
     }
   }
   if (status.ok()) {
-    if (cudaError_t err = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+    if (cudaError_t err = api.EventCreateWithFlags(&ready, cudaEventDisableTiming);
         err != cudaSuccess) {
-      status = CudaError("cudaEventCreateWithFlags", err);
+      status = CudaError(api, "cudaEventCreateWithFlags", err);
     }
   }
   if (status.ok()) {
-    if (cudaError_t err = cudaMalloc(&scratch, sizeof(float)); err != cudaSuccess) {
-      status = CudaError("cudaMalloc of the barrier buffer", err);
-    } else if (cudaError_t err2 = cudaMemset(scratch, 0, sizeof(float)); err2 != cudaSuccess) {
+    if (cudaError_t err = api.Malloc(&scratch, sizeof(float)); err != cudaSuccess) {
+      status = CudaError(api, "cudaMalloc of the barrier buffer", err);
+    } else if (cudaError_t err2 = api.Memset(scratch, 0, sizeof(float)); err2 != cudaSuccess) {
       // Nobody looks at the barrier's sum, but NCCL reads the buffer, so it
       // should hold a defined value.
-      status = CudaError("cudaMemset of the barrier buffer", err2);
+      status = CudaError(api, "cudaMemset of the barrier buffer", err2);
     }
   }
   if (!status.ok()) {
-    if (scratch != nullptr) cudaFree(scratch);
-    if (ready != nullptr) cudaEventDestroy(ready);
-    if (stream != nullptr) cudaStreamDestroy(stream);
-    ncclCommAbort(comm);
+    if (scratch != nullptr) api.Free(scratch);
+    if (ready != nullptr) api.EventDestroy(ready);
+    if (stream != nullptr) api.StreamDestroy(stream);
+    api.CommAbort(comm);
     return WithPrefix(what, status);
   }
-  auto core = std::make_shared<GroupCore>(params, comm, stream, ready, scratch);
+  auto core = std::make_shared<GroupCore>(api, params, comm, stream, ready, scratch);
   watchdog->Watch(core);
   return std::shared_ptr<NcclGroup>(new NcclGroup(params, std::move(global_ranks), std::move(core),
                                                   std::move(watchdog), destroy_timeout));
@@ -504,7 +552,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllReduce(Tensor tensor, Reduce
         // Zero elements on every member (they agree on numel): nothing to
         // do, and NCCL need not see a possibly-null pointer.
         if (count == 0) return ncclSuccess;
-        return ncclAllReduce(data, data, count, type, red, comm, stream);
+        return core_->api().AllReduce(data, data, count, type, red, comm, stream);
       });
 }
 
@@ -533,7 +581,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::LaunchReduction(
         // Zero elements on every member (they agree on numel): nothing to
         // do, and NCCL need not see a possibly-null pointer.
         if (count == 0) return ncclSuccess;
-        return call(send, recv, count, type, red, comm, stream);
+        return (core_->api().*call)(send, recv, count, type, red, comm, stream);
       });
 }
 
@@ -542,7 +590,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllReduce(Tensor input, Tensor 
   return LaunchReduction(
       "all_reduce", input, output, op,
       [&](const GroupView& view) { return CheckAllReduceBuffers(view, input, output); },
-      &ncclAllReduce);
+      &NcclApi::AllReduce);
 }
 
 absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Broadcast(Tensor tensor, int root) {
@@ -559,7 +607,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Broadcast(Tensor tensor, int ro
       kOp, [&] { return absl::StrCat(Describe(tensor), ", root ", root); },
       [&](ncclComm_t comm, cudaStream_t stream) {
         if (count == 0) return ncclSuccess;
-        return ncclBroadcast(data, data, count, type, root, comm, stream);
+        return core_->api().Broadcast(data, data, count, type, root, comm, stream);
       });
 }
 
@@ -579,7 +627,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Reduce(Tensor tensor, int root,
       [&](ncclComm_t comm, cudaStream_t stream) {
         if (count == 0) return ncclSuccess;
         // In place: recvbuff only matters on the root.
-        return ncclReduce(data, data, count, type, red, root, comm, stream);
+        return core_->api().Reduce(data, data, count, type, red, root, comm, stream);
       });
 }
 
@@ -599,7 +647,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllGather(Tensor input, Tensor 
       kOp, [&] { return absl::StrCat(Describe(input), " -> ", Describe(output)); },
       [&](ncclComm_t comm, cudaStream_t stream) {
         if (count == 0) return ncclSuccess;
-        return ncclAllGather(send, recv, count, type, comm, stream);
+        return core_->api().AllGather(send, recv, count, type, comm, stream);
       });
 }
 
@@ -608,7 +656,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::ReduceScatter(Tensor input, Ten
   return LaunchReduction(
       "reduce_scatter", input, output, op,
       [&](const GroupView& view) { return CheckReduceScatterSizes(view, input, output); },
-      &ncclReduceScatter);
+      &NcclApi::ReduceScatter);
 }
 
 absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllToAll(Tensor input, Tensor output,
@@ -639,26 +687,26 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllToAll(Tensor input, Tensor o
         // deadlocking on the first blocking send. Zero-sized chunks are
         // skipped on both sides alike (sender's input split j equals the
         // receiver's output split i), as c10d does.
-        ncclResult_t first_error = ncclGroupStart();
+        ncclResult_t first_error = core_->api().GroupStart();
         if (first_error != ncclSuccess) return first_error;
         for (int peer = 0; peer < view.size; ++peer) {
           const size_t send_count = static_cast<size_t>(plan->send_counts[peer]);
           const size_t recv_count = static_cast<size_t>(plan->recv_counts[peer]);
           if (send_count > 0) {
             const ncclResult_t r =
-                ncclSend(send + static_cast<size_t>(plan->send_offsets[peer]) * element, send_count,
-                         type, peer, comm, stream);
+                core_->api().Send(send + static_cast<size_t>(plan->send_offsets[peer]) * element,
+                                  send_count, type, peer, comm, stream);
             if (r != ncclSuccess && first_error == ncclSuccess) first_error = r;
           }
           if (recv_count > 0) {
             const ncclResult_t r =
-                ncclRecv(recv + static_cast<size_t>(plan->recv_offsets[peer]) * element, recv_count,
-                         type, peer, comm, stream);
+                core_->api().Recv(recv + static_cast<size_t>(plan->recv_offsets[peer]) * element,
+                                  recv_count, type, peer, comm, stream);
             if (r != ncclSuccess && first_error == ncclSuccess) first_error = r;
           }
         }
         // Always end the group: it also discards a group whose calls failed.
-        const ncclResult_t end = ncclGroupEnd();
+        const ncclResult_t end = core_->api().GroupEnd();
         return first_error != ncclSuccess ? first_error : end;
       });
 }
@@ -677,7 +725,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Send(Tensor tensor, int peer, i
       kOp, [&] { return absl::StrCat(Describe(tensor), " to ", peer, ", tag ", tag); },
       [&](ncclComm_t comm, cudaStream_t stream) {
         if (count == 0) return ncclSuccess;
-        return ncclSend(data, count, type, peer, comm, stream);
+        return core_->api().Send(data, count, type, peer, comm, stream);
       });
 }
 
@@ -695,7 +743,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Recv(Tensor tensor, int peer, i
       kOp, [&] { return absl::StrCat(Describe(tensor), " from ", peer, ", tag ", tag); },
       [&](ncclComm_t comm, cudaStream_t stream) {
         if (count == 0) return ncclSuccess;
-        return ncclRecv(data, count, type, peer, comm, stream);
+        return core_->api().Recv(data, count, type, peer, comm, stream);
       });
 }
 
@@ -703,8 +751,8 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Barrier() {
   void* scratch = core_->scratch();
   return core_->Launch(
       "barrier", [] { return std::string("1-element all_reduce"); },
-      [scratch](ncclComm_t comm, cudaStream_t stream) {
-        return ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm, stream);
+      [this, scratch](ncclComm_t comm, cudaStream_t stream) {
+        return core_->api().AllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm, stream);
       });
 }
 

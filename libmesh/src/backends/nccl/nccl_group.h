@@ -18,6 +18,26 @@
 //
 // Lock order: GroupCore::issue_mu_ → GroupCore::ops_mu_ → PendingOp::mu_;
 // GroupCore::state_mu_ and EventPool::mu_ are leaves.
+//
+// Every NCCL and CUDA call goes through the NcclApi the group was made with
+// (backends/nccl/nccl_api.h), which must outlive it.
+//
+// A group's communicator, from the core's point of view:
+//
+//   LIVE ──Abort / watchdog / failed issue or split──▶ ABORTING ──▶ RELEASED
+//    │                                                   │   ncclCommAbort once no
+//    │                                                   │   split child of it is
+//    │                                                   │   still unpublished
+//    └──Close: ncclCommFinalize, ncclCommDestroy ────────┴──────────▶ RELEASED
+//
+// A split that fails before NCCL has published the child (deadline,
+// cancellation, a parent error; see AwaitSplit) leaves NCCL's split job
+// running on the parent and writing to the child slot later. The core then
+// keeps the slot, fails the group's ops at once, and defers the parent's
+// ncclCommAbort until the slot is written: the watchdog (or Close, within its
+// destroy timeout) aborts the late child first, then the parent, then frees
+// the slot. If NCCL never publishes, both stay allocated for the life of
+// the process rather than being released under a possible writer.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,6 +58,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "backends/nccl/nccl_api.h"
 #include "backends/nccl/nccl_checks.h"
 #include "mesh/process_group_nccl.h"
 
@@ -51,7 +72,7 @@ class Watchdog;
 // last PendingOp holding the pool is gone, so every event is back by then.
 class EventPool {
  public:
-  explicit EventPool(int device) : device_(device) {}
+  EventPool(NcclApi& api, int device) : api_(api), device_(device) {}
   ~EventPool();
   EventPool(const EventPool&) = delete;
   EventPool& operator=(const EventPool&) = delete;
@@ -60,7 +81,10 @@ class EventPool {
   absl::StatusOr<cudaEvent_t> Acquire();
   void Release(cudaEvent_t event);
 
+  NcclApi& api() const { return api_; }
+
  private:
+  NcclApi& api_;
   const int device_;
   absl::Mutex mu_;
   std::vector<cudaEvent_t> free_ ABSL_GUARDED_BY(mu_);
@@ -112,12 +136,15 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
     NcclCaps caps;
   };
 
-  // Takes ownership of every handle; Close() releases them.
-  GroupCore(Params params, ncclComm_t comm, cudaStream_t stream, cudaEvent_t ready, void* scratch);
+  // Takes ownership of every handle; Close() releases them. `api` must
+  // outlive the core.
+  GroupCore(NcclApi& api, Params params, ncclComm_t comm, cudaStream_t stream, cudaEvent_t ready,
+            void* scratch);
   // Makes no blocking call; Close() must have run (NcclGroup guarantees it).
   ~GroupCore();
 
   const Params& params() const { return params_; }
+  NcclApi& api() const { return api_; }
   cudaStream_t stream() const { return stream_; }
   // 4 device bytes the barrier all-reduces.
   void* scratch() const { return scratch_; }
@@ -137,9 +164,12 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
       absl::FunctionRef<ncclResult_t(ncclComm_t, cudaStream_t)> enqueue);
 
   // ncclCommSplit of this group's communicator (a collective over all its
-  // members) with `color` and `key`; waits for the child to come up. A
-  // failure of the split itself leaves this communicator unusable (NCCL
-  // records it as its asynchronous error), so it aborts this group too.
+  // members) with `color` and `key`; waits (AwaitSplit) until NCCL has
+  // published the child and both communicators are ready. A failure of the
+  // split leaves this communicator unusable (NCCL records it as its
+  // asynchronous error, and peers may have finished the collective), so it
+  // aborts this group too, deferring ncclCommAbort while the child is
+  // unpublished (see the file comment). Blocks Abort() for at most one poll.
   // `child_name` is a PersistentName (NCCL keeps the pointer).
   // Possible errors: DEADLINE_EXCEEDED, NCCL's errors, `cancelled()`'s
   // status, this group's abort reason, FAILED_PRECONDITION when NCCL has no
@@ -155,13 +185,16 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
 
   // One watchdog pass: retires completed ops, aborts the group when the
   // oldest pending op is older than options.timeout or the communicator
-  // reports an asynchronous error.
+  // reports an asynchronous error, and finishes a deferred abort once the
+  // split child it waited for is published. Never blocks on issue_mu_.
   void WatchdogTick(absl::Time now);
 
   // Finalizes the communicator (waiting up to `destroy_timeout` for issued
   // ops to drain), destroys it, or aborts it when draining fails; then frees
   // the stream, the ready event and the scratch buffer. Ops still pending
-  // after an abort fail. Blocking; called once, by ~NcclGroup or a failed
+  // after an abort fail. A deferred abort waits up to `destroy_timeout` for
+  // the split child to be published, and otherwise leaves the communicator
+  // and the slot allocated. Blocking; called once, by ~NcclGroup or a failed
   // creation.
   void Close(absl::Duration destroy_timeout);
 
@@ -169,14 +202,22 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   // Records `reason` as the abort reason unless one is recorded.
   void SetAbortReason(absl::Status reason) ABSL_LOCKS_EXCLUDED(state_mu_);
   // Fails pending ops with the abort reason (those already complete
-  // succeed), then ncclCommAbort. The reason must be set.
+  // succeed), then ReleaseCommLocked. The reason must be set.
   void AbortLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(issue_mu_);
+  // ncclCommAbort of the communicator, unless a split child of it is still
+  // unpublished: then nothing, and a later call finishes it. Once the child
+  // is published, aborts it first and frees its slot.
+  void ReleaseCommLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(issue_mu_);
+  // Gives up on a communicator whose abort is still deferred: it and the
+  // split slot are left allocated, never released under a possible writer.
+  void AbandonCommLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(issue_mu_);
   // Drops completed ops from the front of the queue.
   void RetireCompletedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
   // The abort reason while aborting, else OK; the cancellation test of
   // every poll this group makes.
   absl::Status Cancelled() const;
 
+  NcclApi& api_;
   const Params params_;
   const std::string what_;
   cudaStream_t stream_;
@@ -193,6 +234,9 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   absl::Mutex issue_mu_;
   ncclComm_t comm_ ABSL_GUARDED_BY(issue_mu_);
   bool closed_ ABSL_GUARDED_BY(issue_mu_) = false;
+  // The slot of a split that failed before NCCL published its child; NCCL's
+  // split job still owns it. Null when there is none.
+  ncclComm_t* unpublished_split_ ABSL_GUARDED_BY(issue_mu_) = nullptr;
   uint64_t next_seq_ ABSL_GUARDED_BY(issue_mu_) = 0;
 
   // Issued ops not yet known complete, oldest first. Ops of one stream
@@ -228,8 +272,9 @@ class NcclGroup final : public ProcessGroupNccl {
  public:
   // Wraps an initialized communicator: creates the group's stream, ready
   // event and scratch buffer on params.device and registers the core with
-  // `watchdog`. On failure the communicator is aborted.
-  static absl::StatusOr<std::shared_ptr<NcclGroup>> Create(GroupCore::Params params,
+  // `watchdog`. On failure the communicator is aborted. `api` must outlive
+  // the group.
+  static absl::StatusOr<std::shared_ptr<NcclGroup>> Create(NcclApi& api, GroupCore::Params params,
                                                            std::vector<int> global_ranks,
                                                            ncclComm_t comm,
                                                            std::shared_ptr<Watchdog> watchdog,
@@ -265,8 +310,8 @@ class NcclGroup final : public ProcessGroupNccl {
   // reduce_scatter): the tensor, dtype and reduction checks plus `sizes`
   // (the op's element-count rule), then `call(send, recv, count, type, red,
   // comm, stream)` with count = output's elements, through Launch.
-  using ReductionCall = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
-                                         ncclComm_t, cudaStream_t);
+  using ReductionCall = ncclResult_t (NcclApi::*)(const void*, void*, size_t, ncclDataType_t,
+                                                  ncclRedOp_t, ncclComm_t, cudaStream_t);
   absl::StatusOr<WorkPtr> LaunchReduction(absl::string_view op, const Tensor& input,
                                           const Tensor& output, ReduceOp reduce_op,
                                           absl::FunctionRef<absl::Status(const GroupView&)> sizes,

@@ -17,11 +17,12 @@ NcclCaps BuiltCaps() {
   return caps;
 }
 
-bool SplitAvailable() {
+bool SplitAvailable(NcclApi& api) {
 #if MESH_NCCL_HAS_SPLIT
   int version = 0;
-  return ncclGetVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 18, 0);
+  return api.GetVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 18, 0);
 #else
+  (void)api;
   return false;
 #endif
 }
@@ -96,35 +97,35 @@ absl::StatusCode CodeForNcclResult(ncclResult_t result) {
   }
 }
 
-absl::Status NcclError(absl::string_view what, ncclResult_t result, ncclComm_t comm,
+absl::Status NcclError(NcclApi& api, absl::string_view what, ncclResult_t result, ncclComm_t comm,
                        absl::StatusCode internal_as) {
-  const char* last = ncclGetLastError(comm);
+  const char* last = api.GetLastError(comm);
   absl::StatusCode code = CodeForNcclResult(result);
   if (code == absl::StatusCode::kInternal) code = internal_as;
   return absl::Status(
       code,
       absl::StrCat(
-          what, ": NCCL error ", static_cast<int>(result), ": ", ncclGetErrorString(result),
+          what, ": NCCL error ", static_cast<int>(result), ": ", api.GetErrorString(result),
           last != nullptr && last[0] != '\0' ? absl::StrCat(" (", last, ")") : std::string()));
 }
 
-absl::Status CudaError(absl::string_view what, cudaError_t err) {
-  cudaGetLastError();  // Non-sticky errors would otherwise resurface in later calls.
+absl::Status CudaError(NcclApi& api, absl::string_view what, cudaError_t err) {
+  api.GetLastCudaError();  // Non-sticky errors would otherwise resurface in later calls.
   const std::string message =
-      absl::StrCat(what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+      absl::StrCat(what, ": ", api.GetCudaErrorName(err), ": ", api.GetCudaErrorString(err));
   if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
   return absl::InternalError(message);
 }
 
-DeviceGuard::DeviceGuard(int device) {
-  if (cudaError_t err = cudaGetDevice(&previous_); err != cudaSuccess) {
-    status_ = CudaError("cudaGetDevice", err);
+DeviceGuard::DeviceGuard(NcclApi& api, int device) : api_(api) {
+  if (cudaError_t err = api_.GetDevice(&previous_); err != cudaSuccess) {
+    status_ = CudaError(api_, "cudaGetDevice", err);
     previous_ = -1;
     return;
   }
   if (previous_ == device) return;
-  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
-    status_ = CudaError(absl::StrCat("cudaSetDevice(", device, ")"), err);
+  if (cudaError_t err = api_.SetDevice(device); err != cudaSuccess) {
+    status_ = CudaError(api_, absl::StrCat("cudaSetDevice(", device, ")"), err);
     previous_ = -1;  // Nothing to restore.
   }
 }
@@ -132,22 +133,41 @@ DeviceGuard::DeviceGuard(int device) {
 DeviceGuard::~DeviceGuard() {
   if (previous_ < 0) return;
   int current = -1;
-  if (cudaGetDevice(&current) == cudaSuccess && current != previous_) cudaSetDevice(previous_);
+  if (api_.GetDevice(&current) == cudaSuccess && current != previous_) api_.SetDevice(previous_);
 }
 
-absl::Status AwaitComm(ncclComm_t comm, absl::string_view what, absl::Time deadline,
+namespace {
+
+// Spin briefly (a lazy connection or a small init often finishes within
+// microseconds), then back off to sleeps of up to 1 ms: inits take up to
+// seconds, and a 2-core machine has no cycles to burn.
+class Backoff {
+ public:
+  void Pause() {
+    if (polls_++ < 64) {
+      std::this_thread::yield();
+      return;
+    }
+    absl::SleepFor(sleep_);
+    sleep_ = std::min(sleep_ * 2, absl::Milliseconds(1));
+  }
+
+ private:
+  int polls_ = 0;
+  absl::Duration sleep_ = absl::Microseconds(10);
+};
+
+}  // namespace
+
+absl::Status AwaitComm(NcclApi& api, ncclComm_t comm, absl::string_view what, absl::Time deadline,
                        absl::FunctionRef<absl::Status()> cancelled, absl::StatusCode internal_as) {
-  // Spin briefly (a lazy connection or a small init often finishes within
-  // microseconds), then back off to sleeps of up to 1 ms: inits take up to
-  // seconds, and a 2-core machine has no cycles to burn.
-  absl::Duration sleep = absl::Microseconds(10);
-  for (int polls = 0;; ++polls) {
+  for (Backoff backoff;; backoff.Pause()) {
     ncclResult_t state = ncclSuccess;
-    if (ncclResult_t r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess) {
-      return NcclError(absl::StrCat(what, ": ncclCommGetAsyncError"), r, comm, internal_as);
+    if (ncclResult_t r = api.CommGetAsyncError(comm, &state); r != ncclSuccess) {
+      return NcclError(api, absl::StrCat(what, ": ncclCommGetAsyncError"), r, comm, internal_as);
     }
     if (state == ncclSuccess) return absl::OkStatus();
-    if (state != ncclInProgress) return NcclError(what, state, comm, internal_as);
+    if (state != ncclInProgress) return NcclError(api, what, state, comm, internal_as);
     if (absl::Status s = cancelled(); !s.ok()) return s;
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
@@ -155,11 +175,58 @@ absl::Status AwaitComm(ncclComm_t comm, absl::string_view what, absl::Time deadl
                        ": NCCL did not finish before the deadline (peers missing or "
                        "stuck?)"));
     }
-    if (polls < 64) {
-      std::this_thread::yield();
-    } else {
-      absl::SleepFor(sleep);
-      sleep = std::min(sleep * 2, absl::Milliseconds(1));
+  }
+}
+
+SplitWait AwaitSplit(NcclApi& api, ncclComm_t parent, ncclComm_t* slot, absl::string_view what,
+                     absl::Time deadline, absl::FunctionRef<absl::Status()> cancelled,
+                     absl::StatusCode internal_as) {
+  SplitWait wait;
+  for (Backoff backoff;; backoff.Pause()) {
+    // The parent first: asking it is what lets NCCL finish the split's group
+    // job, and its error (a peer or the network failed) ends the wait.
+    ncclResult_t parent_state = ncclSuccess;
+    if (ncclResult_t r = api.CommGetAsyncError(parent, &parent_state); r != ncclSuccess) {
+      wait.child = LoadPublished(slot);
+      wait.status = NcclError(api, absl::StrCat(what, ": ncclCommGetAsyncError of the parent"), r,
+                              parent, internal_as);
+      return wait;
+    }
+    wait.child = LoadPublished(slot);
+    if (parent_state != ncclSuccess && parent_state != ncclInProgress) {
+      wait.status = NcclError(api, absl::StrCat(what, ": the parent communicator failed"),
+                              parent_state, parent, internal_as);
+      return wait;
+    }
+    if (wait.child != nullptr) {
+      ncclResult_t child_state = ncclSuccess;
+      if (ncclResult_t r = api.CommGetAsyncError(wait.child, &child_state); r != ncclSuccess) {
+        wait.status = NcclError(api, absl::StrCat(what, ": ncclCommGetAsyncError of the child"), r,
+                                wait.child, internal_as);
+        return wait;
+      }
+      if (child_state != ncclSuccess && child_state != ncclInProgress) {
+        wait.status = NcclError(api, absl::StrCat(what, ": the new communicator failed to come up"),
+                                child_state, wait.child, internal_as);
+        return wait;
+      }
+      // Both must be out of ncclInProgress: the child before its first use,
+      // the parent before its next call.
+      if (child_state == ncclSuccess && parent_state == ncclSuccess) {
+        wait.status = absl::OkStatus();
+        return wait;
+      }
+    }
+    if (absl::Status s = cancelled(); !s.ok()) {
+      wait.status = s;
+      return wait;
+    }
+    if (absl::Now() >= deadline) {
+      wait.status = absl::DeadlineExceededError(absl::StrCat(
+          what, ": NCCL did not finish before the deadline (peers missing or stuck?); ",
+          wait.child == nullptr ? "the new communicator had not been created yet"
+                                : "the new communicator was still initializing"));
+      return wait;
     }
   }
 }
@@ -183,32 +250,35 @@ const char* PersistentName(absl::string_view name) {
   return names->emplace(name).first->c_str();  // Node-based: the string never moves.
 }
 
-absl::StatusOr<ncclComm_t> InitComm(const ncclUniqueId& id, int nranks, int rank, int device,
-                                    const char* name, absl::string_view what, absl::Time deadline,
+absl::StatusOr<ncclComm_t> InitComm(NcclApi& api, const ncclUniqueId& id, int nranks, int rank,
+                                    int device, const char* name, absl::string_view what,
+                                    absl::Time deadline,
                                     absl::FunctionRef<absl::Status()> cancelled) {
-  DeviceGuard guard(device);  // NCCL binds the communicator to the current device.
+  DeviceGuard guard(api, device);  // NCCL binds the communicator to the current device.
   if (!guard.status().ok()) {
     return absl::Status(guard.status().code(), absl::StrCat("creating NCCL communicator for ", what,
                                                             ": ", guard.status().message()));
   }
   ncclConfig_t config = NonBlockingConfig(name);
   ncclComm_t comm = nullptr;
-  const ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
+  const ncclResult_t r = api.CommInitRankConfig(&comm, nranks, id, rank, &config);
   absl::Status status;
   if (r == ncclInProgress || r == ncclSuccess) {
     if (comm == nullptr) {
       return absl::InternalError(
           absl::StrCat("ncclCommInitRankConfig for ", what, " returned no communicator"));
     }
-    status = AwaitComm(comm, absl::StrCat("creating NCCL communicator for ", what), deadline,
+    status = AwaitComm(api, comm, absl::StrCat("creating NCCL communicator for ", what), deadline,
                        cancelled, absl::StatusCode::kUnavailable);
   } else {
-    status = NcclError(absl::StrCat("ncclCommInitRankConfig for ", what), r, comm,
+    status = NcclError(api, absl::StrCat("ncclCommInitRankConfig for ", what), r, comm,
                        absl::StatusCode::kUnavailable);
   }
   if (!status.ok()) {
-    // Abort also joins NCCL's init thread, so nothing writes to `comm` later.
-    if (comm != nullptr) ncclCommAbort(comm);
+    // Unlike a split, an init publishes its communicator before returning,
+    // and aborting it is NCCL's way to cancel the init: ncclCommAbort joins
+    // the init job, so nothing writes to `comm` later.
+    if (comm != nullptr) api.CommAbort(comm);
     return status;
   }
   return comm;

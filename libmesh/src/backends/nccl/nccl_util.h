@@ -1,6 +1,8 @@
 // NCCL and CUDA plumbing shared by the NCCL backend: type mapping, error
 // conversion, the device guard, and polling of non-blocking communicators.
-// Private to libmesh; compiled only when MESH_HAVE_NCCL.
+// Private to libmesh; compiled only when MESH_HAVE_NCCL. Every library call
+// goes through an NcclApi (backends/nccl/nccl_api.h), so the polling logic
+// here runs against a scripted fake in the CPU tests.
 //
 // Non-blocking communicators (ncclConfig_t::blocking = 0) may answer any
 // call with ncclInProgress. NCCL then requires polling ncclCommGetAsyncError
@@ -10,6 +12,14 @@
 // that poll; every caller finishes it (or aborts the communicator) before
 // returning.
 //
+// A split is different (AwaitSplit): NCCL's split job creates the child
+// communicator and stores it into the caller's `newcomm` slot from its own
+// thread, at the very end of the child's initialization. Until the slot is
+// written the child's init is in flight, and the parent's state alone does
+// not say when that happens (NCCL 2.28 was seen reporting the parent done
+// while the slot was still empty). So the slot may be neither freed nor read
+// as final, nor the parent aborted, before NCCL has written it.
+//
 // Thread safety: all functions are thread-safe for distinct communicators;
 // callers serialize calls on one communicator.
 #pragma once
@@ -17,11 +27,14 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
+
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "backends/nccl/nccl_api.h"
 #include "backends/nccl/nccl_checks.h"
 #include "mesh/dtype.h"
 #include "mesh/process_group.h"
@@ -46,7 +59,7 @@ NcclCaps BuiltCaps();
 // least 2.18 (a library older than the headers would fail to load anyway,
 // since libmesh links the symbol; the runtime check guards against
 // ncclGetVersion reporting otherwise).
-bool SplitAvailable();
+bool SplitAvailable(NcclApi& api);
 
 // bool travels as uint8. The dtype must have passed CheckTensor (bfloat16
 // needs caps.bfloat16): anything else is a programmer error (checked).
@@ -65,20 +78,20 @@ absl::StatusCode CodeForNcclResult(ncclResult_t result);
 // `comm` may be null. Creating a communicator passes UNAVAILABLE: arguments
 // were checked beforehand, so what fails there is the environment (network,
 // peers, devices), and retrying the job may help.
-absl::Status NcclError(absl::string_view what, ncclResult_t result, ncclComm_t comm,
+absl::Status NcclError(NcclApi& api, absl::string_view what, ncclResult_t result, ncclComm_t comm,
                        absl::StatusCode internal_as = absl::StatusCode::kInternal);
 
 // "<what>: <cudaGetErrorName>: <cudaGetErrorString>", INTERNAL (or
 // RESOURCE_EXHAUSTED for an allocation failure). Clears the runtime's
 // last-error slot so later calls do not see it again.
-absl::Status CudaError(absl::string_view what, cudaError_t err);
+absl::Status CudaError(NcclApi& api, absl::string_view what, cudaError_t err);
 
 // Makes `device` current for the calling thread and restores the previous
 // device on destruction; cudaSetDevice is only called when they differ, so
 // the common case costs one cudaGetDevice.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device);
+  DeviceGuard(NcclApi& api, int device);
   ~DeviceGuard();
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
@@ -87,6 +100,7 @@ class DeviceGuard {
   const absl::Status& status() const { return status_; }
 
  private:
+  NcclApi& api_;
   int previous_ = -1;
   absl::Status status_;
 };
@@ -97,7 +111,7 @@ class DeviceGuard {
 // `deadline` passes; or the non-OK status `cancelled()` returns (it is asked
 // between polls). The communicator is left as it is in every case: the
 // caller aborts it.
-absl::Status AwaitComm(ncclComm_t comm, absl::string_view what, absl::Time deadline,
+absl::Status AwaitComm(NcclApi& api, ncclComm_t comm, absl::string_view what, absl::Time deadline,
                        absl::FunctionRef<absl::Status()> cancelled,
                        absl::StatusCode internal_as = absl::StatusCode::kInternal);
 
@@ -112,14 +126,47 @@ ncclConfig_t NonBlockingConfig(const char* name);
 const char* PersistentName(absl::string_view name);
 
 // Creates a communicator with ncclCommInitRankConfig (non-blocking) on
-// `device` and waits for it to come up. `name` is a PersistentName. `what` names it in errors, e.g.
-// "group 'world' (rank 3 of 8, cuda:1)". On any failure the half-made
-// communicator is aborted.
+// `device` and waits for it to come up. `name` is a PersistentName. `what`
+// names it in errors, e.g. "group 'world' (rank 3 of 8, cuda:1)". On any
+// failure the half-made communicator is aborted; ncclCommAbort joins NCCL's
+// init job, so nothing writes to the communicator slot afterwards.
 // Possible errors: DEADLINE_EXCEEDED (peers did not arrive by `deadline`),
 // UNAVAILABLE/INTERNAL (NCCL failed), the cancellation status, INTERNAL for
 // a CUDA error.
-absl::StatusOr<ncclComm_t> InitComm(const ncclUniqueId& id, int nranks, int rank, int device,
-                                    const char* name, absl::string_view what, absl::Time deadline,
+absl::StatusOr<ncclComm_t> InitComm(NcclApi& api, const ncclUniqueId& id, int nranks, int rank,
+                                    int device, const char* name, absl::string_view what,
+                                    absl::Time deadline,
                                     absl::FunctionRef<absl::Status()> cancelled);
+
+// Reads a `newcomm` slot NCCL's split job may be writing concurrently.
+inline ncclComm_t LoadPublished(ncclComm_t* slot) {
+  return std::atomic_ref<ncclComm_t>(*slot).load(std::memory_order_acquire);
+}
+
+// What waiting for a non-blocking ncclCommSplit found.
+struct SplitWait {
+  // OK once the child is up and the parent is ready for its next call;
+  // else why not.
+  absl::Status status;
+  // The slot's content when the wait ended: null while NCCL's split job has
+  // not published the child (its init may still be running; see the file
+  // comment), else the child, which on failure must be aborted.
+  ncclComm_t child = nullptr;
+};
+
+// Polls after ncclCommSplit(parent, ..., slot, non-blocking config) answered
+// ncclSuccess or ncclInProgress, until the child is published in `slot` and
+// both its state and the parent's have left ncclInProgress. Each pass asks
+// the parent's state (this also lets NCCL complete the split's group job),
+// then reads the slot. Fails with the parent's error when the parent reports
+// one, the child's error once published, DEADLINE_EXCEEDED (naming whether
+// the child had been published) when `deadline` passes, or `cancelled()`'s
+// status. A null SplitWait::child with a failure means NCCL may still write
+// the slot: the caller must keep it alive and must not abort the parent
+// until it has been written. Error codes: `internal_as` for NCCL's internal
+// errors, as NcclError.
+SplitWait AwaitSplit(NcclApi& api, ncclComm_t parent, ncclComm_t* slot, absl::string_view what,
+                     absl::Time deadline, absl::FunctionRef<absl::Status()> cancelled,
+                     absl::StatusCode internal_as = absl::StatusCode::kUnavailable);
 
 }  // namespace mesh::nccl

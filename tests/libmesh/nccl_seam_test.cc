@@ -1,0 +1,435 @@
+// The NCCL backend's state machines, driven through a scripted NcclApi
+// (fake_nccl_api.h) on machines without a GPU: communicator creation,
+// ncclCommSplit with the orders a real NCCL publishes its child in, aborts
+// that must wait for a split job, the watchdog, and teardown.
+//
+// Each case scripts what NCCL reports, runs the real factory and groups
+// (CreateNcclFactory over the fake), and asserts both the result the caller
+// sees and the calls the backend made, in order. The fake records as a
+// violation every call a real NCCL would punish: using a communicator after
+// ncclCommAbort, aborting a parent while its split child is unpublished (the
+// heap corruption seen on an H200), and calling into a communicator that is
+// still in progress.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "backends/nccl/nccl_factory.h"
+#include "mesh/process_group_nccl.h"
+#include "tests/libmesh/fake_nccl_api.h"
+
+namespace mesh::nccl {
+namespace {
+
+using ::testing::ElementsAre;
+using testing::FakeNcclApi;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+NcclProcessGroupFactoryOptions Options(int world_size = 1) {
+  NcclProcessGroupFactoryOptions options;
+  options.world_rank = 0;
+  options.world_size = world_size;
+  options.world_unique_id.assign(kNcclUniqueIdBytes, '\x5a');
+  options.device = Device::Cuda(0);
+  options.init_timeout = absl::Seconds(10);
+  options.group_creation = NcclGroupCreation::kSplit;
+  options.watchdog_interval = absl::Milliseconds(2);
+  options.destroy_timeout = absl::Seconds(5);
+  options.group_options.timeout = absl::Seconds(30);
+  return options;
+}
+
+std::vector<GroupSpec> DpSpec() { return {GroupSpec{"mesh/dp", 0, {0}}}; }
+
+// Polls `done` until it holds or 10 s pass (the watchdog runs every 2 ms).
+bool Eventually(const std::function<bool()>& done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return done();
+}
+
+// A CUDA tensor view the fake never dereferences.
+struct FakeDeviceBuffer {
+  std::vector<float> host = std::vector<float>(16, 1.0f);
+  Tensor tensor() {
+    return Tensor::Contiguous(host.data(), DType::kFloat32, {16}, Device::Cuda(0));
+  }
+};
+
+class NcclSeamTest : public ::testing::Test {
+ protected:
+  absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> Create(
+      NcclProcessGroupFactoryOptions options = Options()) {
+    return CreateNcclFactory(std::move(options), nullptr, api_);
+  }
+
+  void TearDown() override { EXPECT_THAT(api_.violations(), IsEmpty()); }
+
+  // Index of `entry` in the fake's log; fails the test when absent.
+  int At(const std::string& entry) {
+    const int index = api_.LogIndex(entry);
+    EXPECT_GE(index, 0) << entry << " is not in the log";
+    return index;
+  }
+
+  FakeNcclApi api_;
+};
+
+// ---- Creation (ncclCommInitRankConfig) ------------------------------------
+
+TEST_F(NcclSeamTest, InitInProgressThenSuccessGivesAWorkingWorld) {
+  api_.ScriptInit({.init_polls = 5});
+  auto factory = Create();
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto world = (*factory)->World();
+  ASSERT_TRUE(world.ok()) << world.status();
+  FakeDeviceBuffer buffer;
+  auto work = (*world)->AllReduce(buffer.tensor(), ReduceOp::kSum);
+  ASSERT_TRUE(work.ok()) << work.status();
+  EXPECT_TRUE((*work)->IsCompleted());
+  EXPECT_TRUE((*work)->status().ok()) << (*work)->status();
+  EXPECT_GE(At("AllReduce(world)"), 0);
+}
+
+TEST_F(NcclSeamTest, InitAsyncErrorIsUnavailableAndAbortsTheCommunicator) {
+  api_.ScriptInit({.init_polls = 3, .init_result = ncclRemoteError});
+  auto factory = Create();
+  ASSERT_FALSE(factory.ok());
+  EXPECT_EQ(factory.status().code(), absl::StatusCode::kUnavailable) << factory.status();
+  EXPECT_THAT(std::string(factory.status().message()), HasSubstr("group 'world'"));
+  EXPECT_TRUE(api_.aborted("world"));
+}
+
+TEST_F(NcclSeamTest, InitPastItsDeadlineIsDeadlineExceededAndAborted) {
+  api_.ScriptInit({.init_polls = -1});
+  NcclProcessGroupFactoryOptions options = Options();
+  options.init_timeout = absl::Milliseconds(50);
+  auto factory = Create(options);
+  ASSERT_FALSE(factory.ok());
+  EXPECT_EQ(factory.status().code(), absl::StatusCode::kDeadlineExceeded) << factory.status();
+  EXPECT_TRUE(api_.aborted("world"));
+}
+
+TEST_F(NcclSeamTest, NoVisibleDeviceIsFailedPreconditionBeforeAnyNcclCall) {
+  api_.set_device_count(0);
+  auto factory = Create();
+  ASSERT_FALSE(factory.ok());
+  EXPECT_EQ(factory.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(api_.log(), IsEmpty());
+}
+
+// ---- ncclCommSplit: the orders a real NCCL publishes in --------------------
+
+TEST_F(NcclSeamTest, SplitInTheDocumentedOrderSucceeds) {
+  // The parent reads in progress while the job runs; the child is published
+  // before the parent reads done.
+  api_.ScriptSplit({.parent_polls = 4, .publish_after_parent_polls = 3});
+  auto factory = Create();
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto groups = (*factory)->NewGroups(DpSpec());
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  ASSERT_EQ(groups->size(), 1u);
+  EXPECT_EQ((*groups)[0]->name(), "mesh/dp/0");
+  FakeDeviceBuffer buffer;
+  auto work = (*groups)[0]->AllReduce(buffer.tensor(), ReduceOp::kSum);
+  ASSERT_TRUE(work.ok()) << work.status();
+  EXPECT_TRUE((*work)->status().ok());
+  EXPECT_LT(At("Publish(mesh/dp/0)"), At("AllReduce(mesh/dp/0)"));
+}
+
+TEST_F(NcclSeamTest, SplitWhoseParentReadsDoneBeforeTheChildIsPublishedWaitsForTheChild) {
+  // What NCCL 2.28.9 did on an H200: the parent reads ncclSuccess at once,
+  // and the child appears several polls later. Giving up here freed the
+  // slot NCCL then wrote into.
+  api_.ScriptSplit({.parent_polls = 0, .publish_after_parent_polls = 6});
+  auto factory = Create();
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto groups = (*factory)->NewGroups(DpSpec());
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  EXPECT_EQ((*groups)[0]->name(), "mesh/dp/0");
+  EXPECT_TRUE((*groups)[0]->health().ok());
+  EXPECT_FALSE(api_.aborted("world"));
+}
+
+TEST_F(NcclSeamTest, SplitWaitsUntilThePublishedChildIsReady) {
+  api_.ScriptSplit({.child = {.init_polls = 5}});
+  auto factory = Create();
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto groups = (*factory)->NewGroups(DpSpec());
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  // An op on a child still in progress would be a violation (TearDown).
+  FakeDeviceBuffer buffer;
+  ASSERT_TRUE((*groups)[0]->AllReduce(buffer.tensor(), ReduceOp::kSum).ok());
+}
+
+TEST_F(NcclSeamTest, SplitOfAWiderWorldChecksTheChildsShape) {
+  api_.ScriptInit({.count = 4, .rank = 0});
+  api_.ScriptSplit({.child = {.count = 2, .rank = 0}});
+  auto factory = Create(Options(4));
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto groups = (*factory)->NewGroups({GroupSpec{"mesh/tp", 0, {0, 1}}});
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  EXPECT_EQ((*groups)[0]->size(), 2);
+
+  // A child whose shape disagrees with the spec: the members passed
+  // different specs. The child is aborted; the world stays usable.
+  api_.ScriptSplit({.child = {.count = 3, .rank = 1}});
+  auto bad = (*factory)->NewGroups({GroupSpec{"mesh/pp", 0, {0, 1}}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("members passed different specs"));
+  EXPECT_TRUE(api_.aborted("mesh/pp/0"));
+  EXPECT_FALSE(api_.aborted("world"));
+}
+
+TEST_F(NcclSeamTest, ChildThatFailsToComeUpAbortsChildThenParent) {
+  api_.ScriptSplit({.parent_polls = 2,
+                    .publish_after_parent_polls = 1,
+                    .child = {.init_polls = 2, .init_result = ncclSystemError}});
+  auto factory = Create();
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto groups = (*factory)->NewGroups(DpSpec());
+  ASSERT_FALSE(groups.ok());
+  EXPECT_EQ(groups.status().code(), absl::StatusCode::kUnavailable) << groups.status();
+  EXPECT_THAT(std::string(groups.status().message()), HasSubstr("mesh/dp/0"));
+  EXPECT_LT(At("CommAbort(mesh/dp/0)"), At("CommAbort(world)"));
+  auto world = (*factory)->World();
+  ASSERT_TRUE(world.ok());
+  EXPECT_FALSE((*world)->health().ok());
+}
+
+TEST_F(NcclSeamTest, SynchronousSplitFailureAbortsTheParentAtOnce) {
+  api_.ScriptSplit({.call_result = ncclInvalidUsage});
+  auto factory = Create();
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto groups = (*factory)->NewGroups(DpSpec());
+  ASSERT_FALSE(groups.ok());
+  EXPECT_EQ(groups.status().code(), absl::StatusCode::kFailedPrecondition) << groups.status();
+  EXPECT_TRUE(api_.aborted("world"));
+  EXPECT_EQ(api_.unpublished_splits(), 0);
+}
+
+// ---- ncclCommSplit: giving up while the child is unpublished --------------
+
+// After a split that gave up with the child unpublished: the world group is
+// failed at once, but its ncclCommAbort waits for NCCL to publish the child;
+// then the watchdog aborts the late child first and the parent after it.
+void ExpectDeferredAbort(FakeNcclApi& api, NcclProcessGroupFactory& factory,
+                         const std::function<int(const std::string&)>& at) {
+  auto world = factory.World();
+  ASSERT_TRUE(world.ok());
+  EXPECT_FALSE((*world)->health().ok());
+  FakeDeviceBuffer buffer;
+  EXPECT_FALSE((*world)->AllReduce(buffer.tensor(), ReduceOp::kSum).ok());
+  absl::SleepFor(absl::Milliseconds(30));  // Several watchdog passes.
+  EXPECT_FALSE(api.aborted("world")) << "aborted while the split child was unpublished";
+  EXPECT_EQ(api.unpublished_splits(), 1);
+
+  api.PublishPendingSplits();  // NCCL's job finishes late.
+  ASSERT_TRUE(Eventually([&] { return api.aborted("world"); }));
+  EXPECT_LT(at("CommAbort(mesh/dp/0)"), at("CommAbort(world)"));
+}
+
+TEST_F(NcclSeamTest, SplitPastItsDeadlineDefersTheParentsAbortUntilTheChildIsPublished) {
+  api_.ScriptSplit({.parent_polls = 0, .publish_after_parent_polls = -1});
+  NcclProcessGroupFactoryOptions options = Options();
+  options.init_timeout = absl::Milliseconds(80);
+  auto factory = Create(options);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  const absl::Time start = absl::Now();
+  auto groups = (*factory)->NewGroups(DpSpec());
+  ASSERT_FALSE(groups.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(groups.status().code(), absl::StatusCode::kDeadlineExceeded) << groups.status();
+  EXPECT_THAT(std::string(groups.status().message()),
+              HasSubstr("the new communicator had not been created yet"));
+  ExpectDeferredAbort(api_, **factory, [this](const std::string& e) { return At(e); });
+}
+
+TEST_F(NcclSeamTest, ParentErrorDuringTheSplitDefersTheAbortToo) {
+  api_.ScriptSplit(
+      {.parent_polls = 3, .parent_result = ncclRemoteError, .publish_after_parent_polls = -1});
+  auto factory = Create();
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto groups = (*factory)->NewGroups(DpSpec());
+  ASSERT_FALSE(groups.ok());
+  EXPECT_EQ(groups.status().code(), absl::StatusCode::kUnavailable) << groups.status();
+  EXPECT_THAT(std::string(groups.status().message()), HasSubstr("parent communicator failed"));
+  ExpectDeferredAbort(api_, **factory, [this](const std::string& e) { return At(e); });
+}
+
+TEST_F(NcclSeamTest, AbortAllCancelsAWaitingSplitPromptly) {
+  api_.ScriptSplit({.parent_polls = -1, .publish_after_parent_polls = -1});
+  auto factory = Create();
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  absl::Notification started;
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    (*factory)->AbortAll(absl::AbortedError("rank 3 (host-b) failed: exit code 1"));
+  });
+  auto groups = (*factory)->NewGroups(DpSpec());
+  aborter.join();
+  ASSERT_FALSE(groups.ok());
+  EXPECT_EQ(groups.status().code(), absl::StatusCode::kAborted) << groups.status();
+  EXPECT_THAT(std::string(groups.status().message()), HasSubstr("rank 3 (host-b) failed"));
+  // The parent's split job is still running: a parent stuck in progress and
+  // an unpublished child. Neither may be aborted or freed yet.
+  absl::SleepFor(absl::Milliseconds(30));
+  EXPECT_FALSE(api_.aborted("world"));
+  api_.PublishPendingSplits();
+  ASSERT_TRUE(Eventually([&] { return api_.aborted("world"); }));
+  EXPECT_LT(At("CommAbort(mesh/dp/0)"), At("CommAbort(world)"));
+  // Groups asked for after AbortAll fail with its reason.
+  auto later = (*factory)->NewGroups(DpSpec());
+  EXPECT_EQ(later.status().code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(NcclSeamTest, TeardownWhileTheChildStaysUnpublishedLeavesBothAllocated) {
+  api_.ScriptSplit({.parent_polls = 0, .publish_after_parent_polls = -1});
+  NcclProcessGroupFactoryOptions options = Options();
+  options.init_timeout = absl::Milliseconds(30);
+  options.destroy_timeout = absl::Milliseconds(30);
+  {
+    auto factory = Create(options);
+    ASSERT_TRUE(factory.ok()) << factory.status();
+    EXPECT_FALSE((*factory)->NewGroups(DpSpec()).ok());
+  }  // ~NcclGroup of the world: Close waits 30 ms for the child, then gives up.
+  EXPECT_FALSE(api_.aborted("world"));
+  EXPECT_FALSE(api_.destroyed("world"));
+  // The stream and events were released all the same.
+  EXPECT_EQ(api_.live_streams(), 0);
+  // NCCL finishing after teardown writes into a slot that is still there
+  // (the sanitizer build would flag a freed one).
+  api_.PublishPendingSplits();
+}
+
+TEST_F(NcclSeamTest, TeardownAbortsChildThenParentWhenTheChildArrivesInTime) {
+  api_.ScriptSplit({.parent_polls = 0, .publish_after_parent_polls = -1});
+  NcclProcessGroupFactoryOptions options = Options();
+  options.init_timeout = absl::Milliseconds(30);
+  options.watchdog_interval = absl::Seconds(3600);  // Close, not the watchdog.
+  std::thread publisher;
+  {
+    auto factory = Create(options);
+    ASSERT_TRUE(factory.ok()) << factory.status();
+    EXPECT_FALSE((*factory)->NewGroups(DpSpec()).ok());
+    publisher = std::thread([&] {
+      absl::SleepFor(absl::Milliseconds(50));
+      api_.PublishPendingSplits();
+    });
+  }
+  publisher.join();
+  EXPECT_LT(At("CommAbort(mesh/dp/0)"), At("CommAbort(world)"));
+  EXPECT_EQ(api_.live_streams(), 0);
+  EXPECT_EQ(api_.live_events(), 0);
+}
+
+// ---- Operations, the watchdog, teardown ------------------------------------
+
+TEST_F(NcclSeamTest, OpThatConnectsLazilyIsIssuedOnceNcclIsDone) {
+  auto factory = Create();
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto world = (*factory)->World();
+  ASSERT_TRUE(world.ok());
+  api_.ScriptOp({.call_result = ncclInProgress, .polls = 4});
+  FakeDeviceBuffer buffer;
+  auto work = (*world)->AllReduce(buffer.tensor(), ReduceOp::kSum);
+  ASSERT_TRUE(work.ok()) << work.status();
+  EXPECT_TRUE((*work)->status().ok()) << (*work)->status();
+  // The next op found the communicator ready (else: a violation).
+  ASSERT_TRUE((*world)->Broadcast(buffer.tensor(), 0).ok());
+}
+
+TEST_F(NcclSeamTest, AsyncErrorWhileIssuingFailsTheWorkAndAbortsTheGroup) {
+  auto factory = Create();
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto world = (*factory)->World();
+  ASSERT_TRUE(world.ok());
+  api_.ScriptOp({.call_result = ncclInProgress, .polls = 2, .after = ncclRemoteError});
+  FakeDeviceBuffer buffer;
+  auto work = (*world)->AllReduce(buffer.tensor(), ReduceOp::kSum);
+  ASSERT_TRUE(work.ok()) << work.status();
+  EXPECT_EQ((*work)->status().code(), absl::StatusCode::kUnavailable) << (*work)->status();
+  EXPECT_THAT(std::string((*work)->status().message()),
+              HasSubstr("failed while being issued, so the group was aborted"));
+  EXPECT_TRUE(api_.aborted("world"));
+  EXPECT_EQ((*world)->AllReduce(buffer.tensor(), ReduceOp::kSum).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST_F(NcclSeamTest, WatchdogAbortsOnAnAsyncErrorAndFailsThePendingOp) {
+  auto factory = Create();
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto world = (*factory)->World();
+  ASSERT_TRUE(world.ok());
+  api_.set_events_complete(false);
+  FakeDeviceBuffer buffer;
+  auto work = (*world)->AllReduce(buffer.tensor(), ReduceOp::kSum);
+  ASSERT_TRUE(work.ok()) << work.status();
+  EXPECT_FALSE((*work)->IsCompleted());
+  api_.SetAsyncError("world", ncclRemoteError);
+  ASSERT_TRUE(Eventually([&] { return !(*world)->health().ok(); }));
+  EXPECT_EQ((*world)->health().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string((*world)->health().message()), HasSubstr("all_reduce #0"));
+  EXPECT_EQ((*work)->status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(api_.aborted("world"));
+}
+
+TEST_F(NcclSeamTest, WatchdogTimesOutAStuckOp) {
+  NcclProcessGroupFactoryOptions options = Options();
+  options.group_options.timeout = absl::Milliseconds(40);
+  auto factory = Create(options);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto world = (*factory)->World();
+  ASSERT_TRUE(world.ok());
+  api_.set_events_complete(false);
+  FakeDeviceBuffer buffer;
+  auto work = (*world)->AllReduce(buffer.tensor(), ReduceOp::kSum);
+  ASSERT_TRUE(work.ok());
+  ASSERT_TRUE(Eventually([&] { return (*work)->IsCompleted(); }));
+  EXPECT_EQ((*work)->status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string((*work)->status().message()), HasSubstr("has not completed after"));
+}
+
+TEST_F(NcclSeamTest, TeardownFinalizesThenDestroys) {
+  api_.set_finalize_polls(3);
+  {
+    auto factory = Create();
+    ASSERT_TRUE(factory.ok()) << factory.status();
+    auto groups = (*factory)->NewGroups(DpSpec());
+    ASSERT_TRUE(groups.ok()) << groups.status();
+  }
+  EXPECT_LT(At("CommFinalize(world)"), At("CommDestroy(world)"));
+  EXPECT_LT(At("CommFinalize(mesh/dp/0)"), At("CommDestroy(mesh/dp/0)"));
+  EXPECT_FALSE(api_.aborted("world"));
+  EXPECT_EQ(api_.live_streams(), 0);
+  EXPECT_EQ(api_.live_events(), 0);
+}
+
+TEST_F(NcclSeamTest, TeardownThatCannotDrainAborts) {
+  api_.set_finalize_polls(-1);
+  NcclProcessGroupFactoryOptions options = Options();
+  options.destroy_timeout = absl::Milliseconds(30);
+  {
+    auto factory = Create(options);
+    ASSERT_TRUE(factory.ok()) << factory.status();
+  }
+  EXPECT_LT(At("CommFinalize(world)"), At("CommAbort(world)"));
+  EXPECT_FALSE(api_.destroyed("world"));
+}
+
+}  // namespace
+}  // namespace mesh::nccl
