@@ -98,14 +98,27 @@ TEST_F(DTensorCudaGpuTest, EveryTransitionOnAWorldOfOne) {
     const std::vector<Placement> per_dim = {Placement::Shard(0), Placement::Shard(1),
                                             Placement::Replicate(), Placement::Partial(),
                                             Placement::Partial(ReduceOp::kMax)};
+    // Every valid combination. Partials that do not commute ([P(sum),
+    // P(max)]) are invalid, and DistributeTensor must say so.
     std::vector<Placements> all;
+    std::vector<Placements> candidates;
     for (const Placement& a : per_dim) {
       if (mesh_shape.size() == 1) {
-        all.push_back({a});
+        candidates.push_back({a});
         continue;
       }
-      for (const Placement& b : per_dim) all.push_back({a, b});
+      for (const Placement& b : per_dim) candidates.push_back({a, b});
     }
+    for (const Placements& p : candidates) {
+      if (ValidatePlacements(p, mesh.shape(), 2).ok()) {
+        all.push_back(p);
+        continue;
+      }
+      auto rejected = DistributeTensor(Upload(MakeGlobal(DType::kFloat32, {2, 2}, 1)), mesh, p);
+      EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument)
+          << PlacementsToString(p);
+    }
+    ASSERT_EQ(all.size(), mesh_shape.size() == 1 ? 5u : 23u);
     uint64_t seed = 0;
     for (DType dtype : {DType::kFloat32, DType::kInt32}) {
       for (const std::vector<int64_t>& shape :

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "mesh/build_info.h"
 #include "mesh/cuda_stream.h"
+#include "mesh/device_mesh.h"
 #include "mesh/dlpack.h"
 #include "mesh/float16.h"
 #include "mesh/in_memory_store.h"
@@ -489,6 +490,109 @@ TEST_F(NcclGpuTest, NewGroupsSplitsTheWorld) {
   auto barrier = world_->Barrier();
   ASSERT_TRUE(barrier.ok()) << barrier.status();
   ASSERT_OK(SynchronizeWork(**barrier, kSync));
+}
+
+TEST_F(NcclGpuTest, SplitsAfterOpsAfterGroupsDieAndManyAtOnce) {
+  if (!factory_->splits_communicators()) GTEST_SKIP() << "NCCL < 2.18: no ncclCommSplit";
+  // The world has connected (an op ran) before it is split.
+  absl::StatusOr<Tensor> t = Upload(DType::kFloat32, {8}, Iota(8));
+  ASSERT_TRUE(t.ok());
+  auto warm = world_->AllReduce(*t, ReduceOp::kSum);
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  ASSERT_OK(SynchronizeWork(**warm, kSync));
+  {
+    auto once = factory_->NewGroups({Spec("mesh/a", 0, {0})});
+    ASSERT_TRUE(once.ok()) << once.status();
+  }  // The child is finalized and destroyed; the parent lives on.
+  // Three children in one call, then the same family names again: NCCL
+  // numbers each split of the parent, so names may repeat.
+  for (int round = 0; round < 2; ++round) {
+    auto groups = factory_->NewGroups(
+        {Spec("mesh/a", 0, {0}), Spec("mesh/b", 0, {0}), Spec("mesh/c", 0, {0})});
+    ASSERT_TRUE(groups.ok()) << "round " << round << ": " << groups.status();
+    ASSERT_EQ(groups->size(), 3u);
+    // Issue on every group before waiting for any: they run on their own
+    // streams and may overlap.
+    std::vector<Tensor> tensors;
+    std::vector<ProcessGroup::WorkPtr> works;
+    for (const auto& group : *groups) {
+      absl::StatusOr<Tensor> x = Upload(DType::kInt32, {3}, Iota(3, 10));
+      ASSERT_TRUE(x.ok());
+      auto work = group->AllReduce(*x, ReduceOp::kMax);
+      ASSERT_TRUE(work.ok()) << group->name() << ": " << work.status();
+      tensors.push_back(*x);
+      works.push_back(*work);
+    }
+    for (size_t i = 0; i < works.size(); ++i) {
+      ASSERT_OK(SynchronizeWork(*works[i], kSync));
+      EXPECT_EQ(Download(tensors[i]), Iota(3, 10));
+      EXPECT_TRUE((*groups)[i]->health().ok());
+    }
+  }
+  EXPECT_TRUE(world_->health().ok());
+}
+
+TEST_F(NcclGpuTest, AbortAllReachesSplitGroupsAndTheWorld) {
+  auto groups = factory_->NewGroups({Spec("mesh/dp", 0, {0}), Spec("mesh/tp", 0, {0})});
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  factory_->AbortAll(absl::AbortedError("rank 1 (host-b) exited with code 3"));
+  absl::StatusOr<Tensor> t = Upload(DType::kFloat32, {4}, Iota(4));
+  ASSERT_TRUE(t.ok());
+  for (const auto& group : *groups) {
+    EXPECT_EQ(group->health().code(), absl::StatusCode::kAborted) << group->name();
+    EXPECT_EQ(group->AllReduce(*t, ReduceOp::kSum).status().code(), absl::StatusCode::kAborted);
+  }
+  EXPECT_EQ(world_->health().code(), absl::StatusCode::kAborted);
+}
+
+// DeviceMesh over NCCL on 1-, 2- and 3-D meshes of one rank: a dim that
+// spans the whole world reuses the world group (only smaller dims are
+// splits, which NewGroups above covers), and each per-dim group runs its
+// collectives on the device, as does a flattened mesh.
+TEST_F(NcclGpuTest, DeviceMeshPerDimGroupsRunCollectives) {
+  std::shared_ptr<ProcessGroup> world = world_;
+  world_.reset();
+  std::shared_ptr<ProcessGroupFactory> shared(factory_.release());
+  const std::vector<std::vector<std::string>> names = {{"dp"}, {"dp", "tp"}, {"pp", "dp", "tp"}};
+  for (size_t m = 0; m < names.size(); ++m) {
+    DeviceMeshOptions options;
+    options.name = absl::StrCat("mesh", m);
+    auto mesh =
+        DeviceMesh::Init(shared, std::vector<int64_t>(names[m].size(), 1), names[m], options);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    for (const std::string& dim : names[m]) {
+      auto group = mesh->GetGroup(dim);
+      ASSERT_TRUE(group.ok()) << dim << ": " << group.status();
+      EXPECT_EQ((*group)->backend(), "nccl");
+      EXPECT_EQ(group->get(), world.get()) << "a dim of the whole world reuses its group";
+      absl::StatusOr<Tensor> x = Upload(DType::kFloat32, {6}, Iota(6));
+      absl::StatusOr<Tensor> gathered = Upload(DType::kFloat32, {6}, std::vector<double>(6, -1));
+      absl::StatusOr<Tensor> scattered = Upload(DType::kFloat32, {6}, std::vector<double>(6, -1));
+      ASSERT_TRUE(x.ok() && gathered.ok() && scattered.ok());
+      auto sum = (*group)->AllReduce(*x, ReduceOp::kSum);
+      ASSERT_TRUE(sum.ok()) << sum.status();
+      ASSERT_OK(SynchronizeWork(**sum, kSync));
+      auto gather = (*group)->AllGather(*x, *gathered);
+      ASSERT_TRUE(gather.ok()) << gather.status();
+      ASSERT_OK(SynchronizeWork(**gather, kSync));
+      auto scatter = (*group)->ReduceScatter(*gathered, *scattered, ReduceOp::kSum);
+      ASSERT_TRUE(scatter.ok()) << scatter.status();
+      ASSERT_OK(SynchronizeWork(**scatter, kSync));
+      auto bcast = (*group)->Broadcast(*scattered, 0);
+      ASSERT_TRUE(bcast.ok()) << bcast.status();
+      ASSERT_OK(SynchronizeWork(**bcast, kSync));
+      EXPECT_EQ(Download(*scattered), Iota(6)) << options.name << "/" << dim;
+    }
+    if (names[m].size() > 1) {
+      auto flat = mesh->Flatten();
+      ASSERT_TRUE(flat.ok()) << flat.status();
+      auto group = flat->GetGroup();
+      ASSERT_TRUE(group.ok()) << group.status();
+      auto barrier = (*group)->Barrier();
+      ASSERT_TRUE(barrier.ok()) << barrier.status();
+      ASSERT_OK(SynchronizeWork(**barrier, kSync));
+    }
+  }
 }
 
 TEST_F(NcclGpuTest, NewGroupsFromUniqueIdsOverAStore) {
