@@ -1,15 +1,15 @@
 // dtensor_redistribute: a small Mesh worker to copy, for sharded tensors.
 //
 // It joins its job from the MESH_* environment the agent sets (see
-// docs/runtime.md), builds a (2, 2) DeviceMesh ("dp", "tp") over Gloo and
-// walks one tensor through docs/sharding.md:
+// docs/runtime.md), builds a 2-D DeviceMesh ("dp", "tp") and walks one
+// tensor through docs/sharding.md:
 //
 //   1. a known global tensor, rows x cols float32 with element [r, c] =
 //      r * 100 + c, which every rank builds itself (src_rank -1: no
 //      communication), is distributed as (Shard(0), Replicate());
 //   2. it is redistributed to (Replicate(), Shard(1)) by the plan rank 0
-//      prints: a local slice over "tp" first, which costs nothing and
-//      halves what the all_gather over "dp" then moves;
+//      prints: on (2, 2), a local slice over "tp" first, which costs
+//      nothing and halves what the all_gather over "dp" then moves;
 //   3. every rank checks its local shard (shape, offset and every value)
 //      before and after, and both FullTensor()s against the global tensor.
 //
@@ -17,10 +17,14 @@
 // mismatch; an error after joining is reported to the coordinator first, so
 // the other ranks stop at once instead of waiting.
 //
-//   dtensor_redistribute [--gloo-host ADDR] [--rows N] [--cols N]
+//   dtensor_redistribute [--device cpu|cuda] [--gloo-host ADDR] [--rows N] [--cols N]
 //
-// The job must have 4 ranks. Sizes that do not divide by 2 are fine: the
-// shards follow torch.chunk (ceil(n / 2) first, the rest second).
+// The mesh is (2, world / 2) for an even world, as (2, 2) for the usual 4
+// ranks, and (1, world) for an odd one, so a single GPU runs it too. Sizes
+// that do not divide evenly are fine: the shards follow torch.chunk.
+// --device cpu (the default) runs Gloo on host tensors; --device cuda runs
+// NCCL on CUDA tensors on this rank's GPU (NcclDefaultDeviceIndex), and the
+// checks copy each result back to the host.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -34,9 +38,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "mesh/dtensor.h"
 #include "mesh/mesh.h"
 #include "mesh/placement.h"
+#include "mesh/process_group_nccl.h"
 #include "mesh/redistribute_plan.h"
 
 namespace {
@@ -58,10 +64,22 @@ Span1D ChunkRule(int64_t size, int64_t parts, int64_t index) {
   return {begin, end - begin};
 }
 
-// Checks that `local` is the [rows] x [cols] block of the global tensor at
+// A host copy of a CUDA tensor; a host tensor as it is.
+absl::StatusOr<mesh::Tensor> OnHost(const mesh::Tensor& t) {
+  if (!t.device().is_cuda()) return t;
+  absl::StatusOr<mesh::Tensor> host = mesh::Tensor::Empty(t.dtype(), t.shape());
+  if (!host.ok()) return host.status();
+  if (absl::Status s = mesh::CopyTensor(*host, t); !s.ok()) return s;
+  return host;
+}
+
+// Checks that `tensor` is the [rows] x [cols] block of the global tensor at
 // (rows.offset, cols.offset), element by element.
-absl::Status CheckBlock(const std::string& what, const mesh::Tensor& local, Span1D rows,
+absl::Status CheckBlock(const std::string& what, const mesh::Tensor& tensor, Span1D rows,
                         Span1D cols) {
+  absl::StatusOr<mesh::Tensor> on_host = OnHost(tensor);
+  if (!on_host.ok()) return on_host.status();
+  const mesh::Tensor& local = *on_host;
   const std::vector<int64_t> shape = {rows.size, cols.size};
   if (local.dim() != 2 || local.size(0) != rows.size || local.size(1) != cols.size) {
     return absl::InternalError(absl::StrCat(what, ": shape ", local.ShapeString(), ", expected [",
@@ -99,13 +117,12 @@ absl::Status CheckLayout(const std::string& what, const mesh::DTensor& t, Span1D
   return CheckBlock(what, t.local(), rows, cols);
 }
 
-absl::Status Run(mesh::Runtime& runtime, int64_t rows, int64_t cols) {
+absl::Status Run(mesh::Runtime& runtime, int64_t rows, int64_t cols, bool cuda) {
+  const mesh::JoinInfo& info = runtime.info();
   const int rank = runtime.rank();
-  if (runtime.info().world_size != 4) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dtensor_redistribute needs a job of 4 ranks, not ", runtime.info().world_size));
-  }
-  absl::StatusOr<mesh::DeviceMesh> mesh = runtime.InitDeviceMesh({2, 2}, {"dp", "tp"});
+  const int64_t dp = info.world_size % 2 == 0 ? 2 : 1;
+  const int64_t tp = info.world_size / dp;
+  absl::StatusOr<mesh::DeviceMesh> mesh = runtime.InitDeviceMesh({dp, tp}, {"dp", "tp"});
   if (!mesh.ok()) return mesh.status();
   const std::vector<int64_t>& coord = mesh->GetCoordinate();  // (dp, tp)
 
@@ -115,8 +132,17 @@ absl::Status Run(mesh::Runtime& runtime, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) global_data[r * cols + c] = Expected(r, c);
   }
-  const mesh::Tensor global =
+  mesh::Tensor global =
       mesh::Tensor::Contiguous(global_data.data(), mesh::DType::kFloat32, {rows, cols});
+  if (cuda) {
+    const mesh::Device device = mesh::Device::Cuda(mesh::NcclDefaultDeviceIndex(
+        info.local_rank, info.local_world_size, mesh::CudaDeviceCount()));
+    absl::StatusOr<mesh::Tensor> on_device =
+        mesh::Tensor::Empty(mesh::DType::kFloat32, {rows, cols}, device);
+    if (!on_device.ok()) return on_device.status();
+    if (absl::Status s = mesh::CopyTensor(*on_device, global); !s.ok()) return s;
+    global = *on_device;
+  }
   const mesh::Placements src = {Placement::Shard(0), Placement::Replicate()};
   const mesh::Placements dst = {Placement::Replicate(), Placement::Shard(1)};
 
@@ -124,7 +150,7 @@ absl::Status Run(mesh::Runtime& runtime, int64_t rows, int64_t cols) {
   if (!x.ok()) return x.status();
   // (S(0), R): rows chunked over dp, replicated over tp.
   if (absl::Status s = CheckLayout(absl::StrCat("rank ", rank, " ", x->DebugString()), *x,
-                                   ChunkRule(rows, 2, coord[0]), {0, cols});
+                                   ChunkRule(rows, dp, coord[0]), {0, cols});
       !s.ok()) {
     return s;
   }
@@ -148,13 +174,13 @@ absl::Status Run(mesh::Runtime& runtime, int64_t rows, int64_t cols) {
   }
   // (R, S(1)): whole rows, columns chunked over tp.
   if (absl::Status s = CheckLayout(absl::StrCat("rank ", rank, " ", y->DebugString()), *y,
-                                   {0, rows}, ChunkRule(cols, 2, coord[1]));
+                                   {0, rows}, ChunkRule(cols, tp, coord[1]));
       !s.ok()) {
     return s;
   }
   // The input is untouched by the redistribution.
   if (absl::Status s = CheckBlock(absl::StrCat("rank ", rank, " input after Redistribute"),
-                                  x->local(), ChunkRule(rows, 2, coord[0]), {0, cols});
+                                  x->local(), ChunkRule(rows, dp, coord[0]), {0, cols});
       !s.ok()) {
     return s;
   }
@@ -175,26 +201,35 @@ absl::Status Run(mesh::Runtime& runtime, int64_t rows, int64_t cols) {
   if (!world.ok()) return world.status();
   absl::StatusOr<mesh::ProcessGroup::WorkPtr> barrier = (*world)->Barrier();
   if (!barrier.ok()) return barrier.status();
-  return (*barrier)->Wait();
+  // Host-blocking: NCCL's Work::Wait only orders the caller's stream.
+  return mesh::SynchronizeWork(**barrier, absl::Minutes(5));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Mesh example worker: distribute a tensor on a (2, 2) mesh and redistribute it"};
+  std::string device = "cpu";
   std::string gloo_host;
   int64_t rows = 8;
   int64_t cols = 6;
+  app.add_option("--device", device, "cpu: Gloo on host tensors; cuda: NCCL on this rank's GPU")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--gloo-host", gloo_host,
                  "Address for Gloo's sockets (default: this host's name)");
   app.add_option("--rows", rows, "Rows of the global tensor")->check(CLI::NonNegativeNumber);
   app.add_option("--cols", cols, "Columns of the global tensor")->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
+  const bool cuda = device == "cuda";
   mesh::RuntimeOptions options;
-  mesh::GlooOptions gloo;
-  gloo.hostname = gloo_host;
-  options.backend = mesh::GlooBackend(gloo);
+  if (cuda) {
+    options.backend = mesh::NcclBackend();
+  } else {
+    mesh::GlooOptions gloo;
+    gloo.hostname = gloo_host;
+    options.backend = mesh::GlooBackend(gloo);
+  }
   absl::StatusOr<std::unique_ptr<mesh::Runtime>> runtime = mesh::Runtime::Init(std::move(options));
   if (!runtime.ok()) {
     std::fprintf(stderr, "dtensor_redistribute: %s\n", runtime.status().ToString().c_str());
@@ -203,7 +238,7 @@ int main(int argc, char** argv) {
   const int rank = (*runtime)->rank();
   // Reports our own error to the job (a peer's is already its error), or
   // leaves cleanly.
-  if (absl::Status s = (*runtime)->Finish(Run(**runtime, rows, cols)); !s.ok()) {
+  if (absl::Status s = (*runtime)->Finish(Run(**runtime, rows, cols, cuda)); !s.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
     return 1;
   }

@@ -9,9 +9,17 @@
 #include "backends/nccl/nccl_factory.h"
 #include "backends/nccl/unique_id_broker.h"
 #include "coordinator_client.h"
+#include "mesh/build_info.h"
 #include "mesh/runtime.h"
 
 namespace mesh {
+
+int NcclDefaultDeviceIndex(int local_rank, int local_world_size, int visible_devices) {
+  if (local_rank > 0 && visible_devices >= std::max(local_world_size, local_rank + 1)) {
+    return local_rank;
+  }
+  return 0;
+}
 
 RuntimeBackend NcclBackend(NcclBackendOptions options) {
   RuntimeBackend backend;
@@ -28,7 +36,8 @@ RuntimeBackend NcclBackend(NcclBackendOptions options) {
     NcclProcessGroupFactoryOptions nccl;
     nccl.world_rank = context.join.rank;
     nccl.world_size = context.join.world_size;
-    nccl.device = Device::Cuda(options.device_index.value_or(context.join.local_rank));
+    nccl.device = Device::Cuda(options.device_index.value_or(NcclDefaultDeviceIndex(
+        context.join.local_rank, context.join.local_world_size, CudaDeviceCount())));
     nccl.world_unique_id = context.join.world_unique_id;
     nccl.group_options = context.group_options;
     nccl.init_timeout = options.init_timeout;

@@ -180,14 +180,20 @@ RuntimeBackend GlooBackend(GlooOptions options = {});
 // publish and one wait per NewGroups call, whatever the number of groups.
 // In builds without NCCL the factory fails with UNIMPLEMENTED.
 struct NcclBackendOptions {
-  // The GPU of this rank; unset means cuda:<local rank>, the usual one GPU
-  // per local rank (the agent sets CUDA_VISIBLE_DEVICES accordingly).
+  // The GPU of this rank; unset means NcclDefaultDeviceIndex's choice.
   std::optional<int> device_index;
   NcclGroupCreation group_creation = NcclGroupCreation::kAuto;
   // Bound on creating one batch of communicators.
   absl::Duration init_timeout = absl::Minutes(5);
 };
 RuntimeBackend NcclBackend(NcclBackendOptions options = {});
+
+// The CUDA ordinal a rank drives when NcclBackendOptions::device_index is
+// unset: cuda:<local_rank> when the process sees at least one device per
+// local rank (all of the host's GPUs are visible, as under torchrun), else
+// cuda:0 (CUDA_VISIBLE_DEVICES already narrowed the process to its own GPUs,
+// as the Mesh agent does for a job with gpus_per_proc).
+int NcclDefaultDeviceIndex(int local_rank, int local_world_size, int visible_devices);
 
 struct RuntimeOptions {
   // Each field overrides its environment variable (see the top of this file);
