@@ -10,6 +10,7 @@
 
 #include "mesh/build_info.h"
 #include "mesh/process_group_nccl.h"
+#include "mesh/runtime.h"
 
 namespace mesh {
 namespace {
@@ -51,6 +52,23 @@ TEST(NcclFactoryCreate, NeedsAVisibleDevice) {
   }
   EXPECT_EQ(factory.status().code(), absl::StatusCode::kFailedPrecondition) << factory.status();
   EXPECT_THAT(std::string(factory.status().message()), HasSubstr("none is visible"));
+}
+
+TEST(NcclDefaultDeviceIndex, OwnGpusUnderTheAgentEveryGpuUnderTorchrun) {
+  // The agent's CUDA_VISIBLE_DEVICES shows each of 4 local ranks its own GPU.
+  for (int local_rank = 0; local_rank < 4; ++local_rank) {
+    EXPECT_EQ(NcclDefaultDeviceIndex(local_rank, 4, 1), 0) << local_rank;
+  }
+  // Two GPUs each (gpus_per_proc 2): still only the rank's own.
+  EXPECT_EQ(NcclDefaultDeviceIndex(3, 4, 2), 0);
+  // Every GPU visible, one per local rank (torchrun): cuda:<local rank>.
+  for (int local_rank = 0; local_rank < 8; ++local_rank) {
+    EXPECT_EQ(NcclDefaultDeviceIndex(local_rank, 8, 8), local_rank) << local_rank;
+  }
+  // One worker with the whole node.
+  EXPECT_EQ(NcclDefaultDeviceIndex(0, 1, 8), 0);
+  // No device at all: cuda:0, which the factory then reports as missing.
+  EXPECT_EQ(NcclDefaultDeviceIndex(2, 4, 0), 0);
 }
 
 TEST(GenerateNcclUniqueId, GivesFreshOneHundredTwentyEightByteIds) {
