@@ -1,5 +1,29 @@
 # Build helpers shared by every folder.
 
+# Code on no hot path (the tests and their helpers, the examples, meshctl,
+# and command-line parsing) is compiled with MESH_LIGHT_CXX_FLAGS on top of
+# the build type's flags. gtest's and CLI11's templates cost two to three
+# times as long to compile at -O2 -g as at -Og -g1, and that code runs too
+# little for its speed to show; the libraries, daemons and benchmarks keep
+# the build type's flags. Empty in Debug builds, which already skip
+# optimization. docs/build.md has the figures.
+if(CMAKE_BUILD_TYPE STREQUAL "RelWithDebInfo")
+  set(_mesh_light_default "-Og;-g1")
+elseif(CMAKE_BUILD_TYPE MATCHES "^(Release|MinSizeRel)$")
+  set(_mesh_light_default "-Og")
+else()
+  set(_mesh_light_default "")
+endif()
+set(MESH_LIGHT_CXX_FLAGS "${_mesh_light_default}" CACHE STRING
+    "Extra compile flags for code on no hot path (tests, examples, meshctl, flag parsing)")
+
+# Applies MESH_LIGHT_CXX_FLAGS to the given source files of this directory.
+function(mesh_light_sources)
+  if(MESH_LIGHT_CXX_FLAGS)
+    set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS "${MESH_LIGHT_CXX_FLAGS}")
+  endif()
+endfunction()
+
 # Warnings are errors in our own code. Generated and third-party code does not
 # go through this function.
 function(mesh_target_defaults target)
@@ -64,6 +88,10 @@ function(mesh_cc_test name)
   string(REPLACE ";" "${escape};" labels "${ARG_LABELS}")
   add_executable(${name} ${ARG_SRCS})
   mesh_target_defaults(${name})
+  if("gpu" IN_LIST ARG_LABELS)
+    # The GPU bundle (make gpu-bundle) carries every gpu-labelled test.
+    set_property(GLOBAL APPEND PROPERTY MESH_GPU_TESTS ${name})
+  endif()
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
