@@ -5,6 +5,7 @@
 #   make test-slow  the tests labelled `slow` (long fault scenarios)
 #   make build   configure and build only
 #   make bench   build and run the benchmarks (never part of `make test`)
+#   make gpu-bundle  the GPU checks as a tarball for a bare GPU node (docs/gpu.md)
 #   make fuzz    libFuzzer harnesses, FUZZ_SECONDS (60) each, in build-fuzz (docs/fuzzing.md)
 #   make format  clang-format every C++ file in place
 #   make lint    clang-tidy over our sources
@@ -20,7 +21,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 CXX_SOURCES = $(shell git ls-files '*.cc' '*.h' 2>/dev/null)
 
-.PHONY: all deps configure build test test-slow demo bench fuzz format lint clean
+.PHONY: all deps configure build test test-slow demo bench gpu-bundle fuzz format lint clean
 
 all: build
 
@@ -47,6 +48,9 @@ demo: build
 
 bench: build
 	scripts/bench.sh $(BUILD_DIR)
+
+gpu-bundle: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target gpu-bundle
 
 # Not part of `make test`: clang, its own build dir, FUZZ_SECONDS per target.
 fuzz: deps

@@ -31,6 +31,8 @@ core_packages=(
   libdlpack-dev
   # systemd readiness and watchdog (sd_notify).
   libsystemd-dev
+  # make gpu-bundle: RUNPATHs of the bundled binaries and libraries.
+  patchelf
   # Deployment file checks (scripts/check_deploy.py).
   python3-yaml
   # Format and lint.
