@@ -6,7 +6,10 @@
 // success and 1 on any error; an error after joining is reported to the
 // coordinator first, so the other ranks stop at once instead of waiting.
 //
-//   allreduce_2d [--device cpu|cuda] [--gloo-host ADDR] [--elements N]
+//   allreduce_2d [--device cpu|cuda] [--gloo-host ADDR] [--elements N] [--rounds N]
+//
+// --rounds repeats the world all-reduce (default 1), printing "rank R: round
+// 1 ok" after the first, so a long run can be watched or interrupted.
 //
 // --device cpu (the default) runs Gloo over TCP on host tensors; --device
 // cuda runs NCCL on CUDA tensors, each rank on its own GPU
@@ -68,7 +71,7 @@ absl::Status AllReduceAndCheck(mesh::ProcessGroup& group, int world_rank, int64_
   return absl::OkStatus();
 }
 
-absl::Status Run(mesh::Runtime& runtime, int64_t elements, bool cuda) {
+absl::Status Run(mesh::Runtime& runtime, int64_t elements, int64_t rounds, bool cuda) {
   const mesh::JoinInfo& info = runtime.info();
   const mesh::Device device =
       cuda ? mesh::Device::Cuda(mesh::NcclDefaultDeviceIndex(info.local_rank, info.local_world_size,
@@ -95,7 +98,15 @@ absl::Status Run(mesh::Runtime& runtime, int64_t elements, bool cuda) {
   }
   absl::StatusOr<std::shared_ptr<mesh::ProcessGroup>> world = runtime.World();
   if (!world.ok()) return world.status();
-  if (absl::Status s = AllReduceAndCheck(**world, info.rank, elements, device); !s.ok()) return s;
+  for (int64_t round = 1; round <= rounds; ++round) {
+    if (absl::Status s = AllReduceAndCheck(**world, info.rank, elements, device); !s.ok()) {
+      return s;
+    }
+    if (round == 1) {
+      std::printf("rank %d: round 1 ok\n", info.rank);
+      std::fflush(stdout);
+    }
+  }
   // Nobody leaves while a peer may still need it.
   absl::StatusOr<mesh::ProcessGroup::WorkPtr> barrier = (*world)->Barrier();
   if (!barrier.ok()) return barrier.status();
@@ -113,7 +124,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--gloo-host", gloo_host,
                  "Address for Gloo's sockets (default: this host's name)");
+  int64_t rounds = 1;
   app.add_option("--elements", elements, "Floats per all-reduce")->check(CLI::PositiveNumber);
+  app.add_option("--rounds", rounds, "World all-reduces to run")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   const bool cuda = device == "cuda";
@@ -133,7 +146,7 @@ int main(int argc, char** argv) {
   const int rank = (*runtime)->rank();
   // Reports our own error to the job (a peer's is already its error), or
   // leaves cleanly.
-  if (absl::Status s = (*runtime)->Finish(Run(**runtime, elements, cuda)); !s.ok()) {
+  if (absl::Status s = (*runtime)->Finish(Run(**runtime, elements, rounds, cuda)); !s.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
     return 1;
   }

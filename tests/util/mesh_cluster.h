@@ -59,11 +59,12 @@ std::vector<std::string> CoordinatorArgv(const std::string& binary, const std::s
                                          absl::Duration node_interval, absl::Duration node_timeout);
 
 // The command line of a harness agent: `binary` dialing `coordinator`,
-// registered as `name` at `address`, `slots` slots, no GPUs, its work
-// directory `work_dir`, a 1 s grace.
+// registered as `name` at `address`, `slots` slots, `gpus` as its --gpus
+// ("none": no GPUs; "auto": NVML discovery), its work directory `work_dir`,
+// a 1 s grace.
 std::vector<std::string> AgentArgv(const std::string& binary, const std::string& coordinator,
                                    const std::string& name, const std::string& address, int slots,
-                                   const std::string& work_dir);
+                                   const std::string& work_dir, const std::string& gpus = "none");
 
 // A coordinator started by StartCoordinatorProcess, and where it listens.
 struct StartedCoordinator {
@@ -113,9 +114,9 @@ class MeshCluster {
   bool coordinator_running() const { return coordinator_ != nullptr; }
   pid_t coordinator_pid() const;
 
-  // Starts agent `i` named "node-<i>" with `slots` slots, no GPUs, a 1 s
-  // grace, its work directory under dir().
-  absl::Status StartAgent(int i, int slots = 2);
+  // Starts agent `i` named "node-<i>" with `slots` slots, `gpus` as its
+  // --gpus (default none), a 1 s grace, its work directory under dir().
+  absl::Status StartAgent(int i, int slots = 2, const std::string& gpus = "none");
   Subprocess* agent(int i) { return agents_.at(i).get(); }
 
   const std::string& address() const { return address_; }

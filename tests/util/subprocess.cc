@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -124,6 +125,27 @@ absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
+}
+
+CommandOutput RunMerged(const std::vector<std::string>& argv, absl::Duration timeout) {
+  std::vector<std::string> shell = {"/bin/sh", "-c", "exec \"$@\" 2>&1", "sh"};
+  shell.insert(shell.end(), argv.begin(), argv.end());
+  CommandOutput result;
+  absl::StatusOr<Subprocess> process = Subprocess::Start(shell);
+  if (!process.ok()) {
+    result.output = std::string(process.status().message());
+    return result;
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    absl::StatusOr<std::string> line =
+        process->ReadLine(std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    if (!line.ok()) break;
+    absl::StrAppend(&result.output, *line, "\n");
+  }
+  absl::StatusOr<int> status = process->Wait(std::max(deadline - absl::Now(), absl::Seconds(1)));
+  if (status.ok() && WIFEXITED(*status)) result.code = WEXITSTATUS(*status);
+  return result;  // The destructor kills and reaps a command that overran.
 }
 
 }  // namespace mesh::testing

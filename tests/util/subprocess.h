@@ -53,4 +53,15 @@ class Subprocess {
   std::string buffer_;
 };
 
+// What RunMerged saw: the exit code (-1 when the command could not start or
+// did not finish in time) and everything it wrote to stdout and stderr.
+struct CommandOutput {
+  int code = -1;
+  std::string output;
+};
+
+// Runs `argv` (argv[0] a path) to its end with stderr merged into stdout,
+// bounded by `timeout`; a command still running then is killed.
+CommandOutput RunMerged(const std::vector<std::string>& argv, absl::Duration timeout);
+
 }  // namespace mesh::testing
