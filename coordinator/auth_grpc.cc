@@ -58,6 +58,13 @@ absl::StatusOr<Principal> CallAuthorizer::Caller(const grpc::ServerContextBase& 
 
 absl::Status CallAuthorizer::JobData(const grpc::ServerContextBase& ctx,
                                      absl::string_view job_id) const {
+  // Checked before anything else, so a forgotten RankContext reads as what
+  // it is whoever calls, not as an unknown job or someone else's.
+  if (job_id.empty()) {
+    return absl::InvalidArgumentError(
+        "the request names no job: its job_id is empty (a worker call without its "
+        "RankContext, or a job request without a job id)");
+  }
   if (!enabled()) return absl::OkStatus();
   absl::StatusOr<Principal> caller = Caller(ctx);
   if (!caller.ok()) return caller.status();

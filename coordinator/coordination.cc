@@ -351,8 +351,14 @@ absl::StatusOr<int64_t> Coordination::BumpGeneration(const std::string& job_id,
 
 absl::StatusOr<Coordination::Generation*> Coordination::ResolveLocked(const Caller& caller,
                                                                       bool require_joined,
-                                                                      bool allow_failed) {
+                                                                      bool allow_failed,
+                                                                      bool check_incarnation) {
   if (shut_down_) return UnavailableShutDown();
+  if (caller.job_id.empty()) {
+    return absl::InvalidArgumentError(
+        "the request names no job: its RankContext (job_id, generation, rank, incarnation) is "
+        "missing or has an empty job_id");
+  }
   auto it = jobs_.find(caller.job_id);
   if (it == jobs_.end()) {
     auto failed = failed_removed_.find(caller.job_id);
@@ -381,11 +387,12 @@ absl::StatusOr<Coordination::Generation*> Coordination::ResolveLocked(const Call
         absl::StrCat(gen.Name(), ": rank ", caller.rank, " is outside 0..", gen.world_size() - 1));
   }
   const bool joined = gen.rendezvous.joined(caller.rank);
-  if (joined && gen.rendezvous.incarnation(caller.rank) != caller.incarnation) {
-    return absl::AbortedError(
-        absl::StrCat(gen.Name(), ": rank ", caller.rank, " joined as incarnation ",
-                     gen.rendezvous.incarnation(caller.rank), "; this process (incarnation ",
-                     caller.incarnation, ") is stale"));
+  if (check_incarnation && joined &&
+      gen.rendezvous.incarnation(caller.rank) != caller.incarnation) {
+    return absl::AbortedError(absl::StrCat(
+        gen.Name(), ": rank ", caller.rank, " is held by incarnation ",
+        gen.rendezvous.incarnation(caller.rank), "; this process (incarnation ", caller.incarnation,
+        ") is fenced out: a newer process joined as this rank, or this one never did"));
   }
   if (gen.error.has_value() && !allow_failed) return absl::AbortedError(gen.error->message);
   if (require_joined && !joined) {
@@ -439,10 +446,16 @@ void Coordination::Join(JoinArgs args, Callback<JoinResult> callback) {
   using Result = absl::StatusOr<JoinResult>;
   Completions done;
   absl::MutexLock lock(&mu_);
-  auto resolved = ResolveLocked(args.caller, /*require_joined=*/false, /*allow_failed=*/false);
+  auto resolved = ResolveLocked(args.caller, /*require_joined=*/false, /*allow_failed=*/false,
+                                /*check_incarnation=*/false);
   if (!resolved.ok()) return done.Complete(callback, Result(resolved.status()));
   Generation& gen = **resolved;
   const int rank = args.caller.rank;
+  if (gen.rendezvous.joined(rank) && gen.rendezvous.incarnation(rank) != args.caller.incarnation) {
+    if (absl::Status s = SupersedeLocked(gen, args.caller, args.host, done); !s.ok()) {
+      return done.Complete(callback, Result(s));
+    }
+  }
   const bool was_complete = gen.rendezvous.complete();
   if (!gen.first_join.has_value()) gen.first_join = clock_->Now();
   const absl::StatusOr<bool> completed =
@@ -463,6 +476,40 @@ void Coordination::Join(JoinArgs args, Callback<JoinResult> callback) {
   } else {
     FailIfRankExitedLocked(gen, done);
   }
+}
+
+absl::Status Coordination::SupersedeLocked(Generation& gen, const Caller& caller,
+                                           const std::string& host, Completions& done) {
+  const int rank = caller.rank;
+  const uint64_t old = gen.rendezvous.incarnation(rank);
+  if (gen.rendezvous.complete()) {
+    // The world formed with the older process: every peer's groups hold it,
+    // so the generation cannot go on. The newer process owns the rank from
+    // now on, which fences the older one out of its next call.
+    gen.rendezvous.SetIncarnation(rank, caller.incarnation);
+    JobError error;
+    error.rank = rank;
+    error.host = host.empty() ? gen.rendezvous.host(rank) : host;
+    error.reason = absl::StrCat("was restarted: a new process (incarnation ", caller.incarnation,
+                                ") joined after the world had formed with incarnation ", old,
+                                ", so its peers' groups are stale");
+    FailGenerationLocked(gen, std::move(error), done);
+    return absl::AbortedError(gen.error->message);
+  }
+  // Before the world is complete nothing depends on the older process yet:
+  // its waits end, and the newer one joins in its place.
+  const absl::Status superseded =
+      absl::AbortedError(absl::StrCat(gen.Name(), ": rank ", rank, " (incarnation ", old,
+                                      ") was superseded by a newer process (incarnation ",
+                                      caller.incarnation, ") that joined as the same rank"));
+  for (uint64_t id :
+       waiters_.IdsInScope(gen.scope, [rank](const Waiter& w) { return w.rank == rank; })) {
+    std::optional<Waiter> w = waiters_.Take(id);
+    if (w->kind == Waiter::Kind::kJoin) gen.join_waiters.erase(id);
+    w->Fail(superseded, done);
+  }
+  gen.rendezvous.Unjoin(rank);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<RankDescription>> Coordination::DescribeRanks(

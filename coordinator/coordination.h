@@ -20,8 +20,9 @@
 //   NOT_FOUND            unknown job.
 //   INVALID_ARGUMENT     rank outside [0, world_size).
 //   ABORTED              generation older than the job's current one; an
-//                        incarnation other than the one that joined as that
-//                        rank; or the generation has failed (the message
+//                        incarnation other than the one that holds that
+//                        rank (a newer process replaced this one; Join
+//                        excepted); or the generation has failed (the message
 //                        names the failed rank, its host and the reason),
 //                        also once the job has moved to its next generation
 //                        or been removed (the last 4096 removed jobs whose
@@ -217,8 +218,11 @@ class Coordination {
   // Registers the caller and completes once the whole world of the
   // generation has joined. Re-joining with the same incarnation is
   // idempotent (it waits again, or completes at once when the world is
-  // complete). Extra errors: ABORTED for a different incarnation of a joined
-  // rank; INVALID_ARGUMENT for an empty host or a unique ID that is not 128
+  // complete). A different incarnation of a joined rank is a restarted
+  // process, and it wins (SupersedeLocked): before the world is complete it
+  // takes the rank and the older process's waits end with ABORTED; after,
+  // the generation fails naming the rank, and this Join gets that ABORTED.
+  // Extra errors: INVALID_ARGUMENT for an empty host or a unique ID that is not 128
   // bytes or comes from a rank other than 0; DEADLINE_EXCEEDED with k/n
   // joined and the missing ranks.
   void Join(JoinArgs args, Callback<JoinResult> done);
@@ -388,8 +392,19 @@ class Coordination {
   // Resolves caller to its live generation, applying every fencing rule.
   // `require_joined`: the rank must have joined with this incarnation.
   // `allow_failed`: a failed generation resolves instead of giving ABORTED.
+  // `check_incarnation`: a joined rank held by another incarnation gives
+  // ABORTED (Join handles a newer process itself, see SupersedeLocked).
   absl::StatusOr<Generation*> ResolveLocked(const Caller& caller, bool require_joined,
-                                            bool allow_failed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                            bool allow_failed, bool check_incarnation = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A Join of `caller.rank` by a process other than the one that joined as
+  // it: the newer process takes the rank. Before the world is complete the
+  // older one's pending waits end with ABORTED and its join is forgotten;
+  // after, the generation fails naming the rank (its peers' communicators
+  // hold the older process). Returns the status the Join gets: OK to go on
+  // joining, or ABORTED.
+  absl::Status SupersedeLocked(Generation& gen, const Caller& caller, const std::string& host,
+                               Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration ClampTimeout(absl::Duration timeout) const;
   // KvMultiSet and KvMultiGet without counting the call (KvSet, KvGet and
   // KvWait count as themselves).

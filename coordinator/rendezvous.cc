@@ -46,6 +46,19 @@ absl::StatusOr<bool> Rendezvous::Join(int rank, uint64_t incarnation, std::strin
   return true;
 }
 
+void Rendezvous::Unjoin(int rank) {
+  MESH_CHECK(!complete_ && members_[rank].joined,
+             "Unjoin needs a joined rank of an open rendezvous");
+  members_[rank] = Member();
+  if (rank == 0) world_unique_id_.clear();
+  --num_joined_;
+}
+
+void Rendezvous::SetIncarnation(int rank, uint64_t incarnation) {
+  MESH_CHECK(members_[rank].joined, "SetIncarnation needs a joined rank");
+  members_[rank].incarnation = incarnation;
+}
+
 void Rendezvous::Complete() {
   absl::flat_hash_map<std::string, std::pair<int, int>> hosts;  // host -> (node, ranks so far)
   for (Member& m : members_) {

@@ -79,6 +79,17 @@ class Rendezvous {
   absl::StatusOr<bool> Join(int rank, uint64_t incarnation, std::string host, DeviceInfo device,
                             std::string world_unique_id);
 
+  // Forgets the join of `rank`, which a newer process of the same rank
+  // replaces before the world is complete: the rank is missing again, and
+  // rank 0's world unique ID goes with it. Requires joined(rank) and
+  // !complete() (checked).
+  void Unjoin(int rank);
+
+  // Records that `incarnation` now holds `rank`, once the world is complete
+  // (the owner fails the generation: the topology stays as it was).
+  // Requires joined(rank) (checked).
+  void SetIncarnation(int rank, uint64_t incarnation);
+
   // Requires complete().
   Placement placement(int rank) const;
   int num_nodes() const { return num_nodes_; }

@@ -76,6 +76,18 @@ class WaiterRegistry {
     }
     return false;
   }
+  // The ids of the waits of `scope` that satisfy `pred(const W&)`, for the
+  // owner to Take. O(waiters of the scope).
+  template <typename Pred>
+  std::vector<uint64_t> IdsInScope(uint64_t scope, Pred pred) const {
+    std::vector<uint64_t> ids;
+    auto it = scopes_.find(scope);
+    if (it == scopes_.end()) return ids;
+    for (uint64_t id : it->second) {
+      if (pred(waiters_.at(id).waiter)) ids.push_back(id);
+    }
+    return ids;
+  }
   bool empty() const { return waiters_.empty(); }
   // Heap entries, live or not (for tests of the memory bound).
   size_t heap_size() const { return heap_.size(); }

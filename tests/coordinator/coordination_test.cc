@@ -527,25 +527,77 @@ TEST_F(CoordinationTest, RejoinWithTheSameIncarnationWhileWaitingWaitsAgain) {
   EXPECT_EQ(coord().PendingWaits(), 0u);
 }
 
-TEST_F(CoordinationTest, JoinWithAnotherIncarnationOfAJoinedRankIsAborted) {
+// A restarted process picks a new incarnation, which fences out its stale
+// predecessor (worker.proto's RankContext.incarnation): the newer process
+// wins. Before the world forms it simply takes the rank.
+TEST_F(CoordinationTest, NewerIncarnationTakesTheRankBeforeTheWorldForms) {
   ASSERT_THAT(Create("job", 2), IsOk());
-  CapturedOr<JoinResult> first;
-  coord().Join(Args("job", 0, "h"), first.Callback());
-  JoinArgs impostor = Args("job", 0, "h");
-  impostor.caller.incarnation = 999;
-  CapturedOr<JoinResult> second;
-  coord().Join(std::move(impostor), second.Callback());
-  ASSERT_TRUE(second.fired());
-  EXPECT_THAT(second.result(), StatusIs(absl::StatusCode::kAborted));
+  CapturedOr<JoinResult> old_join;
+  coord().Join(Args("job", 0, "old-host"), old_join.Callback());
+  Captured<absl::StatusOr<JobError>> old_watch;
+  ASSERT_THAT(coord().Watch(Rank("job", 0), old_watch.Callback()), IsOk());
 
-  // Also after the world is complete.
-  JoinAll("job", {"h", "h"});
-  JoinArgs late = Args("job", 1, "h");
-  late.caller.incarnation = 999;
-  CapturedOr<JoinResult> third;
-  coord().Join(std::move(late), third.Callback());
-  ASSERT_TRUE(third.fired());
-  EXPECT_THAT(third.result(), StatusIs(absl::StatusCode::kAborted));
+  JoinArgs newer = Args("job", 0, "new-host");
+  newer.caller.incarnation = 999;
+  CapturedOr<JoinResult> new_join;
+  coord().Join(std::move(newer), new_join.Callback());
+  // The older process's waits end at once, saying why.
+  ASSERT_TRUE(old_join.fired());
+  EXPECT_THAT(old_join.result(), StatusIs(absl::StatusCode::kAborted,
+                                          HasSubstr("superseded by a newer process (incarnation "
+                                                    "999)")));
+  ASSERT_TRUE(old_watch.fired());
+  EXPECT_THAT(old_watch.result(), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_FALSE(new_join.fired());
+
+  coord().Join(Args("job", 1, "h1"), CapturedOr<JoinResult>().Callback());
+  ASSERT_TRUE(new_join.fired());
+  ASSERT_THAT(new_join.result(), IsOk());
+  // The topology is the newer process's.
+  Caller current = Rank("job", 0);
+  current.incarnation = 999;
+  auto described = coord().DescribeRanks(current, {0});
+  ASSERT_THAT(described, IsOk());
+  EXPECT_EQ((*described)[0].host, "new-host");
+  // The older process is fenced out of everything; the newer one works.
+  EXPECT_THAT(coord().KvSet(Rank("job", 0), "k", "old"),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("is fenced out")));
+  EXPECT_THAT(coord().Heartbeat(Rank("job", 0)), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_THAT(coord().KvSet(current, "k", "new"), IsOk());
+  EXPECT_THAT(coord().Heartbeat(current), IsOk());
+  EXPECT_EQ(coord().PendingWaits(), 0u);
+}
+
+// Once the world has formed, every peer's groups hold the older process, so
+// a newer one ends the generation, naming the rank (XLA's coordination
+// service does the same unless told to let a new incarnation reconnect).
+TEST_F(CoordinationTest, NewerIncarnationAfterTheWorldFormedFailsTheGenerationNamingIt) {
+  ASSERT_THAT(Create("job", 2), IsOk());
+  std::vector<JobError> failures;
+  coord().SetFailureListener(
+      [&failures](const std::string&, const JobError& error) { failures.push_back(error); });
+  JoinAll("job", {"h0", "h1"});
+  Captured<absl::StatusOr<JobError>> peer_watch;
+  ASSERT_THAT(coord().Watch(Rank("job", 0), peer_watch.Callback()), IsOk());
+
+  JoinArgs restarted = Args("job", 1, "h1");
+  restarted.caller.incarnation = 999;
+  CapturedOr<JoinResult> join;
+  coord().Join(std::move(restarted), join.Callback());
+  ASSERT_TRUE(join.fired());
+  EXPECT_THAT(join.result(), StatusIs(absl::StatusCode::kAborted,
+                                      HasSubstr("rank 1 (h1) failed: was restarted: a new process "
+                                                "(incarnation 999)")));
+  // Every rank hears of it, with the culprit named.
+  ASSERT_TRUE(peer_watch.fired());
+  ASSERT_THAT(peer_watch.result(), IsOk());
+  EXPECT_EQ(peer_watch.result()->rank, 1);
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0].rank, 1);
+  // The older process of rank 1 is fenced out, not told it may go on.
+  EXPECT_THAT(coord().Heartbeat(Rank("job", 1)),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("is fenced out")));
+  EXPECT_THAT(coord().KvSet(Rank("job", 1), "k", "v"), StatusIs(absl::StatusCode::kAborted));
 }
 
 TEST_F(CoordinationTest, JoinOfAnOldGenerationIsAborted) {

@@ -230,5 +230,127 @@ TEST_F(WorkerServiceTest, ShutdownEndsPendingJoinsAndWatchesWithUnavailable) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
 }
 
+// Incarnation fencing over the wire, with two live processes for one rank:
+// the newer one wins (RankContext.incarnation in worker.proto).
+class IncarnationRpcTest : public WorkerServiceTest {
+ protected:
+  void SetUp() override {
+    StartServer(absl::Seconds(1), absl::Seconds(30));
+    CreateJobRequest create;
+    create.set_job_id("pair");
+    create.set_world_size(2);
+    CreateJobResponse created;
+    ASSERT_TRUE(AdminService::NewStub(channel_)->CreateJob(Context().get(), create, &created).ok());
+  }
+
+  static RankContext Process(int rank, uint64_t incarnation) {
+    RankContext ctx;
+    ctx.set_job_id("pair");
+    ctx.set_rank(rank);
+    ctx.set_incarnation(incarnation);
+    return ctx;
+  }
+
+  grpc::Status Join(const RankContext& who, const std::string& host) {
+    JoinRequest join;
+    *join.mutable_context() = who;
+    join.set_host(host);
+    join.set_timeout_seconds(20);
+    JoinResponse joined;
+    return stub_->Join(Context().get(), join, &joined);
+  }
+
+  grpc::Status Set(const RankContext& who, const std::string& value) {
+    KvSetRequest set;
+    *set.mutable_context() = who;
+    set.set_key("k");
+    set.set_value(value);
+    KvSetResponse reply;
+    return stub_->KvSet(Context().get(), set, &reply);
+  }
+
+  grpc::Status Heartbeat(const RankContext& who, HeartbeatResponse* reply) {
+    HeartbeatRequest beat;
+    *beat.mutable_context() = who;
+    return stub_->Heartbeat(Context().get(), beat, reply);
+  }
+
+  void WaitForPendingWaits(size_t n) {
+    for (int i = 0; i < 500 && server_->coordination().PendingWaits() < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(server_->coordination().PendingWaits(), n);
+  }
+};
+
+TEST_F(IncarnationRpcTest, ACallWithoutItsRankContextIsInvalidArgument) {
+  KvSetRequest set;  // No context.
+  set.set_key("k");
+  set.set_value("v");
+  KvSetResponse reply;
+  const grpc::Status s = stub_->KvSet(Context().get(), set, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("RankContext"));
+  JoinRequest join;
+  join.set_host("h");
+  JoinResponse joined;
+  EXPECT_EQ(stub_->Join(Context().get(), join, &joined).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(IncarnationRpcTest, ANewerProcessTakesItsRankBeforeTheWorldForms) {
+  grpc::Status old_join;
+  std::thread old_process([&] { old_join = Join(Process(1, 111), "host-old"); });
+  WaitForPendingWaits(1);
+  grpc::Status new_join;
+  std::thread new_process([&] { new_join = Join(Process(1, 222), "host-new"); });
+  old_process.join();  // Superseded at once, not left waiting.
+  EXPECT_EQ(old_join.error_code(), grpc::StatusCode::ABORTED) << old_join.error_message();
+  EXPECT_THAT(old_join.error_message(), HasSubstr("superseded by a newer process"));
+
+  ASSERT_TRUE(Join(Process(0, 100), "host-0").ok());
+  new_process.join();
+  ASSERT_TRUE(new_join.ok()) << new_join.error_message();
+  // The older process is fenced out of every call; the newer one works.
+  const grpc::Status stale = Set(Process(1, 111), "old");
+  EXPECT_EQ(stale.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(stale.error_message(), HasSubstr("is fenced out"));
+  EXPECT_TRUE(Set(Process(1, 222), "new").ok());
+  HeartbeatResponse beat;
+  EXPECT_EQ(Heartbeat(Process(1, 111), &beat).error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_TRUE(Heartbeat(Process(1, 222), &beat).ok());
+  EXPECT_FALSE(beat.has_error());
+}
+
+TEST_F(IncarnationRpcTest, ANewerProcessAfterTheWorldFormedEndsTheGenerationNamingItsRank) {
+  std::thread rank0([&] { EXPECT_TRUE(Join(Process(0, 100), "host-0").ok()); });
+  ASSERT_TRUE(Join(Process(1, 111), "host-1").ok());
+  rank0.join();
+  // The older process of rank 1 is live: it watches its job.
+  grpc::ClientContext watch_ctx;
+  WatchJobRequest watch;
+  *watch.mutable_context() = Process(1, 111);
+  auto reader = stub_->WatchJob(&watch_ctx, watch);
+  mesh::v1::JobEvent event;
+  ASSERT_TRUE(reader->Read(&event));
+  ASSERT_EQ(event.kind(), mesh::v1::JobEvent::WATCHING);
+
+  const grpc::Status restarted = Join(Process(1, 222), "host-1");
+  EXPECT_EQ(restarted.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(restarted.error_message(), HasSubstr("rank 1 (host-1) failed: was restarted"));
+  // The older process hears it in its watch, and is fenced out after.
+  ASSERT_TRUE(reader->Read(&event));
+  EXPECT_EQ(event.kind(), mesh::v1::JobEvent::ERROR);
+  EXPECT_EQ(event.error().rank(), 1);
+  HeartbeatResponse beat;
+  const grpc::Status stale = Heartbeat(Process(1, 111), &beat);
+  EXPECT_EQ(stale.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(stale.error_message(), HasSubstr("is fenced out"));
+  // The peer is told too, naming the rank.
+  ASSERT_TRUE(Heartbeat(Process(0, 100), &beat).ok());
+  ASSERT_TRUE(beat.has_error());
+  EXPECT_EQ(beat.error().rank(), 1);
+}
+
 }  // namespace
 }  // namespace mesh::coordinator
