@@ -1,6 +1,9 @@
 #include "coordinator/job_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -9,6 +12,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
@@ -239,6 +243,16 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
                                                          const Clock* clock,
                                                          JobStoreOptions options) {
   MESH_CHECK(clock != nullptr, "JobStore needs a clock");
+  if (path != ":memory:" && !absl::StartsWith(path, "file:")) {
+    // Every job's spec and environment is in here: readable by the
+    // coordinator's user alone. SQLite gives the -wal and -shm files it
+    // creates the database's mode; ones an older version left are tightened.
+    if (const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600); fd >= 0) {
+      ::fchmod(fd, 0600);
+      ::close(fd);
+    }
+    for (const char* suffix : {"-wal", "-shm"}) ::chmod((path + suffix).c_str(), 0600);
+  }
   sqlite3* db = nullptr;
   // NOMUTEX: our own mutex serializes every use of the connection.
   const int rc = sqlite3_open_v2(

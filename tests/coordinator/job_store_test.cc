@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -499,6 +500,36 @@ TEST_F(JobStoreTest, StatsCountCommits) {
 }
 
 // ---- On-disk behaviour -------------------------------------------------------
+
+// Every job's spec and environment is in the database: 0600, with its WAL
+// and shared-memory files, even under a permissive umask; a file an older
+// version made 0644 is tightened when opened.
+TEST(JobStoreFileTest, DatabaseAndItsWalAreReadableByTheOwnerAlone) {
+  TempDir dir;
+  FakeClock clock;
+  auto mode = [](const std::string& path) {
+    struct stat st {};
+    EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+    return st.st_mode & 0777;
+  };
+  const mode_t old_umask = ::umask(022);
+  {
+    auto store = JobStore::Open(dir.db(), &clock);
+    ASSERT_THAT(store, IsOk());
+    ASSERT_THAT((*store)->CreateJob(MakeJob("a", "k")), IsOk());
+    EXPECT_EQ(mode(dir.db()), 0600u);
+    EXPECT_EQ(mode(dir.db() + "-wal"), 0600u);
+    EXPECT_EQ(mode(dir.db() + "-shm"), 0600u);
+  }
+  ASSERT_EQ(::chmod(dir.db().c_str(), 0644), 0);
+  {
+    auto store = JobStore::Open(dir.db(), &clock);
+    ASSERT_THAT(store, IsOk());
+    EXPECT_EQ(mode(dir.db()), 0600u);
+    EXPECT_THAT((*store)->GetJob("job-1"), IsOk());
+  }
+  ::umask(old_umask);
+}
 
 TEST(JobStoreFileTest, UsesWalAndSurvivesReopen) {
   TempDir dir;
