@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cli/admin_client.h"
+#include "cli/coordinator_errors.h"
 #include "cli/job_client.h"
 #include "cli/job_json.h"
 #include "cli/job_spec_file.h"
@@ -99,15 +100,8 @@ namespace {
 // silently dead connection is noticed, long enough to be cheap.
 constexpr absl::Duration kWaitSlice = absl::Seconds(30);
 
-int ExitCodeFor(const absl::Status& status) {
-  if (status.ok()) return kExitOk;
-  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) return kExitUnreachable;
-  return kExitRefused;
-}
-
 int ReportError(const JobCommandContext& context, const absl::Status& status, std::ostream& err) {
-  err << "meshctl: coordinator " << context.coordinator << ": "
-      << absl::StatusCodeToString(status.code()) << ": " << status.message() << "\n";
+  err << DescribeCoordinatorError(context.coordinator, status) << "\n";
   return ExitCodeFor(status);
 }
 

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "cli/admin_client.h"
 #include "cli/cluster.h"
+#include "cli/coordinator_errors.h"
 #include "cli/health_command.h"
 #include "cli/job_commands.h"
 #include "cli/output.h"
@@ -29,17 +30,8 @@ struct GlobalOptions {
   std::string output = "table";
 };
 
-int ExitCodeFor(const absl::Status& status) {
-  if (status.ok()) return kExitOk;
-  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
-    return kExitUnreachable;
-  }
-  return kExitRefused;
-}
-
 int ReportError(const GlobalOptions& options, const absl::Status& status, std::ostream& err) {
-  err << "meshctl: coordinator " << options.coordinator << ": "
-      << absl::StatusCodeToString(status.code()) << ": " << status.message() << "\n";
+  err << DescribeCoordinatorError(options.coordinator, status) << "\n";
   return ExitCodeFor(status);
 }
 
