@@ -155,6 +155,9 @@ struct JobManager::Node {
   bool ready = true;       // READY; false: LOST.
   std::string session_id;  // Empty until the agent registers (again).
   absl::Time last_seen;
+  // Silence counts from max(last_seen, this): after Recover, the end of the
+  // recovery grace.
+  absl::Time silence_from = absl::InfinitePast();
   uint64_t stream = 0;  // Handle of the open WatchAssignments, or 0.
   AssignmentSink* sink = nullptr;
   std::vector<Assignment> pending;      // Delivered when the stream opens.
@@ -223,6 +226,12 @@ absl::Status ValidateJobManagerOptions(const JobManagerOptions& options) {
   }
   if (options.kill_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("kill_grace must not be negative");
+  }
+  if (options.node_recovery_grace < absl::ZeroDuration() ||
+      options.node_recovery_grace == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node_recovery_grace must be finite and not negative, not ",
+                     absl::FormatDuration(options.node_recovery_grace)));
   }
   if (options.max_pending_jobs < 1) {
     return absl::InvalidArgumentError(
@@ -777,9 +786,11 @@ absl::Status JobManager::Recover() {
         node->agent_version = info.agent_version();
         node->metrics_port = info.metrics_port();
       }
-      // Every node gets one heartbeat timeout to come back.
+      // Every node gets the recovery grace and one heartbeat timeout to come
+      // back.
       node->ready = true;
       node->last_seen = now;
+      node->silence_from = now + options_.node_recovery_grace;
       nodes_.emplace(record.name, std::move(node));
     }
 
@@ -894,7 +905,8 @@ absl::Status JobManager::Recover() {
       // comes back is lost after its heartbeat timeout, failing the job.
       if (state == JOB_STATE_SCHEDULED) continue;
       for (int rank = 0; rank < job->placement->world_size; ++rank) {
-        job->MarkUnaccounted(rank, now + options_.node_heartbeat_timeout);
+        job->MarkUnaccounted(rank,
+                             now + options_.node_recovery_grace + options_.node_heartbeat_timeout);
       }
     }
     spdlog::info("recovered {} jobs ({} placed) and {} nodes from {}", jobs_.size(), placed,
@@ -1691,7 +1703,8 @@ void JobManager::Tick() {
     if (shut_down_) return;
     const absl::Time now = clock_->Now();
     for (auto& [name, node] : nodes_) {
-      if (node->ready && now - node->last_seen > options_.node_heartbeat_timeout) {
+      if (node->ready &&
+          now - std::max(node->last_seen, node->silence_from) > options_.node_heartbeat_timeout) {
         NodeLostLocked(
             *node,
             absl::StrCat("no heartbeat for ", absl::FormatDuration(absl::Trunc(

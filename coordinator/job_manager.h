@@ -54,11 +54,11 @@
 // have lost a LAUNCH order with the old process: its ranks are "launching"
 // again, and each node gets its LAUNCH when it opens its assignment stream
 // (agents ignore a LAUNCH of a generation they already run). A rank still
-// unaccounted node_heartbeat_timeout after Recover (or after its node
-// re-registered without it) is a failure of its job: "rank r on node n is
-// gone". Recovered nodes count as READY for that long, so their agents can
-// reconnect without failing anything, but take no new jobs until they have
-// registered.
+// unaccounted node_heartbeat_timeout + node_recovery_grace after Recover (or
+// node_heartbeat_timeout after its node re-registered without it) is a
+// failure of its job: "rank r on node n is gone". Recovered nodes count as
+// READY for that long, so their agents can reconnect without failing
+// anything, but take no new jobs until they have registered.
 //
 // Streams (WatchJobState, GetLogs, WatchAssignments) deliver to a
 // StreamSink. The manager calls a sink with its own mutex held, in order:
@@ -117,6 +117,12 @@ struct JobManagerOptions {
   // the timeout is LOST.
   absl::Duration node_heartbeat_interval = absl::Seconds(2);
   absl::Duration node_heartbeat_timeout = absl::Seconds(15);
+  // After a restart (Recover), recovered nodes get this long on top of
+  // node_heartbeat_timeout to register again before they are LOST, and so
+  // do the unaccounted ranks of their jobs: right after a restart, agents
+  // may take seconds to reconnect (their channels back off; a loaded host
+  // retries TCP handshakes), and a job must not fail for that.
+  absl::Duration node_recovery_grace = absl::Seconds(10);
   // SIGTERM → SIGKILL grace in KILL orders.
   absl::Duration kill_grace = absl::Seconds(10);
   // Cap on a WaitJob timeout (and the wait used when none is given).

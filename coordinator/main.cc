@@ -182,6 +182,13 @@ int main(int argc, char** argv) {
       ->envname("MESH_NODE_HEARTBEAT_TIMEOUT")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  double node_recovery_grace_s = absl::ToDoubleSeconds(jobs.node_recovery_grace);
+  app.add_option("--node-recovery-grace", node_recovery_grace_s,
+                 "Seconds after a restart that recovered nodes get, on top of the heartbeat "
+                 "timeout, to register again")
+      ->envname("MESH_NODE_RECOVERY_GRACE")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--kill-grace", kill_grace_s,
                  "Seconds between SIGTERM and SIGKILL when workers are killed")
       ->envname("MESH_KILL_GRACE")
@@ -287,6 +294,7 @@ int main(int argc, char** argv) {
   }
   jobs.node_heartbeat_interval = absl::Seconds(node_heartbeat_interval_s);
   jobs.node_heartbeat_timeout = absl::Seconds(node_heartbeat_timeout_s);
+  jobs.node_recovery_grace = absl::Seconds(node_recovery_grace_s);
   jobs.kill_grace = absl::Seconds(kill_grace_s);
   jobs.log_attach_timeout = absl::Seconds(log_attach_timeout_s);
   // One cap for every wait a request asks for, WaitJob's included.

@@ -50,6 +50,7 @@ constexpr Action kUploadLogs = v1::Assignment::ACTION_UPLOAD_LOGS;
 
 constexpr absl::Duration kHeartbeatInterval = absl::Seconds(2);
 constexpr absl::Duration kHeartbeatTimeout = absl::Seconds(15);
+constexpr absl::Duration kRecoveryGrace = absl::Seconds(10);
 constexpr absl::Duration kKillGrace = absl::Seconds(7);
 constexpr absl::Duration kMaxWait = absl::Minutes(1);
 constexpr absl::Duration kLogAttachTimeout = absl::Seconds(10);
@@ -234,6 +235,7 @@ class JobManagerTest : public ::testing::Test {
     options.spec_limits.working_dir_root = "/data";
     options.node_heartbeat_interval = kHeartbeatInterval;
     options.node_heartbeat_timeout = kHeartbeatTimeout;
+    options.node_recovery_grace = kRecoveryGrace;
     options.kill_grace = kKillGrace;
     options.max_wait = kMaxWait;
     options.log_attach_timeout = kLogAttachTimeout;
@@ -473,6 +475,15 @@ TEST(JobManagerOptionsTest, ZeroHeartbeatTimeoutIsInvalid) {
   options.node_heartbeat_timeout = absl::ZeroDuration();
   EXPECT_THAT(ValidateJobManagerOptions(options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("node_heartbeat_timeout")));
+}
+
+TEST(JobManagerOptionsTest, NegativeRecoveryGraceIsInvalid) {
+  JobManagerOptions options;
+  options.node_recovery_grace = absl::Seconds(-1);
+  EXPECT_THAT(ValidateJobManagerOptions(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("node_recovery_grace")));
+  options.node_recovery_grace = absl::ZeroDuration();
+  EXPECT_THAT(ValidateJobManagerOptions(options), IsOk());
 }
 
 TEST(JobManagerOptionsTest, BadSpecLimitsAreInvalid) {
@@ -1691,10 +1702,13 @@ TEST_F(JobManagerTest, RecoveredJobFailsWhenAnAgentNeverReturns) {
 
   ASSERT_THAT(Register(*a_, {Worker(id, 0, 0), Worker(id, 0, 1)}), IsOk());
   ASSERT_THAT(Watch(*a_), IsOk());
-  // Recovered nodes count as READY while their agents may still reconnect.
+  // Recovered nodes count as READY while their agents may still reconnect:
+  // for the recovery grace plus one heartbeat timeout, so that agents slow
+  // to reconnect after a restart fail nothing.
   EXPECT_EQ(NodeInfo("node-b").state(), v1::NODE_STATE_READY);
-  AdvanceWithHeartbeats(kHeartbeatTimeout - absl::Seconds(1), {a_});
+  AdvanceWithHeartbeats(kRecoveryGrace + kHeartbeatTimeout - absl::Seconds(1), {a_});
   EXPECT_EQ(StateOf(id), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(NodeInfo("node-b").state(), v1::NODE_STATE_READY);
 
   AdvanceWithHeartbeats(absl::Seconds(2), {a_});
   const v1::Job job = Job(id);
