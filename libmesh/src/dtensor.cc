@@ -90,6 +90,16 @@ Tensor SubBuffer(const Tensor& buffer, int64_t offset, absl::Span<const int64_t>
   return Tensor::Contiguous(base, buffer.dtype(), shape, buffer.device(), buffer.keep_alive());
 }
 
+// `t`, which holds `whole`, narrowed on dim d to `piece` (two layouts of one
+// tensor, `piece` inside `whole`). An empty piece is narrowed at 0: an empty
+// shard's offset is the global extent (ComputeLocalLayout), which lies
+// outside any parent chunk.
+absl::StatusOr<Tensor> NarrowTo(const Tensor& t, int d, const LocalLayout& piece,
+                                const LocalLayout& whole) {
+  if (piece.shape[d] == 0) return t.Narrow(d, 0, 0);
+  return t.Narrow(d, piece.offset[d] - whole.offset[d], piece.shape[d]);
+}
+
 // `t` narrowed to [offset, offset + shape) on every dim.
 absl::StatusOr<Tensor> Box(const Tensor& t, absl::Span<const int64_t> offset,
                            absl::Span<const int64_t> shape) {
@@ -432,7 +442,7 @@ absl::StatusOr<Tensor> RunAllGather(const StepContext& c, const Tensor& local,
     const int me = group.rank();
     auto place = [&](int64_t j) {
       const LocalLayout& p = peers[static_cast<size_t>(j)];
-      return out.Narrow(d, p.offset[d] - after.offset[d], p.shape[d]);
+      return NarrowTo(out, d, p, after);
     };
     PointToPoint p2p(group, c.timeout);
     for (int64_t step = 1; step < k; ++step) {
@@ -474,7 +484,7 @@ absl::StatusOr<Tensor> RunAllGather(const StepContext& c, const Tensor& local,
     int64_t offset = 0;
     for (int64_t j = 0; j < k; ++j) {
       const LocalLayout& p = peers[static_cast<size_t>(j)];
-      DT_ASSIGN_OR_RETURN(Tensor dst, out.Narrow(d, p.offset[d] - after.offset[d], p.shape[d]));
+      DT_ASSIGN_OR_RETURN(Tensor dst, NarrowTo(out, d, p, after));
       DT_RETURN_IF_ERROR(sharding::CopyStrided(dst, SubBuffer(recv, offset, p.shape)));
       offset += counts[static_cast<size_t>(j)];
     }
@@ -542,8 +552,7 @@ absl::StatusOr<Tensor> RunReduceScatter(const StepContext& c, const Tensor& loca
     int64_t offset = 0;
     for (int64_t j = 0; j < k; ++j) {
       const LocalLayout& p = peers[static_cast<size_t>(j)];
-      DT_ASSIGN_OR_RETURN(Tensor piece,
-                          local.Narrow(d, p.offset[d] - before.offset[d], p.shape[d]));
+      DT_ASSIGN_OR_RETURN(Tensor piece, NarrowTo(local, d, p, before));
       DT_RETURN_IF_ERROR(sharding::CopyStrided(SubBuffer(send, offset, p.shape), piece));
       offset += pad ? padded_count : counts[static_cast<size_t>(j)];
     }
@@ -604,11 +613,11 @@ absl::StatusOr<Tensor> RunAllToAll(const StepContext& c, const Tensor& local, Pr
   // to j) is in the input.
   auto place = [&](int64_t j) {
     const LocalLayout& p = before[static_cast<size_t>(j)];
-    return out.Narrow(d, p.offset[d] - mine_after.offset[d], p.shape[d]);
+    return NarrowTo(out, d, p, mine_after);
   };
   auto piece_of_local = [&](int64_t j) {
     const LocalLayout& p = after[static_cast<size_t>(j)];
-    return local.Narrow(e, p.offset[e] - mine_before.offset[e], p.shape[e]);
+    return NarrowTo(local, e, p, mine_before);
   };
   if (CpuOverTcp(group, cuda)) {
     // Pieces straight between input and result (see PointToPoint): only the
@@ -640,8 +649,7 @@ absl::StatusOr<Tensor> RunAllToAll(const StepContext& c, const Tensor& local, Pr
     int64_t offset = 0;
     for (int64_t j = 0; j < k; ++j) {
       const LocalLayout& p = after[static_cast<size_t>(j)];
-      DT_ASSIGN_OR_RETURN(Tensor piece,
-                          local.Narrow(e, p.offset[e] - mine_before.offset[e], p.shape[e]));
+      DT_ASSIGN_OR_RETURN(Tensor piece, NarrowTo(local, e, p, mine_before));
       DT_RETURN_IF_ERROR(sharding::CopyStrided(SubBuffer(send, offset, piece.shape()), piece));
       offset += send_counts[static_cast<size_t>(j)];
     }
@@ -659,8 +667,7 @@ absl::StatusOr<Tensor> RunAllToAll(const StepContext& c, const Tensor& local, Pr
     int64_t offset = 0;
     for (int64_t j = 0; j < k; ++j) {
       const LocalLayout& p = before[static_cast<size_t>(j)];
-      DT_ASSIGN_OR_RETURN(Tensor dst,
-                          out.Narrow(d, p.offset[d] - mine_after.offset[d], p.shape[d]));
+      DT_ASSIGN_OR_RETURN(Tensor dst, NarrowTo(out, d, p, mine_after));
       DT_RETURN_IF_ERROR(sharding::CopyStrided(dst, SubBuffer(recv, offset, dst.shape())));
       offset += recv_counts[static_cast<size_t>(j)];
     }
@@ -674,8 +681,7 @@ absl::StatusOr<Tensor> RunLocalSlice(const StepContext& c, const Tensor& local) 
                                                              c.mesh.GetCoordinate()));
   DT_ASSIGN_OR_RETURN(LocalLayout after, ComputeLocalLayout(c.shape, c.mesh.shape(), c.step.after,
                                                             c.mesh.GetCoordinate()));
-  DT_ASSIGN_OR_RETURN(Tensor piece,
-                      local.Narrow(d, after.offset[d] - before.offset[d], after.shape[d]));
+  DT_ASSIGN_OR_RETURN(Tensor piece, NarrowTo(local, d, after, before));
   return CopyOf(piece);
 }
 
@@ -1141,8 +1147,7 @@ absl::StatusOr<DTensor> DistributeTensor(const Tensor& global, const DeviceMesh&
           int64_t offset = 0;
           for (int64_t j = 0; j < k; ++j) {
             const LocalLayout& p = peers[static_cast<size_t>(j)];
-            DT_ASSIGN_OR_RETURN(Tensor piece,
-                                held.Narrow(d, p.offset[d] - parent.offset[d], p.shape[d]));
+            DT_ASSIGN_OR_RETURN(Tensor piece, NarrowTo(held, d, p, parent));
             DT_RETURN_IF_ERROR(sharding::CopyStrided(SubBuffer(send, offset, p.shape), piece));
             offset += counts[static_cast<size_t>(j)];
           }

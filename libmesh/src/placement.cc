@@ -146,7 +146,9 @@ absl::StatusOr<LocalLayout> ComputeLocalLayout(absl::Span<const int64_t> global_
     const int d = placements[i].dim();
     const Chunk chunk = ChunkOf(layout.shape[d], mesh_shape[i], coordinate[i]);
     layout.shape[d] = chunk.size;
-    layout.offset[d] += chunk.offset;
+    // An empty shard sits at the global extent, PyTorch's out-of-range
+    // offset for it (distributed checkpointing de-duplicates shards by it).
+    layout.offset[d] = chunk.size == 0 ? global_shape[d] : layout.offset[d] + chunk.offset;
   }
   return layout;
 }

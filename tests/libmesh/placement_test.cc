@@ -216,6 +216,25 @@ TEST(ComputeLocalLayoutTest, NestedShardSameDimMatchesPyTorch) {
   EXPECT_EQ(MustLayout({3}, mesh, {S(0), S(0)}, {1, 1}), Layout({0}, {3}));
 }
 
+TEST(ComputeLocalLayoutTest, EmptyShardsSitAtTheGlobalExtentAsInPyTorch) {
+  // PyTorch gives a zero-size shard offset global_shape[d], wherever its
+  // parent chunk ends. [8] on (2, 3) with (S(0), S(0)): 8 -> 4 | 4, then
+  // 4 -> 2, 2, 0; coordinate (0, 2) is empty inside [0, 4).
+  const std::vector<int64_t> mesh = {2, 3};
+  EXPECT_EQ(MustLayout({8}, mesh, {S(0), S(0)}, {0, 2}), Layout({0}, {8}));
+  EXPECT_EQ(MustLayout({8}, mesh, {S(0), S(0)}, {1, 2}), Layout({0}, {8}));
+  EXPECT_EQ(MustLayout({8}, mesh, {S(0), S(0)}, {1, 1}), Layout({2}, {6}));
+  // An empty parent chunk stays at the extent when split again: [1] on
+  // (2, 3) gives 1 | 0, and coordinate (1, *) is empty.
+  for (int64_t j = 0; j < 3; ++j) {
+    EXPECT_EQ(MustLayout({1, 4}, mesh, {S(0), S(0)}, {1, j}), Layout({0, 4}, {1, 0})) << j;
+  }
+  // Single level: the trailing empty chunk of 5 on 4 is at 5 too.
+  EXPECT_EQ(MustLayout({7, 5}, {4}, {S(1)}, {3}), Layout({7, 0}, {0, 5}));
+  // A zero-size tensor dim: every shard is empty, at offset 0 = the extent.
+  EXPECT_EQ(MustLayout({0, 3}, mesh, {S(0), S(1)}, {1, 2}), Layout({0, 1}, {0, 2}));
+}
+
 TEST(ComputeLocalLayoutTest, ThreeDimMesh) {
   const std::vector<int64_t> mesh = {2, 2, 3};
   // [10, 4] with (S(0), R, S(0)): 10 -> 5 | 5 on dim 0; 5 -> 2, 2, 1 on dim 2.

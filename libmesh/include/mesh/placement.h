@@ -113,9 +113,11 @@ struct LocalLayout {
 // coordinate `coordinate`, by the left-to-right rule: for each mesh dim i in
 // order, a Shard(d) there replaces the current extent of dim d with chunk
 // coordinate[i] of it (ChunkOf(extent, mesh_shape[i], coordinate[i])) and
-// adds that chunk's offset to offset[d]. Replicate and Partial change
-// nothing. Possible errors: those of ValidatePlacements; INVALID_ARGUMENT for
-// a negative global size or a coordinate outside the mesh.
+// adds that chunk's offset to offset[d]. An empty shard's offset[d] is the
+// global extent global_shape[d], as PyTorch's
+// compute_local_shape_and_global_offset gives it, wherever its parent chunk
+// ended. Replicate and Partial change nothing. Possible errors: those of ValidatePlacements;
+// INVALID_ARGUMENT for a negative global size or a coordinate outside the mesh.
 absl::StatusOr<LocalLayout> ComputeLocalLayout(absl::Span<const int64_t> global_shape,
                                                absl::Span<const int64_t> mesh_shape,
                                                absl::Span<const Placement> placements,
