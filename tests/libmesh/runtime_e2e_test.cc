@@ -276,9 +276,9 @@ TEST_F(RuntimeE2eTest, ExampleWorkersRunFromTheEnvironment) {
     const std::string tp = r < 2 ? "0, 1" : "2, 3";
     const std::string dp = r % 2 == 0 ? "0, 2" : "1, 3";
     EXPECT_THAT(lines, ::testing::Contains(
-                           absl::StrCat("rank ", r, ": tp group [", tp, "] all-reduce ok")));
+                           absl::StrCat("rank ", r, ": tp group [", tp, "] all-reduce on cpu ok")));
     EXPECT_THAT(lines, ::testing::Contains(
-                           absl::StrCat("rank ", r, ": dp group [", dp, "] all-reduce ok")));
+                           absl::StrCat("rank ", r, ": dp group [", dp, "] all-reduce on cpu ok")));
   }
   EXPECT_FALSE(server_->coordination().GetJob("e2e")->failed);
 }
