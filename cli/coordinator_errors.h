@@ -19,8 +19,9 @@ namespace mesh::cli {
 // kExitRefused (any other error).
 int ExitCodeFor(const absl::Status& status);
 
-// "meshctl: cannot reach the coordinator at ADDR (connection refused): is it
-// running? set --coordinator or MESH_COORDINATOR" for a failed connection;
+// "meshctl: cannot reach the coordinator at ADDR (UNAVAILABLE: connection
+// refused): is it running? set --coordinator or MESH_COORDINATOR" for a
+// failed connection (a failed TLS handshake points at the TLS flags);
 // "meshctl: coordinator ADDR: CODE: message" otherwise. No newline.
 std::string DescribeCoordinatorError(absl::string_view coordinator, const absl::Status& status);
 

@@ -58,18 +58,27 @@ absl::StatusOr<Principal> CallAuthorizer::Caller(const grpc::ServerContextBase& 
 
 absl::Status CallAuthorizer::JobData(const grpc::ServerContextBase& ctx,
                                      absl::string_view job_id) const {
-  // Checked before anything else, so a forgotten RankContext reads as what
-  // it is whoever calls, not as an unknown job or someone else's.
-  if (job_id.empty()) {
-    return absl::InvalidArgumentError(
-        "the request names no job: its job_id is empty (a worker call without its "
-        "RankContext, or a job request without a job id)");
-  }
   if (!enabled()) return absl::OkStatus();
   absl::StatusOr<Principal> caller = Caller(ctx);
   if (!caller.ok()) return caller.status();
   if (caller->role == Role::kAdmin) return absl::OkStatus();
   return AuthorizeJobData(*caller, job_id, owner_of_(job_id));
+}
+
+absl::Status CallAuthorizer::WorkerCall(const grpc::ServerContextBase& ctx,
+                                        absl::string_view job_id) const {
+  // Who calls is settled first (UNAUTHENTICATED stays the answer to a caller
+  // without a token); then a forgotten RankContext reads as what it is, not
+  // as an unknown job or someone else's.
+  if (enabled()) {
+    if (absl::StatusOr<Principal> caller = Caller(ctx); !caller.ok()) return caller.status();
+  }
+  if (job_id.empty()) {
+    return absl::InvalidArgumentError(
+        "the request names no job: its RankContext (job_id, generation, rank, incarnation) is "
+        "missing or has an empty job_id");
+  }
+  return JobData(ctx, job_id);
 }
 
 absl::Status CallAuthorizer::JobClient(const grpc::ServerContextBase& ctx) const {

@@ -72,6 +72,9 @@ class CallAuthorizer {
 
   // The checks of auth.h, for the calling principal.
   absl::Status JobData(const grpc::ServerContextBase& ctx, absl::string_view job_id) const;
+  // A WorkerService call: INVALID_ARGUMENT when it names no job (its
+  // RankContext is missing), else JobData.
+  absl::Status WorkerCall(const grpc::ServerContextBase& ctx, absl::string_view job_id) const;
   absl::Status JobClient(const grpc::ServerContextBase& ctx) const;
   absl::Status JobControl(const grpc::ServerContextBase& ctx, absl::string_view job_id) const;
   absl::Status Node(const grpc::ServerContextBase& ctx, absl::string_view node) const;

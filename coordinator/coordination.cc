@@ -452,6 +452,10 @@ void Coordination::Join(JoinArgs args, Callback<JoinResult> callback) {
   Generation& gen = **resolved;
   const int rank = args.caller.rank;
   if (gen.rendezvous.joined(rank) && gen.rendezvous.incarnation(rank) != args.caller.incarnation) {
+    // A malformed join must not displace the process that holds the rank.
+    if (absl::Status s = Rendezvous::CheckJoin(rank, args.host, args.nccl_unique_id); !s.ok()) {
+      return done.Complete(callback, Result(gen.Annotate(s)));
+    }
     if (absl::Status s = SupersedeLocked(gen, args.caller, args.host, done); !s.ok()) {
       return done.Complete(callback, Result(s));
     }

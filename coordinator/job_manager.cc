@@ -363,6 +363,7 @@ void JobManager::CountNodesLocked() {
 
 void JobManager::SeenLocked(Node& node, absl::Time now) {
   node.last_seen = now;
+  node.silence_from = absl::InfinitePast();  // Heard from: the recovery grace is over.
   if (node.heartbeat == nullptr) node.heartbeat = metrics_.node_heartbeat->WithLabels({node.name});
   node.heartbeat->Set(absl::ToDoubleSeconds(now - absl::UnixEpoch()));
 }

@@ -20,6 +20,21 @@ std::string Rendezvous::RankName(int rank) const {
 
 absl::StatusOr<bool> Rendezvous::Join(int rank, uint64_t incarnation, std::string host,
                                       DeviceInfo device, std::string world_unique_id) {
+  if (absl::Status s = CheckJoin(rank, host, world_unique_id); !s.ok()) return s;
+  Member& m = members_[rank];
+  if (m.joined) return false;
+  m.joined = true;
+  m.incarnation = incarnation;
+  m.host = std::move(host);
+  m.device = std::move(device);
+  if (rank == 0) world_unique_id_ = std::move(world_unique_id);
+  if (++num_joined_ < world_size()) return false;
+  Complete();
+  return true;
+}
+
+absl::Status Rendezvous::CheckJoin(int rank, const std::string& host,
+                                   const std::string& world_unique_id) {
   if (host.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " joined without a host name"));
   }
@@ -34,16 +49,7 @@ absl::StatusOr<bool> Rendezvous::Join(int rank, uint64_t incarnation, std::strin
                                                      kUniqueIdBytes));
     }
   }
-  Member& m = members_[rank];
-  if (m.joined) return false;
-  m.joined = true;
-  m.incarnation = incarnation;
-  m.host = std::move(host);
-  m.device = std::move(device);
-  if (rank == 0) world_unique_id_ = std::move(world_unique_id);
-  if (++num_joined_ < world_size()) return false;
-  Complete();
-  return true;
+  return absl::OkStatus();
 }
 
 void Rendezvous::Unjoin(int rank) {

@@ -78,6 +78,10 @@ class Rendezvous {
   // other than 0. Messages name the rank, not the job.
   absl::StatusOr<bool> Join(int rank, uint64_t incarnation, std::string host, DeviceInfo device,
                             std::string world_unique_id);
+  // Join's argument checks alone (the same INVALID_ARGUMENT errors), for an
+  // owner that must validate a join before it changes anything.
+  static absl::Status CheckJoin(int rank, const std::string& host,
+                                const std::string& world_unique_id);
 
   // Forgets the join of `rank`, which a newer process of the same rank
   // replaces before the world is complete: the rank is missing again, and

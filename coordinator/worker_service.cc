@@ -158,7 +158,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<JobEvent> {
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Join(Ctx* ctx, const JoinRequest* request,
                                                   JoinResponse* response) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -193,7 +193,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Join(Ctx* ctx, const JoinRequest* r
 grpc::ServerUnaryReactor* WorkerServiceImpl::DescribeRanks(Ctx* ctx,
                                                            const DescribeRanksRequest* request,
                                                            DescribeRanksResponse* response) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   auto ranks = coordination_->DescribeRanks(
@@ -214,7 +214,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::DescribeRanks(Ctx* ctx,
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvSet(Ctx* ctx, const KvSetRequest* request,
                                                    KvSetResponse*) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   return Finish(
@@ -223,7 +223,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvSet(Ctx* ctx, const KvSetRequest*
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvGet(Ctx* ctx, const KvGetRequest* request,
                                                    KvGetResponse* response) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -238,7 +238,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvGet(Ctx* ctx, const KvGetRequest*
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvAdd(Ctx* ctx, const KvAddRequest* request,
                                                    KvAddResponse* response) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   auto value = coordination_->KvAdd(ToCaller(request->context()), request->key(), request->delta());
@@ -249,7 +249,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvAdd(Ctx* ctx, const KvAddRequest*
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvCompareSet(Ctx* ctx,
                                                           const KvCompareSetRequest* request,
                                                           KvCompareSetResponse* response) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   std::optional<std::string> expected;
@@ -266,7 +266,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvCompareSet(Ctx* ctx,
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvDelete(Ctx* ctx, const KvDeleteRequest* request,
                                                       KvDeleteResponse* response) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   auto deleted =
@@ -277,7 +277,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvDelete(Ctx* ctx, const KvDeleteRe
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvList(Ctx* ctx, const KvListRequest* request,
                                                     KvListResponse* response) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   auto result = coordination_->KvList(ToCaller(request->context()), request->prefix(),
@@ -291,7 +291,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvList(Ctx* ctx, const KvListReques
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvNumKeys(Ctx* ctx, const KvNumKeysRequest* request,
                                                        KvNumKeysResponse* response) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   auto stats = coordination_->KvNumKeys(ToCaller(request->context()));
@@ -304,7 +304,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvNumKeys(Ctx* ctx, const KvNumKeys
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvWait(Ctx* ctx, const KvWaitRequest* request,
                                                     KvWaitResponse*) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -316,7 +316,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvWait(Ctx* ctx, const KvWaitReques
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvMultiGet(Ctx* ctx, const KvMultiGetRequest* request,
                                                         KvMultiGetResponse* response) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -333,7 +333,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvMultiGet(Ctx* ctx, const KvMultiG
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvMultiSet(Ctx* ctx, const KvMultiSetRequest* request,
                                                         KvMultiSetResponse*) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   std::vector<std::pair<std::string, std::string>> entries;
@@ -344,7 +344,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvMultiSet(Ctx* ctx, const KvMultiS
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Barrier(Ctx* ctx, const BarrierRequest* request,
                                                      BarrierResponse* response) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -360,7 +360,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Barrier(Ctx* ctx, const BarrierRequ
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::PublishUniqueIds(
     Ctx* ctx, const PublishUniqueIdsRequest* request, PublishUniqueIdsResponse*) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   std::vector<std::pair<std::string, std::string>> ids(request->ids().begin(),
@@ -371,7 +371,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::PublishUniqueIds(
 grpc::ServerUnaryReactor* WorkerServiceImpl::GetUniqueIds(Ctx* ctx,
                                                           const GetUniqueIdsRequest* request,
                                                           GetUniqueIdsResponse* response) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -388,7 +388,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::GetUniqueIds(Ctx* ctx,
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(Ctx* ctx, const HeartbeatRequest* request,
                                                        HeartbeatResponse* response) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   auto error = coordination_->Heartbeat(ToCaller(request->context()));
@@ -399,7 +399,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(Ctx* ctx, const Heartbeat
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportError(Ctx* ctx,
                                                          const ReportErrorRequest* request,
                                                          ReportErrorResponse*) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   return Finish(ctx, coordination_->ReportError(ToCaller(request->context()), request->reason()));
@@ -407,7 +407,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReportError(Ctx* ctx,
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Leave(Ctx* ctx, const LeaveRequest* request,
                                                    LeaveResponse*) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return Finish(ctx, denied);
   }
   return Finish(ctx, coordination_->Leave(ToCaller(request->context())));
@@ -415,7 +415,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Leave(Ctx* ctx, const LeaveRequest*
 
 grpc::ServerWriteReactor<JobEvent>* WorkerServiceImpl::WatchJob(Ctx* ctx,
                                                                 const WatchJobRequest* request) {
-  if (absl::Status denied = authz_->JobData(*ctx, request->context().job_id()); !denied.ok()) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return RejectedStream<JobEvent>(denied);
   }
   return new WatchReactor(coordination_, *request);

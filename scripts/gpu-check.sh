@@ -21,14 +21,20 @@ set -uo pipefail
 bundle=$(cd "$(dirname "$0")/.." && pwd)
 log=${1:-$bundle/../gpu-check.log}
 exec > >(tee "$log") 2>&1
+tee_pid=$!
 budget=${MESH_GPU_CHECK_SECONDS:-290}
 start=$(date +%s)
 left() { echo $((budget - ($(date +%s) - start))); }
 
 echo "== Mesh GPU check: $(cat "$bundle/BUILD" 2>/dev/null | head -2 | tr '\n' ' ')"
 echo "host: $(uname -n), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+# Whether the driver sees a GPU: then a GPU test that skips every case
+# (its process saw no device: a driver older than the bundle's CUDA runtime,
+# say) is a failure, not a skip.
+gpus=0
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 else
   echo "nvidia-smi: not found (no driver?)"
 fi
@@ -100,6 +106,9 @@ for test in "$bundle"/tests/*; do
   elif [ "$code" -ne 0 ] && [ "$fails" -eq 0 ]; then
     echo "-- $name: exited $code"
     fails=1
+  elif [ "$gpus" -gt 0 ] && [ "$oks" -eq 0 ] && [ "$skips" -gt 0 ]; then
+    echo "-- $name: nvidia-smi lists $gpus GPU(s), but every case skipped (no device seen)"
+    fails=1
   fi
   echo "-- $name: $oks passed, $fails failed, $skips skipped"
   passed=$((passed + oks))
@@ -128,4 +137,7 @@ echo
 [ ${#not_run[@]} -eq 0 ] || echo "not run (out of the ${budget}s budget): ${not_run[*]}"
 echo "took $(($(date +%s) - start))s; log: $log"
 echo "$passed passed, $failed failed, $skipped skipped"
+# Let tee finish writing the log before the caller reads it.
+exec >&- 2>&-
+wait "$tee_pid" 2>/dev/null
 [ "$failed" -eq 0 ]

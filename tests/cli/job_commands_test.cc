@@ -608,7 +608,8 @@ TEST_F(JobCommandsTest, UnreachableCoordinatorExits3) {
     EXPECT_EQ(r.code, kExitUnreachable) << command[4] << ": " << r.err;
     // What failed and what to check, not gRPC's transport text.
     EXPECT_THAT(r.err, HasSubstr(absl::StrCat("cannot reach the coordinator at ", address,
-                                              " (connection refused): is it running? set "
+                                              " (UNAVAILABLE: connection refused): is it "
+                                              "running? set "
                                               "--coordinator or MESH_COORDINATOR")));
     EXPECT_THAT(r.err, Not(HasSubstr("failed to connect to all addresses")));
   }

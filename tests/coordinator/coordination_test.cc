@@ -568,6 +568,22 @@ TEST_F(CoordinationTest, NewerIncarnationTakesTheRankBeforeTheWorldForms) {
   EXPECT_EQ(coord().PendingWaits(), 0u);
 }
 
+TEST_F(CoordinationTest, AMalformedJoinOfANewerIncarnationDisplacesNobody) {
+  ASSERT_THAT(Create("job", 2), IsOk());
+  CapturedOr<JoinResult> old_join;
+  coord().Join(Args("job", 0, "h0"), old_join.Callback());
+  JoinArgs bad = Args("job", 0, /*host=*/"");
+  bad.caller.incarnation = 999;
+  CapturedOr<JoinResult> rejected;
+  coord().Join(std::move(bad), rejected.Callback());
+  ASSERT_TRUE(rejected.fired());
+  EXPECT_THAT(rejected.result(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_FALSE(old_join.fired()) << "the process that holds rank 0 keeps waiting";
+  coord().Join(Args("job", 1, "h1"), CapturedOr<JoinResult>().Callback());
+  ASSERT_TRUE(old_join.fired());
+  EXPECT_THAT(old_join.result(), IsOk());
+}
+
 // Once the world has formed, every peer's groups hold the older process, so
 // a newer one ends the generation, naming the rank (XLA's coordination
 // service does the same unless told to let a new incarnation reconnect).

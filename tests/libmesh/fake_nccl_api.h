@@ -6,15 +6,14 @@
 // What it models, after NCCL's documentation and source:
 //   * ncclCommInitRankConfig publishes the communicator at once; its state
 //     reads ncclInProgress for `init_polls` polls, then `init_result`.
-//   * ncclCommSplit returns `call_result`. While the split job runs the
+//   * ncclCommSplit returns `call_result` (ncclSuccess by default, as NCCL
+//     2.28 does while its split job still runs). While the job runs the
 //     parent reads ncclInProgress for `parent_polls` polls, then
 //     `parent_result`. The job publishes the child into the caller's slot
 //     (an atomic store from the "job", i.e. during some later call) after
 //     `publish_after_parent_polls` polls of the parent, or only when the test
 //     calls PublishPendingSplits. Published, the child reads ncclInProgress
-//     for `child.init_polls` polls, then `child.init_result`. NCCL 2.28 was
-//     seen reporting the parent done before publishing the child: parent_polls
-//     = 0 with publish_after_parent_polls > 0 is that order.
+//     for `child.init_polls` polls, then `child.init_result`.
 //   * An operation returns its script's `call_result`; with ncclInProgress,
 //     the communicator then reads ncclInProgress for `polls` polls and then
 //     `after`.
@@ -56,7 +55,10 @@ class FakeNcclApi final : public NcclApi {
     int rank = 0;
   };
   struct SplitScript {
-    ncclResult_t call_result = ncclInProgress;
+    // NCCL 2.28's ncclCommSplit returns ncclSuccess on a non-blocking
+    // communicator with its job still running (ncclGroupEnd's
+    // ncclInProgress is not passed on); older ones may say ncclInProgress.
+    ncclResult_t call_result = ncclSuccess;
     int parent_polls = 0;  // -1: ncclInProgress forever.
     ncclResult_t parent_result = ncclSuccess;
     int publish_after_parent_polls = 0;  // -1: only PublishPendingSplits.

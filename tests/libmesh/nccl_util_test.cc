@@ -92,7 +92,7 @@ TEST(NcclConfig, IsNonBlockingAndNamed) {
 TEST(NcclSplit, AvailableWithTheLoadedLibrary) {
   int version = 0;
   ASSERT_EQ(ncclGetVersion(&version), ncclSuccess);
-  EXPECT_EQ(SplitAvailable(RealNcclApi()), version >= NCCL_VERSION(2, 18, 0));
+  EXPECT_EQ(SplitAvailable(RealNcclApi()), version >= NCCL_VERSION(2, 19, 0));
 }
 
 }  // namespace

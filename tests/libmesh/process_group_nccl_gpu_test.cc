@@ -472,7 +472,7 @@ GroupSpec Spec(std::string family, int color, std::vector<int> ranks) {
 }
 
 TEST_F(NcclGpuTest, NewGroupsSplitsTheWorld) {
-  if (!factory_->splits_communicators()) GTEST_SKIP() << "NCCL < 2.18: no ncclCommSplit";
+  if (!factory_->splits_communicators()) GTEST_SKIP() << "NCCL < 2.19: no ncclCommSplit";
   auto groups = factory_->NewGroups({Spec("mesh/dp", 0, {0}), Spec("mesh/tp", 0, {0})});
   ASSERT_TRUE(groups.ok()) << groups.status();
   ASSERT_EQ(groups->size(), 2u);
@@ -493,7 +493,7 @@ TEST_F(NcclGpuTest, NewGroupsSplitsTheWorld) {
 }
 
 TEST_F(NcclGpuTest, SplitsAfterOpsAfterGroupsDieAndManyAtOnce) {
-  if (!factory_->splits_communicators()) GTEST_SKIP() << "NCCL < 2.18: no ncclCommSplit";
+  if (!factory_->splits_communicators()) GTEST_SKIP() << "NCCL < 2.19: no ncclCommSplit";
   // The world has connected (an op ran) before it is split.
   absl::StatusOr<Tensor> t = Upload(DType::kFloat32, {8}, Iota(8));
   ASSERT_TRUE(t.ok());

@@ -130,7 +130,7 @@ class ProcessGroupNccl : public ProcessGroup {
 
 // How NewGroups builds its communicators.
 enum class NcclGroupCreation : uint8_t {
-  // ncclCommSplit when the NCCL library has it (>= 2.18), else unique IDs.
+  // ncclCommSplit when the NCCL library is >= 2.19, else unique IDs.
   kAuto,
   // Always ncclCommSplit; FAILED_PRECONDITION where unavailable.
   kSplit,

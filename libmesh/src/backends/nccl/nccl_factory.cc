@@ -240,7 +240,7 @@ absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> CreateNcclFactory(
       if (!SplitAvailable(api)) {
         return absl::FailedPreconditionError(
             "NCCL factory options: group_creation is kSplit, but ncclCommSplit needs NCCL >= "
-            "2.18");
+            "2.19");
       }
       split = true;
       break;

@@ -320,7 +320,7 @@ absl::StatusOr<ncclComm_t> GroupCore::Split(int color, int key, const char* chil
   (void)deadline;
   (void)cancelled;
   return absl::FailedPreconditionError(absl::StrCat("cannot split ", what_, " into ", child_what,
-                                                    ": ncclCommSplit needs NCCL >= 2.18"));
+                                                    ": ncclCommSplit needs NCCL >= 2.19"));
 #endif
 }
 
@@ -396,7 +396,16 @@ void GroupCore::Close(absl::Duration destroy_timeout) {
       absl::SleepFor(absl::Milliseconds(1));
     }
     AbortLocked();
-    if (comm_ != nullptr) AbandonCommLocked();  // Never published.
+    if (comm_ != nullptr) {
+      // Never published: the communicator was not aborted, so kernels of its
+      // ops may still run on the stream and touch the barrier buffer, and
+      // cudaFree would wait for them. Everything stays allocated.
+      AbandonCommLocked();
+      ready_ = nullptr;
+      stream_ = nullptr;
+      scratch_ = nullptr;
+      return;
+    }
   } else if (comm_ != nullptr) {
     absl::Status drained;
     const ncclResult_t r = api_.CommFinalize(comm_);

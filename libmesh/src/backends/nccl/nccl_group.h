@@ -36,8 +36,9 @@
 // keeps the slot, fails the group's ops at once, and defers the parent's
 // ncclCommAbort until the slot is written: the watchdog (or Close, within its
 // destroy timeout) aborts the late child first, then the parent, then frees
-// the slot. If NCCL never publishes, both stay allocated for the life of
-// the process rather than being released under a possible writer.
+// the slot. If NCCL never publishes, the communicator, the slot and the
+// group's stream, event and barrier buffer stay allocated for the life of the
+// process rather than being released under a possible writer.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -20,7 +20,7 @@ NcclCaps BuiltCaps() {
 bool SplitAvailable(NcclApi& api) {
 #if MESH_NCCL_HAS_SPLIT
   int version = 0;
-  return api.GetVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 18, 0);
+  return api.GetVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 19, 0);
 #else
   (void)api;
   return false;

@@ -15,10 +15,11 @@
 // A split is different (AwaitSplit): NCCL's split job creates the child
 // communicator and stores it into the caller's `newcomm` slot from its own
 // thread, at the very end of the child's initialization. Until the slot is
-// written the child's init is in flight, and the parent's state alone does
-// not say when that happens (NCCL 2.28 was seen reporting the parent done
-// while the slot was still empty). So the slot may be neither freed nor read
-// as final, nor the parent aborted, before NCCL has written it.
+// written the child's init is in flight, and neither the call's result nor
+// the parent's state says when that happens: NCCL 2.28's ncclCommSplit
+// returns ncclSuccess on a non-blocking communicator while the job still
+// runs. So the slot may be neither freed nor read as final before NCCL has
+// written it, and the parent is not aborted meanwhile (see nccl_group.h).
 //
 // Thread safety: all functions are thread-safe for distinct communicators;
 // callers serialize calls on one communicator.
@@ -56,9 +57,11 @@ namespace mesh::nccl {
 NcclCaps BuiltCaps();
 
 // Whether ncclCommSplit is usable: compiled in and the loaded library is at
-// least 2.18 (a library older than the headers would fail to load anyway,
-// since libmesh links the symbol; the runtime check guards against
-// ncclGetVersion reporting otherwise).
+// least 2.19. ncclCommSplit exists since 2.18, but there a non-blocking
+// split's job lives in the calling thread's state, so an abort from another
+// thread (the watchdog, teardown) does not join it and the thread's next
+// group call races with it; from 2.19 the job belongs to the communicator.
+// Older libraries build groups from unique IDs instead.
 bool SplitAvailable(NcclApi& api);
 
 // bool travels as uint8. The dtype must have passed CheckTensor (bfloat16
