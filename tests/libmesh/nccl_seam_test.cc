@@ -75,7 +75,25 @@ class NcclSeamTest : public ::testing::Test {
     return CreateNcclFactory(std::move(options), nullptr, api_);
   }
 
-  void TearDown() override { EXPECT_THAT(api_.violations(), IsEmpty()); }
+  // Teardown of a factory SplitDp kept is checked too.
+  void TearDown() override {
+    factory_.reset();
+    EXPECT_THAT(api_.violations(), IsEmpty());
+  }
+
+  // Creates the factory (kept until TearDown) and splits mesh/dp/0 from the
+  // world as scripted; null, with the test failed, unless both succeed.
+  std::shared_ptr<ProcessGroup> SplitDp() {
+    auto factory = Create();
+    EXPECT_TRUE(factory.ok()) << factory.status();
+    if (!factory.ok()) return nullptr;
+    factory_ = *std::move(factory);
+    auto groups = factory_->NewGroups(DpSpec());
+    EXPECT_TRUE(groups.ok()) << groups.status();
+    if (!groups.ok() || groups->size() != 1) return nullptr;
+    EXPECT_EQ((*groups)[0]->name(), "mesh/dp/0");
+    return (*groups)[0];
+  }
 
   // Index of `entry` in the fake's log; fails the test when absent.
   int At(const std::string& entry) {
@@ -84,7 +102,8 @@ class NcclSeamTest : public ::testing::Test {
     return index;
   }
 
-  FakeNcclApi api_;
+  FakeNcclApi api_;  // Declared first: outlives the factory.
+  std::unique_ptr<NcclProcessGroupFactory> factory_;
 };
 
 // ---- Creation (ncclCommInitRankConfig) ------------------------------------
@@ -137,14 +156,10 @@ TEST_F(NcclSeamTest, SplitInTheDocumentedOrderSucceeds) {
   // job runs, and the child is published before the parent reads done.
   api_.ScriptSplit(
       {.call_result = ncclInProgress, .parent_polls = 4, .publish_after_parent_polls = 3});
-  auto factory = Create();
-  ASSERT_TRUE(factory.ok()) << factory.status();
-  auto groups = (*factory)->NewGroups(DpSpec());
-  ASSERT_TRUE(groups.ok()) << groups.status();
-  ASSERT_EQ(groups->size(), 1u);
-  EXPECT_EQ((*groups)[0]->name(), "mesh/dp/0");
+  std::shared_ptr<ProcessGroup> dp = SplitDp();
+  ASSERT_NE(dp, nullptr);
   FakeDeviceBuffer buffer;
-  auto work = (*groups)[0]->AllReduce(buffer.tensor(), ReduceOp::kSum);
+  auto work = dp->AllReduce(buffer.tensor(), ReduceOp::kSum);
   ASSERT_TRUE(work.ok()) << work.status();
   EXPECT_TRUE((*work)->status().ok());
   EXPECT_LT(At("Publish(mesh/dp/0)"), At("AllReduce(mesh/dp/0)"));
@@ -157,12 +172,9 @@ TEST_F(NcclSeamTest, SplitThatReturnsSuccessBeforeTheChildIsPublishedWaitsForThe
   // read an empty slot and freed it, and NCCL then wrote into freed memory.
   api_.ScriptSplit(
       {.call_result = ncclSuccess, .parent_polls = 2, .publish_after_parent_polls = 6});
-  auto factory = Create();
-  ASSERT_TRUE(factory.ok()) << factory.status();
-  auto groups = (*factory)->NewGroups(DpSpec());
-  ASSERT_TRUE(groups.ok()) << groups.status();
-  EXPECT_EQ((*groups)[0]->name(), "mesh/dp/0");
-  EXPECT_TRUE((*groups)[0]->health().ok());
+  std::shared_ptr<ProcessGroup> dp = SplitDp();
+  ASSERT_NE(dp, nullptr);
+  EXPECT_TRUE(dp->health().ok());
   EXPECT_FALSE(api_.aborted("world"));
 }
 
@@ -171,22 +183,18 @@ TEST_F(NcclSeamTest, SplitWhoseParentReadsDoneBeforeTheChildIsPublishedWaitsForT
   // only the slot does.
   api_.ScriptSplit(
       {.call_result = ncclInProgress, .parent_polls = 0, .publish_after_parent_polls = 6});
-  auto factory = Create();
-  ASSERT_TRUE(factory.ok()) << factory.status();
-  auto groups = (*factory)->NewGroups(DpSpec());
-  ASSERT_TRUE(groups.ok()) << groups.status();
-  EXPECT_TRUE((*groups)[0]->health().ok());
+  std::shared_ptr<ProcessGroup> dp = SplitDp();
+  ASSERT_NE(dp, nullptr);
+  EXPECT_TRUE(dp->health().ok());
 }
 
 TEST_F(NcclSeamTest, SplitWaitsUntilThePublishedChildIsReady) {
   api_.ScriptSplit({.child = {.init_polls = 5}});
-  auto factory = Create();
-  ASSERT_TRUE(factory.ok()) << factory.status();
-  auto groups = (*factory)->NewGroups(DpSpec());
-  ASSERT_TRUE(groups.ok()) << groups.status();
+  std::shared_ptr<ProcessGroup> dp = SplitDp();
+  ASSERT_NE(dp, nullptr);
   // An op on a child still in progress would be a violation (TearDown).
   FakeDeviceBuffer buffer;
-  ASSERT_TRUE((*groups)[0]->AllReduce(buffer.tensor(), ReduceOp::kSum).ok());
+  ASSERT_TRUE(dp->AllReduce(buffer.tensor(), ReduceOp::kSum).ok());
 }
 
 TEST_F(NcclSeamTest, SplitOfAWiderWorldChecksTheChildsShape) {
