@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "agent/log_tail.h"
 #include "agent/worker_env.h"
+#include "common/duration_format.h"
 #include "common/version.h"
 
 namespace mesh::agent {
@@ -220,9 +221,11 @@ absl::Status Agent::Start() {
     next_worker_port_ = config_.worker_metrics_port_first;
   }
   grpc::ChannelArguments args;
-  // gRPC's own reconnect backoff grows to 2 minutes by default; keep it at
-  // the agent's re-registration pace so a restarted coordinator is found
-  // within seconds.
+  // gRPC's own reconnect backoff grows to 2 minutes by default, and an RPC
+  // made while the channel waits out that backoff is queued until the next
+  // connection attempt, however soon the coordinator is back. Keep it at
+  // the agent's re-registration pace (at most backoff_max, 1 s by default)
+  // so a restarted coordinator is usually found within about a second.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(config_.backoff_initial)));
   // Despite its name, gRPC uses this as the minimum time one connection
@@ -230,8 +233,7 @@ absl::Status Agent::Start() {
   // At backoff_initial (100 ms) attempts to a restarted coordinator on a
   // loaded host were cut short again and again ("tcp handshaker shutdown");
   // 1 s lets a handshake finish there and still retries a stalled attempt
-  // soon. (After a kill -9 on one host, some reconnects still stall for
-  // ~5 s in the kernel's TCP handshake: docs/failure-semantics.md.)
+  // soon.
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(config_.backoff_max)));
@@ -538,7 +540,7 @@ void Agent::HeartbeatLoop() {
       RequestReconnect(epoch, absl::StrCat("heartbeat: ", Describe(status)));
     } else if (absl::Now() - last_ok > timeout) {
       RequestReconnect(epoch, absl::StrCat("no heartbeat acknowledged for ",
-                                           absl::FormatDuration(absl::Now() - last_ok),
+                                           FormatDurationShort(absl::Now() - last_ok),
                                            "; last: ", Describe(status)));
     } else {
       spdlog::debug("heartbeat failed ({})", Describe(status));
@@ -930,7 +932,7 @@ void Agent::ApplyKill(const v1::Assignment& order) {
                                    ? absl::Seconds(order.grace_period_seconds())
                                    : config_.grace;
   spdlog::info("KILL job {} generations <= {} ({} on this node, grace {}){}{}", job_id,
-               order.generation(), victims.size(), absl::FormatDuration(grace),
+               order.generation(), victims.size(), FormatDurationShort(grace),
                order.reason().empty() ? "" : ": ", order.reason());
   for (auto& rec : victims) {
     rec->recorder->OverrideGrace(grace);

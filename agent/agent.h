@@ -10,7 +10,7 @@
 //   │        │ error                │ stream ends, or an RPC gets ABORTED /
 //   │        ▼                      │ NOT_FOUND, or no heartbeat succeeded
 //   └── backoff (100 ms doubling    │ for heartbeat_timeout
-//       to 5 s, with jitter) ◀──────┘
+//       to 1 s, with jitter) ◀──────┘
 //
 // Running workers are never touched by a session change: a coordinator
 // restart must not kill jobs. The new registration lists every worker still
@@ -97,9 +97,13 @@ struct AgentConfig {
   absl::Duration upload_timeout = absl::Minutes(5);
   absl::Duration follow_upload_timeout = absl::Hours(24);
   // Re-registration backoff: initial, doubling up to max, each with +-20%
-  // jitter. Reset once a session lasted 5 s or delivered an order.
+  // jitter. Reset once a session lasted 5 s or delivered an order. The max
+  // also caps gRPC's own reconnect backoff, so that a restarted coordinator
+  // is found within about max of serving: a connection attempt a second to a
+  // coordinator that is down costs nothing, and a few seconds of needless
+  // waiting after it is back can cost the node its liveness.
   absl::Duration backoff_initial = absl::Milliseconds(100);
-  absl::Duration backoff_max = absl::Seconds(5);
+  absl::Duration backoff_max = absl::Seconds(1);
   // How often a followed log is polled for new output.
   absl::Duration log_poll_interval = absl::Milliseconds(100);
   // UPLOAD_LOGS orders served at once; more are refused with a log line.

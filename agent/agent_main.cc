@@ -23,6 +23,7 @@
 #include "agent/stray_killer.h"
 #include "agent/worker_env.h"
 #include "common/client_flags.h"
+#include "common/duration_format.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/metrics_prometheus.h"
@@ -307,7 +308,7 @@ int RunAgentMain(int argc, const char* const* argv) {
   int signal_number = 0;
   sigwait(&shutdown_signals, &signal_number);
   spdlog::info("received {}, stopping workers (grace {})", strsignal(signal_number),
-               absl::FormatDuration(config.grace));
+               FormatDurationShort(config.grace));
   if (sd_watchdog) sd_watchdog->Stop();
   systemd::NotifyStopping().IgnoreError();
   agent.Shutdown();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/duration_format.h"
 
 namespace mesh::agent {
 
@@ -144,7 +145,7 @@ absl::Status WorkerSupervisor::WaitAllExited(absl::Duration timeout) const {
   for (const auto& [rank, pid] : state_->running) ranks.push_back(rank);
   return absl::DeadlineExceededError(
       absl::StrCat("job ", state_->job_id, " generation ", state_->generation, ": ", ranks.size(),
-                   " worker(s) still running after ", absl::FormatDuration(timeout), ": ranks ",
+                   " worker(s) still running after ", FormatDurationShort(timeout), ": ranks ",
                    absl::StrJoin(ranks, ", ")));
 }
 

@@ -170,6 +170,7 @@ absl::StatusOr<NcclOverheadRow> MeasureSize(const NcclOverheadOptions& options, 
   row.raw_sync = Summarize(std::move(raw_sync));
   row.mesh_sync = Summarize(std::move(mesh_sync));
   row.pipelined_ratio = row.mesh_pipelined.p50_us / row.raw_pipelined.p50_us;
+  row.pipelined_overhead_us = row.mesh_pipelined.p50_us - row.raw_pipelined.p50_us;
   row.sync_ratio = row.mesh_sync.p50_us / row.raw_sync.p50_us;
   return row;
 }
@@ -221,6 +222,8 @@ absl::StatusOr<NcclOverheadResult> RunNcclOverheadBench(const NcclOverheadOption
   MeshSide mesh;
   NcclProcessGroupFactoryOptions factory_options;
   factory_options.device = Device::Cuda(options.device);
+  factory_options.stream_mode = options.stream_mode;
+  result.stream_mode = options.stream_mode;
   absl::StatusOr<std::string> id = GenerateNcclUniqueId();
   if (!id.ok()) return id.status();
   factory_options.world_unique_id = *id;
@@ -253,6 +256,7 @@ nlohmann::json ToJson(const NcclOverheadResult& result) {
   }
   json["device"] = result.device_name;
   json["nccl_version"] = result.nccl_version;
+  json["stream"] = result.stream_mode == NcclStreamMode::kCurrentStream ? "current" : "group";
   nlohmann::json rows = nlohmann::json::array();
   for (const NcclOverheadRow& row : result.rows) {
     rows.push_back({{"elements", row.elements},
@@ -262,6 +266,7 @@ nlohmann::json ToJson(const NcclOverheadResult& result) {
                     {"raw_sync", ToJson(row.raw_sync)},
                     {"mesh_sync", ToJson(row.mesh_sync)},
                     {"pipelined_p50_ratio", row.pipelined_ratio},
+                    {"pipelined_overhead_us", row.pipelined_overhead_us},
                     {"sync_p50_ratio", row.sync_ratio}});
   }
   json["rows"] = std::move(rows);

@@ -3,10 +3,12 @@
 // small float32 messages (where per-call overhead, not bandwidth, dominates).
 //
 // Both sides use a non-blocking communicator and a non-blocking stream;
-// libmesh's side additionally pays for its stream semantics (an event
-// recorded on the caller's stream and waited on by the group stream, a
-// completion event, the Work) and Work::Wait (the caller's stream waits for
-// the completion event). Two figures per size:
+// libmesh's side additionally pays for its stream semantics and its Work.
+// With --stream group (NcclStreamMode::kGroupStream, the default) that is
+// an event recorded on the caller's stream and waited on by the group
+// stream, a completion event, and Work::Wait making the caller's stream wait
+// for it; with --stream current (kCurrentStream) only the completion event.
+// Two figures per size:
 //   pipelined   calls issued back to back in blocks, then one stream sync;
 //               per-call time = block time / block size. Host overhead.
 //   synchronous one call, then the host waits for it (cudaStreamSynchronize
@@ -24,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "bench/latency_stats.h"
+#include "mesh/process_group_nccl.h"
 
 namespace mesh::bench {
 
@@ -37,6 +40,8 @@ struct NcclOverheadOptions {
   int block = 100;
   // CUDA device ordinal.
   int device = 0;
+  // Where libmesh's side runs its ops.
+  NcclStreamMode stream_mode = NcclStreamMode::kGroupStream;
 };
 
 struct NcclOverheadRow {
@@ -50,6 +55,8 @@ struct NcclOverheadRow {
   LatencyStats mesh_sync;
   double pipelined_ratio = 0;  // mesh p50 / raw p50.
   double sync_ratio = 0;
+  // What libmesh adds per pipelined call: mesh p50 - raw p50.
+  double pipelined_overhead_us = 0;
 };
 
 struct NcclOverheadResult {
@@ -57,6 +64,7 @@ struct NcclOverheadResult {
   std::string skip_reason;  // "no CUDA device", "built without NCCL".
   std::string device_name;
   int nccl_version = 0;
+  NcclStreamMode stream_mode = NcclStreamMode::kGroupStream;
   std::vector<NcclOverheadRow> rows;
 };
 

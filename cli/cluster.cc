@@ -32,6 +32,7 @@
 #include "cli/admin_client.h"
 #include "cli/meshctl.h"
 #include "common/check.h"
+#include "common/duration_format.h"
 #include "common/grpc_status.h"
 #include "mesh/v1/job.grpc.pb.h"
 
@@ -277,7 +278,7 @@ class Supervisor {
     for (Child* child : group) {
       if (!child->running()) continue;
       err_ << "meshctl: " << child->name << " (pid " << child->pid << ") did not stop within "
-           << absl::FormatDuration(grace) << " of SIGTERM; sending SIGKILL\n";
+           << FormatDurationShort(grace) << " of SIGTERM; sending SIGKILL\n";
       kill(child->pid, SIGKILL);
     }
     // SIGKILL cannot be caught; the bound only guards against a process
@@ -672,7 +673,7 @@ int RunClusterUp(const ClusterConfig& config, int stop_fd, std::ostream& out, st
     }
     if (absl::Now() >= port_deadline) {
       err << "meshctl: the coordinator did not write " << port_file << " within "
-          << absl::FormatDuration(config.port_timeout) << "; its log:\n"
+          << FormatDurationShort(config.port_timeout) << "; its log:\n"
           << LogTail(coordinator->log_path, kLogTailLines);
       return finish(kExitFailed);
     }

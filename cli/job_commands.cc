@@ -23,6 +23,7 @@
 #include "cli/job_json.h"
 #include "cli/job_spec_file.h"
 #include "cli/meshctl.h"
+#include "common/duration_format.h"
 
 namespace mesh::cli {
 
@@ -164,6 +165,19 @@ std::string ShowState(const Job& job) {
   return state;
 }
 
+// The failure a job records, labelled by what it did to the job: the root
+// cause of a FAILED job, else the failure an earlier generation restarted
+// after (a RUNNING job with a "node lost" cause is one that recovered).
+std::vector<std::string> RootCauseRow(const Job& job) {
+  const std::string line = RootCauseLine(job.root_cause());
+  if (job.state() == mesh::v1::JOB_STATE_FAILED) return {"Root cause:", line};
+  if (job.root_cause().generation() < job.generation()) {
+    return {"Last failure:",
+            absl::StrCat(line, " (restarted as generation ", job.generation(), ")")};
+  }
+  return {"Last failure:", line};
+}
+
 // status: the short view.
 std::vector<std::vector<std::string>> SummaryRows(const Job& job, absl::Time now) {
   std::vector<std::vector<std::string>> rows = {
@@ -182,7 +196,7 @@ std::vector<std::vector<std::string>> SummaryRows(const Job& job, absl::Time now
   }
   rows.push_back({"Created:", ShowTime(job.create_time_unix_ms(), now)});
   rows.push_back({"Updated:", ShowTime(job.update_time_unix_ms(), now)});
-  if (job.has_root_cause()) rows.push_back({"Root cause:", RootCauseLine(job.root_cause())});
+  if (job.has_root_cause()) rows.push_back(RootCauseRow(job));
   return rows;
 }
 
@@ -432,7 +446,7 @@ absl::StatusOr<Job> WaitForJob(const JobCommandContext& context, JobClient& clie
     const absl::Duration remaining = deadline - absl::Now();
     if (remaining <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(
-          absl::StrCat("job ", job_id, " not finished after ", absl::FormatDuration(limit)));
+          absl::StrCat("job ", job_id, " not finished after ", FormatDurationShort(limit)));
     }
     const absl::Duration slice = std::min(remaining, kWaitSlice);
     const absl::Time started = absl::Now();

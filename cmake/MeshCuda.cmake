@@ -42,3 +42,28 @@ if(NOT _mesh_cuda_mode STREQUAL "OFF")
     message(STATUS "MESH_WITH_CUDA=AUTO: CUDA or NCCL not found; building without GPU support")
   endif()
 endif()
+
+# CUDA kernels (libmesh's strided copy) need nvcc. Without one the build
+# goes on and those paths fall back to the CUDA runtime's copies
+# (MESH_HAVE_CUDA_KERNELS 0). CMAKE_CUDA_ARCHITECTURES defaults to the data
+# centre and workstation parts CUDA 12 and 13 both support, as machine code,
+# plus PTX of the newest for later parts to JIT.
+set(MESH_HAVE_CUDA_KERNELS OFF)
+if(MESH_HAVE_CUDA)
+  if(NOT CMAKE_CUDA_COMPILER AND CUDAToolkit_NVCC_EXECUTABLE
+     AND EXISTS "${CUDAToolkit_NVCC_EXECUTABLE}")
+    set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES "75-real;80-real;90-real;100-real;120")
+    endif()
+    enable_language(CUDA)
+    set(MESH_HAVE_CUDA_KERNELS ON)
+    message(STATUS "CUDA kernels: ${CMAKE_CUDA_COMPILER} for ${CMAKE_CUDA_ARCHITECTURES}")
+  else()
+    message(STATUS "No nvcc: strided CUDA copies use cudaMemcpy2D instead of Mesh's kernel")
+  endif()
+endif()

@@ -27,7 +27,9 @@ endfunction()
 # Warnings are errors in our own code. Generated and third-party code does not
 # go through this function.
 function(mesh_target_defaults target)
-  target_compile_options(${target} PRIVATE -Wall -Wextra -Werror)
+  target_compile_options(${target} PRIVATE
+    "$<$<COMPILE_LANGUAGE:C,CXX>:-Wall;-Wextra;-Werror>"
+    "$<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings;-Xcompiler=-Wall,-Wextra,-Werror>")
   target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}")
 endfunction()
 
@@ -51,7 +53,10 @@ function(mesh_apply_sanitizers list)
     message(FATAL_ERROR "MESH_SANITIZE: 'thread' cannot be combined with 'address'")
   endif()
   set(flags "-fsanitize=${list}" -fno-omit-frame-pointer -fno-sanitize-recover=all)
-  add_compile_options(${flags})
+  # Host-compiler flags only: nvcc rejects them (CUDA kernels go unsanitized).
+  foreach(flag IN LISTS flags)
+    add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:${flag}>")
+  endforeach()
   add_link_options("-fsanitize=${list}")
   message(STATUS "Sanitizers: ${list}")
 endfunction()

@@ -168,8 +168,7 @@ absl::Status CheckToken(const std::string& token) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const ServerTlsOptions& options) {
+absl::Status CheckServerTlsFiles(const ServerTlsOptions& options) {
   if (options.cert_file.empty() && options.key_file.empty()) {
     if (!options.client_ca_file.empty()) {
       return absl::InvalidArgumentError(
@@ -188,12 +187,16 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   if (absl::Status s = CheckKeyPair(options.cert_file, options.key_file, "server"); !s.ok()) {
     return s;
   }
-  const bool mtls = !options.client_ca_file.empty();
-  if (mtls) {
-    if (absl::Status s = CheckCertificateFile(options.client_ca_file, "client CA"); !s.ok()) {
-      return s;
-    }
+  if (!options.client_ca_file.empty()) {
+    return CheckCertificateFile(options.client_ca_file, "client CA");
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const ServerTlsOptions& options) {
+  if (absl::Status s = CheckServerTlsFiles(options); !s.ok()) return s;
+  const bool mtls = !options.client_ca_file.empty();
 
   // The provider reads the files now and again every refresh interval, on
   // its own thread; the credentials keep it alive.

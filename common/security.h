@@ -73,6 +73,12 @@ struct ServerTlsOptions {
   bool enabled() const { return !cert_file.empty() || !key_file.empty(); }
 };
 
+// Checks what MakeServerCredentials checks, without building credentials:
+// that the files are given together, readable, hold PEM blocks of the
+// expected kind, and that the key matches the certificate. Errors as
+// MakeServerCredentials'.
+absl::Status CheckServerTlsFiles(const ServerTlsOptions& options);
+
 // TLS server credentials for `options` (which must be enabled()).
 // INVALID_ARGUMENT when only one of cert_file/key_file is set, or
 // client_ca_file is set without them; NOT_FOUND/PERMISSION_DENIED when a

@@ -8,6 +8,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/duration_format.h"
+
 namespace mesh::systemd {
 namespace {
 
@@ -57,7 +59,7 @@ std::unique_ptr<WatchdogPinger> WatchdogPinger::StartIfEnabled(absl::AnyInvocabl
     return nullptr;
   }
   if (*interval <= absl::ZeroDuration()) return nullptr;
-  spdlog::info("systemd watchdog: pinging every {}", absl::FormatDuration(*interval / 2));
+  spdlog::info("systemd watchdog: pinging every {}", FormatDurationShort(*interval / 2));
   return Start(*interval, std::move(healthy));
 }
 

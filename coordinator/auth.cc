@@ -319,6 +319,11 @@ absl::Status AuthorizeJobData(const Principal& caller, absl::string_view job_id,
     case Role::kAgent:
       break;
   }
+  if (job_id.empty()) {
+    // CreateJob without an id asks for a new ad-hoc job.
+    return absl::PermissionDeniedError(absl::StrCat(
+        caller.Describe(), " may not create an ad-hoc job; that needs a user or admin token"));
+  }
   return absl::PermissionDeniedError(
       absl::StrCat(caller.Describe(), " may not use the data of job ", job_id));
 }

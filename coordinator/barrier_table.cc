@@ -89,6 +89,16 @@ std::vector<std::string> BarrierTable::AwaitingRank(int rank) const {
   return names;
 }
 
+void BarrierTable::Withdraw(int rank) {
+  for (auto& [name, b] : barriers_) {
+    if (b.result_.has_value() || rank < 0 || rank >= static_cast<int>(b.arrived_.size())) continue;
+    if (b.arrived_[rank]) {
+      b.arrived_[rank] = 0;
+      --b.arrived_count_;
+    }
+  }
+}
+
 void BarrierTable::FinishAll(const absl::Status& status) {
   for (auto& [name, b] : barriers_) {
     if (!b.result_.has_value()) b.result_ = status;

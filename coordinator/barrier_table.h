@@ -97,6 +97,11 @@ class BarrierTable {
   // Open barriers that include `rank` and that it has not arrived at.
   std::vector<std::string> AwaitingRank(int rank) const;
 
+  // Takes back `rank`'s arrival at every open barrier (the process that
+  // arrived was replaced by a newer one of the same rank, which must arrive
+  // itself). Finished barriers keep their result.
+  void Withdraw(int rank);
+
   // Finishes every open barrier with `status` and forgets every waiter (the
   // owner ends those itself, as when a generation ends).
   void FinishAll(const absl::Status& status);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/check.h"
+#include "common/duration_format.h"
 #include "coordinator/barrier_table.h"
 #include "coordinator/key_waits.h"
 #include "coordinator/liveness.h"
@@ -19,7 +20,7 @@ constexpr absl::Duration kTickInterval = absl::Milliseconds(10);
 // Ranks or keys named in one error message; the rest are counted.
 constexpr size_t kMaxNamed = 16;
 
-std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(d), "s"); }
+std::string Seconds(absl::Duration d) { return FormatDurationShort(d); }
 
 // "a, b, c and 5 more": the first kMaxNamed items, formatted by `name`.
 template <typename T, typename Name>
@@ -451,6 +452,13 @@ void Coordination::Join(JoinArgs args, Callback<JoinResult> callback) {
   if (!resolved.ok()) return done.Complete(callback, Result(resolved.status()));
   Generation& gen = **resolved;
   const int rank = args.caller.rank;
+  if (gen.rendezvous.superseded(rank, args.caller.incarnation)) {
+    // A newer process replaced this one: it may not take the rank back.
+    return done.Complete(
+        callback, Result(absl::AbortedError(absl::StrCat(
+                      gen.Name(), ": rank ", rank, " (incarnation ", args.caller.incarnation,
+                      ") was superseded by a newer process of the same rank; this one is stale"))));
+  }
   if (gen.rendezvous.joined(rank) && gen.rendezvous.incarnation(rank) != args.caller.incarnation) {
     // A malformed join must not displace the process that holds the rank.
     if (absl::Status s = Rendezvous::CheckJoin(rank, args.host, args.nccl_unique_id); !s.ok()) {
@@ -512,6 +520,8 @@ absl::Status Coordination::SupersedeLocked(Generation& gen, const Caller& caller
     if (w->kind == Waiter::Kind::kJoin) gen.join_waiters.erase(id);
     w->Fail(superseded, done);
   }
+  // Its barrier arrivals go too: the newer process arrives for itself.
+  gen.barriers.Withdraw(rank);
   gen.rendezvous.Unjoin(rank);
   return absl::OkStatus();
 }

@@ -283,6 +283,10 @@ std::string CoordinatorServer::address() const {
   return JoinHostPort(host, port_);
 }
 
+std::string CoordinatorServer::bound_address() const {
+  return JoinHostPort(config_.listen_host, port_);
+}
+
 void CoordinatorServer::Shutdown(absl::Duration grace) {
   {
     absl::MutexLock lock(&mu_);

@@ -124,8 +124,11 @@ class CoordinatorServer {
 
   // The bound port.
   int port() const { return port_; }
-  // "host:port" that a client on this machine can dial.
+  // "host:port" that a client on this machine can dial: loopback for a
+  // wildcard listener, else the bound address.
   std::string address() const;
+  // "host:port" as bound, e.g. "0.0.0.0:7450" for a wildcard listener.
+  std::string bound_address() const;
 
   // Ends every pending wait and stream (Coordination's and the
   // JobManager's) with UNAVAILABLE, marks the health service

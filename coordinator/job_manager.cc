@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/check.h"
+#include "common/duration_format.h"
 
 namespace mesh::coordinator {
 
@@ -214,7 +215,7 @@ absl::Status ValidateJobManagerOptions(const JobManagerOptions& options) {
   auto positive = [](absl::Duration d, const char* name) -> absl::Status {
     if (d <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(name, " must be positive, not ", absl::FormatDuration(d)));
+          absl::StrCat(name, " must be positive, not ", FormatDurationShort(d)));
     }
     return absl::OkStatus();
   };
@@ -231,7 +232,7 @@ absl::Status ValidateJobManagerOptions(const JobManagerOptions& options) {
       options.node_recovery_grace == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("node_recovery_grace must be finite and not negative, not ",
-                     absl::FormatDuration(options.node_recovery_grace)));
+                     FormatDurationShort(options.node_recovery_grace)));
   }
   if (options.max_pending_jobs < 1) {
     return absl::InvalidArgumentError(
@@ -239,9 +240,9 @@ absl::Status ValidateJobManagerOptions(const JobManagerOptions& options) {
   }
   if (options.node_heartbeat_timeout <= options.node_heartbeat_interval) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "node_heartbeat_timeout (", absl::FormatDuration(options.node_heartbeat_timeout),
+        "node_heartbeat_timeout (", FormatDurationShort(options.node_heartbeat_timeout),
         ") must be longer than node_heartbeat_interval (",
-        absl::FormatDuration(options.node_heartbeat_interval), ")"));
+        FormatDurationShort(options.node_heartbeat_interval), ")"));
   }
   return absl::OkStatus();
 }
@@ -1708,7 +1709,7 @@ void JobManager::Tick() {
           now - std::max(node->last_seen, node->silence_from) > options_.node_heartbeat_timeout) {
         NodeLostLocked(
             *node,
-            absl::StrCat("no heartbeat for ", absl::FormatDuration(absl::Trunc(
+            absl::StrCat("no heartbeat for ", FormatDurationShort(absl::Trunc(
                                                   now - node->last_seen, absl::Milliseconds(100)))),
             effects);
       }
@@ -1772,7 +1773,7 @@ void JobManager::Tick() {
       }
       EndLogRequestLocked(request, absl::UnavailableError(absl::StrCat(
                                        "node ", node, " did not start uploading logs within ",
-                                       absl::FormatDuration(options_.log_attach_timeout))));
+                                       FormatDurationShort(options_.log_attach_timeout))));
     }
     while (effects.TakeReschedule()) ScheduleLocked(effects);
   }

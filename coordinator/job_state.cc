@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/duration_format.h"
 
 namespace mesh::coordinator {
 namespace {
@@ -220,7 +221,7 @@ bool JobStateMachine::ExpireIfPastDeadline() {
   if (clock_.Now() < create_time_ + deadline_) return false;
   mesh::v1::RootCause cause;
   cause.set_rank(-1);
-  cause.set_message(absl::StrCat("deadline of ", absl::FormatDuration(deadline_),
+  cause.set_message(absl::StrCat("deadline of ", FormatDurationShort(deadline_),
                                  " after submission passed in state ", JobStateName(state_)));
   return Fail(std::move(cause)).ok();
 }

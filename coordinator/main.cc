@@ -8,8 +8,10 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/duration_format.h"
 
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
@@ -17,6 +19,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/metrics_prometheus.h"
+#include "common/security.h"
 #include "common/systemd_notify.h"
 #include "common/version.h"
 #include "coordinator/coordination.h"
@@ -43,8 +46,8 @@ void WarnIfTightHeartbeat(const char* what, absl::Duration interval, absl::Durat
   spdlog::warn(
       "{} heartbeat timeout {} leaves only {} after the interval {}: a beat delayed by a busy "
       "host fails a healthy {}; prefer a timeout of at least 2 intervals and 0.5 s more",
-      what, absl::FormatDuration(timeout), absl::FormatDuration(timeout - interval),
-      absl::FormatDuration(interval), what);
+      what, mesh::FormatDurationShort(timeout), mesh::FormatDurationShort(timeout - interval),
+      mesh::FormatDurationShort(interval), what);
 }
 
 }  // namespace
@@ -284,6 +287,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mesh-coordinator: %s\n", std::string(status.message()).c_str());
     return 2;
   }
+  // A certificate or key file the flags name but that cannot serve is a bad
+  // flag value, so a usage error like any other.
+  if (security.tls.enabled()) {
+    if (absl::Status status = mesh::security::CheckServerTlsFiles(security.tls); !status.ok()) {
+      std::fprintf(stderr, "mesh-coordinator: %s\n", std::string(status.message()).c_str());
+      return 2;
+    }
+  }
   coordination.heartbeat_interval = absl::Seconds(heartbeat_interval_s);
   coordination.heartbeat_timeout = absl::Seconds(heartbeat_timeout_s);
   coordination.default_wait = absl::Seconds(default_wait_s);
@@ -379,11 +390,16 @@ int main(int argc, char** argv) {
       spdlog::error("cannot write port file {}", port_file);
     }
   }
-  // The one line of stdout: scripts and tests read the port from it.
-  std::printf("mesh-coordinator listening on %s\n", (*server)->address().c_str());
+  // The one line of stdout: scripts and tests read the port from it. It
+  // names the address as bound (0.0.0.0:PORT for a wildcard listener); the
+  // log line adds the one to dial from this machine when that differs.
+  const std::string bound = (*server)->bound_address();
+  const std::string local = (*server)->address();
+  std::printf("mesh-coordinator listening on %s\n", bound.c_str());
   std::fflush(stdout);
-  spdlog::info("mesh-coordinator {} serving on {} (protocol v{})", mesh::kVersion,
-               (*server)->address(), mesh::kProtocolVersion);
+  spdlog::info("mesh-coordinator {} serving on {}{} (protocol v{})", mesh::kVersion, bound,
+               local == bound ? "" : absl::StrCat(" (on this machine: ", local, ")"),
+               mesh::kProtocolVersion);
   // systemd Type=notify and WatchdogSec (no-ops elsewhere). A ping means
   // both managers' locks could be taken: a deadlock stops the pings.
   mesh::systemd::NotifyReady("serving on " + (*server)->address()).IgnoreError();

@@ -1,5 +1,7 @@
 #include "coordinator/rendezvous.h"
 
+#include <algorithm>
+
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -55,14 +57,23 @@ absl::Status Rendezvous::CheckJoin(int rank, const std::string& host,
 void Rendezvous::Unjoin(int rank) {
   MESH_CHECK(!complete_ && members_[rank].joined,
              "Unjoin needs a joined rank of an open rendezvous");
+  std::vector<uint64_t> superseded = std::move(members_[rank].superseded);
+  superseded.push_back(members_[rank].incarnation);
   members_[rank] = Member();
+  members_[rank].superseded = std::move(superseded);
   if (rank == 0) world_unique_id_.clear();
   --num_joined_;
 }
 
 void Rendezvous::SetIncarnation(int rank, uint64_t incarnation) {
   MESH_CHECK(members_[rank].joined, "SetIncarnation needs a joined rank");
+  members_[rank].superseded.push_back(members_[rank].incarnation);
   members_[rank].incarnation = incarnation;
+}
+
+bool Rendezvous::superseded(int rank, uint64_t incarnation) const {
+  const std::vector<uint64_t>& old = members_[rank].superseded;
+  return std::find(old.begin(), old.end(), incarnation) != old.end();
 }
 
 void Rendezvous::Complete() {

@@ -85,9 +85,14 @@ class Rendezvous {
 
   // Forgets the join of `rank`, which a newer process of the same rank
   // replaces before the world is complete: the rank is missing again, and
-  // rank 0's world unique ID goes with it. Requires joined(rank) and
+  // rank 0's world unique ID goes with it. The incarnation that held it
+  // counts as superseded from now on. Requires joined(rank) and
   // !complete() (checked).
   void Unjoin(int rank);
+  // Whether `incarnation` held `rank` and was replaced (Unjoin or
+  // SetIncarnation): such a process is stale for good, and may not join
+  // again and displace its successor.
+  bool superseded(int rank, uint64_t incarnation) const;
 
   // Records that `incarnation` now holds `rank`, once the world is complete
   // (the owner fails the generation: the topology stays as it was).
@@ -115,6 +120,9 @@ class Rendezvous {
     std::string host;
     DeviceInfo device;
     Placement placement;
+    // Incarnations that held this rank before (few: one per restart of
+    // the rank's process within the generation).
+    std::vector<uint64_t> superseded;
   };
 
   void Complete();

@@ -2,8 +2,9 @@
 # Runs every GPU check of a Mesh GPU bundle (scripts/gpu-bundle.sh) on this
 # machine and writes one log: each test binary under tests/ (the gpu-labelled
 # tests and the CPU seam test), then the GPU benchmarks (mesh-bench
-# nccl-overhead and dtensor-pack). Bounded to under 5 minutes in all; what
-# does not fit is reported as not run. docs/gpu.md says how to use it.
+# nccl-overhead on both stream modes, and dtensor-pack). Bounded to under 5
+# minutes in all; what does not fit is reported as not run. docs/gpu.md says
+# how to use it.
 #
 #   scripts/gpu-check.sh [LOG]        default LOG: gpu-check.log beside the bundle
 #
@@ -120,7 +121,7 @@ done
 echo
 echo "== benchmarks"
 bench=$bundle/bin/mesh-bench
-for args in "nccl-overhead" "dtensor-pack --sizes 1M,16M,64M"; do
+for args in "nccl-overhead" "nccl-overhead --stream current" "dtensor-pack --sizes 1M,16M,64M,256M"; do
   if [ "$(left)" -lt 20 ]; then
     not_run+=("mesh-bench $args")
     continue

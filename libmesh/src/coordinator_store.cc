@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/duration_format.h"
 #include "libmesh/src/coordinator_client.h"
 
 namespace mesh {
@@ -43,12 +44,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorStore>> CoordinatorStore::Create(
   if (options.timeout <= absl::ZeroDuration() || options.timeout == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("CoordinatorStore timeout must be positive and finite, got ",
-                     absl::FormatDuration(options.timeout)));
+                     FormatDurationShort(options.timeout)));
   }
   if (options.rpc_margin < absl::ZeroDuration() || options.rpc_margin == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("CoordinatorStore rpc_margin must be non-negative and finite, got ",
-                     absl::FormatDuration(options.rpc_margin)));
+                     FormatDurationShort(options.rpc_margin)));
   }
   internal::CoordinatorClientOptions client_options;
   client_options.deadline_margin = options.rpc_margin;

@@ -9,7 +9,7 @@
 // Decisions that skip communication (nothing to move) are taken from those
 // shared numbers too, so every member of a group skips or joins together.
 //
-// CUDA: packing and unpacking use sharding::CopyStrided (cudaMemcpy2D); the
+// CUDA: packing and unpacking use sharding::CopyStrided (a 2-D copy kernel); the
 // one reduction done locally (an uneven reduce_scatter) would need a kernel,
 // so on CUDA an uneven reduce_scatter pads every chunk to ceil(n / k) and
 // uses the group's ReduceScatter: the padding crosses the wire, a little

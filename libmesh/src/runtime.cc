@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/check.h"
+#include "common/duration_format.h"
 #include "libmesh/src/coordinator_client.h"
 #include "libmesh/src/worker_metrics.h"
 #include "mesh/coordinator_store.h"
@@ -311,7 +312,7 @@ class Runtime::Monitor {
     if (!mu_.AwaitWithTimeout(absl::Condition(&settled), rpc_timeout_)) {
       return absl::DeadlineExceededError(
           absl::StrCat("WorkerService.WatchJob to ", client_->target(),
-                       ": no WATCHING event within ", absl::FormatDuration(rpc_timeout_)));
+                       ": no WATCHING event within ", FormatDurationShort(rpc_timeout_)));
     }
     return watch_status_;
   }
@@ -407,8 +408,8 @@ class Runtime::Monitor {
       if (absl::Now() - last_ok > timeout_) {
         return Fail(absl::UnavailableError(absl::StrCat(
             "rank ", rank_, " lost the coordinator at ", client_->target(),
-            ": no successful heartbeat for ", absl::FormatDuration(absl::Now() - last_ok),
-            " (heartbeat timeout ", absl::FormatDuration(timeout_),
+            ": no successful heartbeat for ", FormatDurationShort(absl::Now() - last_ok),
+            " (heartbeat timeout ", FormatDurationShort(timeout_),
             "); last error: ", reply.status().message())));
       }
       // A transient error: retry at the next beat (which is already due if
@@ -500,7 +501,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Init(RuntimeOptions options) {
         {"store_timeout", options.store_timeout}}) {
     if (value <= absl::ZeroDuration() || value == absl::InfiniteDuration()) {
       return absl::InvalidArgumentError(absl::StrCat("RuntimeOptions::", name, " is ",
-                                                     absl::FormatDuration(value),
+                                                     FormatDurationShort(value),
                                                      "; it must be positive and finite"));
     }
   }

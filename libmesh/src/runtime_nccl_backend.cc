@@ -42,6 +42,7 @@ RuntimeBackend NcclBackend(NcclBackendOptions options) {
     nccl.group_options = context.group_options;
     nccl.init_timeout = options.init_timeout;
     nccl.group_creation = options.group_creation;
+    nccl.stream_mode = options.stream_mode;
     nccl.store = context.store;
 
     // Per-group IDs go through the coordinator's typed broker, which checks

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/duration_format.h"
 
 namespace mesh {
 namespace {
@@ -18,7 +19,7 @@ bool ValidTimeout(absl::Duration timeout) {
 absl::Status CheckTimeout(absl::Duration timeout) {
   if (ValidTimeout(timeout)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("store timeout must be positive and finite, got ",
-                                                 absl::FormatDuration(timeout)));
+                                                 FormatDurationShort(timeout)));
 }
 
 absl::Status CheckKey(absl::string_view key) {
@@ -57,7 +58,7 @@ absl::Status Store::KeyTimeoutError(absl::Span<const std::string> missing, absl:
   if (missing.size() > kMaxNamedKeys) {
     absl::StrAppend(&names, " and ", missing.size() - kMaxNamedKeys, " more");
   }
-  return absl::DeadlineExceededError(absl::StrCat("timed out after ", absl::FormatDuration(timeout),
+  return absl::DeadlineExceededError(absl::StrCat("timed out after ", FormatDurationShort(timeout),
                                                   " waiting for key(s) ", names));
 }
 

@@ -1,6 +1,7 @@
 #include "work_impl.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/duration_format.h"
 
 namespace mesh::internal {
 
@@ -18,7 +19,7 @@ absl::Status HostWork::Wait(absl::Duration timeout) {
   // non-positive timeout a pure poll.
   if (!mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) {
     return absl::DeadlineExceededError(
-        absl::StrCat("work still pending after ", absl::FormatDuration(timeout),
+        absl::StrCat("work still pending after ", FormatDurationShort(timeout),
                      "; the op keeps running: wait again or abort it"));
   }
   return status_;

@@ -482,6 +482,34 @@ TEST_F(JobCommandsTest, DescribeTableShowsTheRootCauseInOneLine) {
   EXPECT_THAT(r.out, HasSubstr("Events:"));
 }
 
+// A job that restarted after a failure and runs again shows that failure as
+// its last one, with the restart, not as the root cause of its state.
+TEST_F(JobCommandsTest, StatusOfARecoveredJobLabelsTheFailureAsRestartedFrom) {
+  Job job = MakeJob("job-1", mesh::v1::JOB_STATE_RUNNING, 1);
+  job.mutable_root_cause()->set_rank(-1);
+  job.mutable_root_cause()->set_node("node-b");
+  job.mutable_root_cause()->set_generation(0);
+  job.mutable_root_cause()->set_message("node node-b lost: no heartbeat for 10 s");
+  // The same record once the job has FAILED (the fake answers in order).
+  Job failed = job;
+  failed.set_state(mesh::v1::JOB_STATE_FAILED);
+  failed.mutable_root_cause()->set_generation(1);
+  ScriptJob({job, failed});
+  Result r = Run({"status", "job-1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("State: +RUNNING"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("Root cause:")));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex(
+                         "Last failure: +node node-b lost: no heartbeat for 10 s \\(restarted as "
+                         "generation 1\\)"));
+
+  // Once FAILED, the same record is the root cause.
+  r = Run({"status", "job-1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("Root cause: +node node-b lost"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("Last failure:")));
+}
+
 TEST_F(JobCommandsTest, UnknownJobIsRefused) {
   const Result r = Run({"status", "nope"});
   EXPECT_EQ(r.code, kExitRefused);
@@ -564,7 +592,7 @@ TEST_F(JobCommandsTest, WaitReissuesUntilItsTimeoutThenExits6) {
   const Result r = Run({"wait", "job-1", "--timeout", "1s"});
   const absl::Duration took = absl::Now() - start;
   EXPECT_EQ(r.code, kExitWaitTimeout) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("not finished after 1s"));
+  EXPECT_THAT(r.err, HasSubstr("not finished after 1 s"));
   EXPECT_THAT(r.err, HasSubstr("RUNNING"));
   EXPECT_GE(took, absl::Milliseconds(900));
   EXPECT_LT(took, absl::Seconds(4));

@@ -243,6 +243,17 @@ TEST(AuthorizeTest, UsersReachTheirOwnAndAdHocJobs) {
   EXPECT_EQ(AuthorizeJobData(kAgent, "job-a", "alice").code(), absl::StatusCode::kPermissionDenied);
 }
 
+// CreateJob with no id asks for a new ad-hoc job: the refusal says so
+// rather than naming an empty job.
+TEST(AuthorizeTest, RefusedNewAdHocJobIsWordedAsSuch) {
+  for (const Principal& caller : {kWorkerA, kAgent}) {
+    const absl::Status denied = AuthorizeJobData(caller, "", std::nullopt);
+    EXPECT_EQ(denied.code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_THAT(std::string(denied.message()), HasSubstr("may not create an ad-hoc job"));
+    EXPECT_THAT(std::string(denied.message()), ::testing::Not(HasSubstr("data of job ")));
+  }
+}
+
 // Regression: a user could create (or join) "job-<n>" ad hoc before
 // JobService handed that id out, and JobManager then reused that rendezvous,
 // KV keys included, for the other user's job.

@@ -568,6 +568,52 @@ TEST_F(CoordinationTest, NewerIncarnationTakesTheRankBeforeTheWorldForms) {
   EXPECT_EQ(coord().PendingWaits(), 0u);
 }
 
+// A superseded process stays stale: it may not join again and take the rank
+// back from its successor, and what it did before it was replaced (here, an
+// arrival at a barrier) does not count for the rank.
+TEST_F(CoordinationTest, ASupersededProcessCannotRejoinAndItsBarrierArrivalIsWithdrawn) {
+  ASSERT_THAT(Create("job", 2), IsOk());
+  CapturedOr<JoinResult> old_join;
+  coord().Join(Args("job", 0, "h0"), old_join.Callback());
+  // The older process arrives at a barrier from another thread while its
+  // Join waits for rank 1.
+  CapturedOr<int> old_barrier;
+  coord().Barrier(Rank("job", 0), "sync", {}, absl::Seconds(30), old_barrier.Callback());
+
+  JoinArgs newer = Args("job", 0, "h0");
+  newer.caller.incarnation = 999;
+  CapturedOr<JoinResult> new_join;
+  coord().Join(std::move(newer), new_join.Callback());
+  ASSERT_TRUE(old_join.fired());
+  ASSERT_TRUE(old_barrier.fired());
+  EXPECT_THAT(old_barrier.result(), StatusIs(absl::StatusCode::kAborted));
+
+  // The older process tries to join again: refused, the newer one keeps
+  // the rank.
+  CapturedOr<JoinResult> rejoin;
+  coord().Join(Args("job", 0, "h0"), rejoin.Callback());
+  ASSERT_TRUE(rejoin.fired());
+  EXPECT_THAT(rejoin.result(), StatusIs(absl::StatusCode::kAborted, HasSubstr("superseded")));
+  EXPECT_FALSE(new_join.fired());
+
+  coord().Join(Args("job", 1, "h1"), CapturedOr<JoinResult>().Callback());
+  ASSERT_TRUE(new_join.fired());
+  ASSERT_THAT(new_join.result(), IsOk());
+
+  // Rank 1 at the barrier does not complete it: rank 0's old arrival was
+  // withdrawn, and only the newer process's own arrival completes it.
+  Caller current = Rank("job", 0);
+  current.incarnation = 999;
+  CapturedOr<int> b1, b0;
+  coord().Barrier(Rank("job", 1), "sync", {}, absl::Seconds(30), b1.Callback());
+  EXPECT_FALSE(b1.fired());
+  coord().Barrier(current, "sync", {}, absl::Seconds(30), b0.Callback());
+  ASSERT_TRUE(b1.fired());
+  EXPECT_THAT(b1.result(), IsOk());
+  ASSERT_TRUE(b0.fired());
+  EXPECT_THAT(b0.result(), IsOk());
+}
+
 TEST_F(CoordinationTest, AMalformedJoinOfANewerIncarnationDisplacesNobody) {
   ASSERT_THAT(Create("job", 2), IsOk());
   CapturedOr<JoinResult> old_join;

@@ -290,7 +290,7 @@ TEST_F(JobStateMachineTest, Deadline) {
   EXPECT_EQ(job.state(), JOB_STATE_FAILED);
   EXPECT_EQ(job.events().back().time, t0 + absl::Seconds(10));
   EXPECT_EQ(job.root_cause().rank(), -1);
-  EXPECT_THAT(job.root_cause().message(), HasSubstr("deadline of 10s"));
+  EXPECT_THAT(job.root_cause().message(), HasSubstr("deadline of 10 s"));
   EXPECT_FALSE(job.ExpireIfPastDeadline());
 
   JobStateMachine forever("j2", 0, absl::ZeroDuration(), "", clock_);

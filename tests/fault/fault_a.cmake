@@ -15,6 +15,13 @@ mesh_cc_test(coordinator_crash_test SRCS coordinator_crash_test.cc
 target_compile_definitions(coordinator_crash_test PRIVATE ${MESH_FAULT_BINS})
 add_dependencies(coordinator_crash_test mesh-coordinator mesh-agent meshctl)
 
+# kill -9 and restart cycles under short jobs: no succeeded job ends FAILED,
+# and the agents re-register within seconds of each restart.
+mesh_cc_test(coordinator_restart_loop_test SRCS coordinator_restart_loop_test.cc
+             DEPS mesh_cluster_test_util LABELS fault TIMEOUT 240)
+target_compile_definitions(coordinator_restart_loop_test PRIVATE ${MESH_FAULT_BINS})
+add_dependencies(coordinator_restart_loop_test mesh-coordinator mesh-agent)
+
 # Scenario 9: a rank exits 0 without Leave while its peers wait at a barrier.
 add_executable(exit_without_leave_worker exit_without_leave_worker.cc)
 mesh_target_defaults(exit_without_leave_worker)

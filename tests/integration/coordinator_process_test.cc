@@ -74,6 +74,40 @@ TEST(CoordinatorProcess, ServesOnAPickedPortAndStopsOnSigterm) {
   EXPECT_EQ(RunMeshctl({"--coordinator", address, "--timeout", "1", "health"}), 3);
 }
 
+TEST(CoordinatorProcess, AWildcardListenerPrintsTheAddressItBound) {
+  auto [coordinator, address] =
+      StartCoordinator({"--listen", "0.0.0.0", "--port", "0", "--shutdown-grace", "0.5"});
+  // The address as bound, not a loopback one it never bound alone.
+  ASSERT_THAT(address, StartsWith("0.0.0.0:"));
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) << address;
+  // Every local address reaches it.
+  EXPECT_EQ(RunMeshctl({"--coordinator", "127.0.0.1:" + std::to_string(port), "health"}), 0);
+  coordinator.Signal(SIGTERM);
+  auto status = coordinator.Wait(kStopTimeout);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(ExitCode(*status), 0);
+}
+
+// A certificate file that is missing or holds no certificate is a bad flag
+// value: a usage error (exit 2) naming the file, before anything starts.
+TEST(CoordinatorProcess, UnusableCertificateFilesAreUsageErrors) {
+  const std::string dir = ::testing::TempDir();
+  const std::string junk = dir + "/mesh_not_pem_" + std::to_string(getpid());
+  std::ofstream(junk) << "not a certificate\n";
+  const std::string missing = dir + "/mesh_missing_" + std::to_string(getpid()) + ".pem";
+  for (const auto& [cert, key] : {std::pair{missing, missing}, std::pair{junk, junk}}) {
+    ::mesh::testing::CommandOutput run =
+        ::mesh::testing::RunMerged({MESH_COORDINATOR_BIN, "--port", "0", "--tls-cert", cert,
+                                    "--tls-key", key, "--tls-client-ca", junk},
+                                   absl::Seconds(20));
+    EXPECT_EQ(run.code, 2) << run.output;
+    EXPECT_THAT(run.output, HasSubstr(cert)) << run.output;
+    EXPECT_THAT(run.output, ::testing::Not(HasSubstr("listening on"))) << run.output;
+  }
+  unlink(junk.c_str());
+}
+
 TEST(CoordinatorProcess, PortFileAndEnvironmentConfigure) {
   const std::string port_file = ::testing::TempDir() + "/mesh_port_" + std::to_string(getpid());
   auto [coordinator, address] =

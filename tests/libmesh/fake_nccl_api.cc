@@ -130,6 +130,11 @@ int FakeNcclApi::live_streams() const {
   return static_cast<int>(streams_.size());
 }
 
+std::vector<FakeNcclApi::StreamCall> FakeNcclApi::stream_calls() const {
+  absl::MutexLock lock(&mu_);
+  return stream_calls_;
+}
+
 int FakeNcclApi::live_events() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(events_.size());
@@ -330,10 +335,11 @@ const char* FakeNcclApi::GetErrorString(ncclResult_t result) {
 
 const char* FakeNcclApi::GetLastError(ncclComm_t) { return ""; }
 
-ncclResult_t FakeNcclApi::Op(const char* call, ncclComm_t comm) {
+ncclResult_t FakeNcclApi::Op(const char* call, ncclComm_t comm, cudaStream_t stream) {
   absl::MutexLock lock(&mu_);
   Comm* c = Find(comm, call);
   if (c == nullptr) return ncclInvalidArgument;
+  stream_calls_.push_back(StreamCall{call, stream, nullptr});
   if (c->polls_left != 0) {
     Violation(absl::StrCat(call, " on '", c->name, "' while it is in progress"));
   }
@@ -351,31 +357,32 @@ ncclResult_t FakeNcclApi::Op(const char* call, ncclComm_t comm) {
 }
 
 ncclResult_t FakeNcclApi::AllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
-                                    ncclComm_t comm, cudaStream_t) {
-  return Op("AllReduce", comm);
+                                    ncclComm_t comm, cudaStream_t stream) {
+  return Op("AllReduce", comm, stream);
 }
 ncclResult_t FakeNcclApi::Broadcast(const void*, void*, size_t, ncclDataType_t, int,
-                                    ncclComm_t comm, cudaStream_t) {
-  return Op("Broadcast", comm);
+                                    ncclComm_t comm, cudaStream_t stream) {
+  return Op("Broadcast", comm, stream);
 }
 ncclResult_t FakeNcclApi::Reduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int,
-                                 ncclComm_t comm, cudaStream_t) {
-  return Op("Reduce", comm);
+                                 ncclComm_t comm, cudaStream_t stream) {
+  return Op("Reduce", comm, stream);
 }
 ncclResult_t FakeNcclApi::AllGather(const void*, void*, size_t, ncclDataType_t, ncclComm_t comm,
-                                    cudaStream_t) {
-  return Op("AllGather", comm);
+                                    cudaStream_t stream) {
+  return Op("AllGather", comm, stream);
 }
 ncclResult_t FakeNcclApi::ReduceScatter(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
-                                        ncclComm_t comm, cudaStream_t) {
-  return Op("ReduceScatter", comm);
+                                        ncclComm_t comm, cudaStream_t stream) {
+  return Op("ReduceScatter", comm, stream);
 }
 ncclResult_t FakeNcclApi::Send(const void*, size_t, ncclDataType_t, int, ncclComm_t comm,
-                               cudaStream_t) {
-  return Op("Send", comm);
+                               cudaStream_t stream) {
+  return Op("Send", comm, stream);
 }
-ncclResult_t FakeNcclApi::Recv(void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
-  return Op("Recv", comm);
+ncclResult_t FakeNcclApi::Recv(void*, size_t, ncclDataType_t, int, ncclComm_t comm,
+                               cudaStream_t stream) {
+  return Op("Recv", comm, stream);
 }
 ncclResult_t FakeNcclApi::GroupStart() { return ncclSuccess; }
 ncclResult_t FakeNcclApi::GroupEnd() { return ncclSuccess; }
@@ -416,8 +423,9 @@ cudaError_t FakeNcclApi::StreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 
-cudaError_t FakeNcclApi::StreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
+cudaError_t FakeNcclApi::StreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
   absl::MutexLock lock(&mu_);
+  stream_calls_.push_back(StreamCall{"StreamWaitEvent", stream, event});
   if (events_.count(reinterpret_cast<uintptr_t>(event)) == 0) {
     Violation("cudaStreamWaitEvent on an unknown or destroyed event");
     return cudaErrorInvalidResourceHandle;
@@ -442,8 +450,9 @@ cudaError_t FakeNcclApi::EventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 
-cudaError_t FakeNcclApi::EventRecord(cudaEvent_t event, cudaStream_t) {
+cudaError_t FakeNcclApi::EventRecord(cudaEvent_t event, cudaStream_t stream) {
   absl::MutexLock lock(&mu_);
+  stream_calls_.push_back(StreamCall{"EventRecord", stream, event});
   if (events_.count(reinterpret_cast<uintptr_t>(event)) == 0) {
     Violation("cudaEventRecord on an unknown or destroyed event");
     return cudaErrorInvalidResourceHandle;

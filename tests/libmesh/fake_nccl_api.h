@@ -101,6 +101,14 @@ class FakeNcclApi final : public NcclApi {
   // Streams and events created and not destroyed.
   int live_streams() const;
   int live_events() const;
+  // Every call that puts work on a stream, in order: "EventRecord",
+  // "StreamWaitEvent", or an op's name ("AllReduce"), with its stream.
+  struct StreamCall {
+    std::string call;
+    cudaStream_t stream;
+    cudaEvent_t event;  // Null for an op.
+  };
+  std::vector<StreamCall> stream_calls() const;
 
   // ---- NcclApi ---------------------------------------------------------------
   ncclResult_t GetVersion(int* version) override;
@@ -162,7 +170,7 @@ class FakeNcclApi final : public NcclApi {
   void Publish(Split& split) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Advances `comm`'s scripted state by one poll and returns what it reads.
   ncclResult_t PollLocked(Comm& comm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  ncclResult_t Op(const char* call, ncclComm_t comm);
+  ncclResult_t Op(const char* call, ncclComm_t comm, cudaStream_t stream);
   void Violation(std::string what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
@@ -181,6 +189,7 @@ class FakeNcclApi final : public NcclApi {
   std::map<void*, std::unique_ptr<char[]>> allocations_ ABSL_GUARDED_BY(mu_);
   uintptr_t next_handle_ ABSL_GUARDED_BY(mu_) = 0x1000;
   std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
+  std::vector<StreamCall> stream_calls_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> violations_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "backends/nccl/nccl_factory.h"
+#include "mesh/cuda_stream.h"
 #include "mesh/process_group_nccl.h"
 #include "tests/libmesh/fake_nccl_api.h"
 
@@ -359,6 +360,130 @@ TEST_F(NcclSeamTest, TeardownAbortsChildThenParentWhenTheChildArrivesInTime) {
   EXPECT_LT(At("CommAbort(mesh/dp/0)"), At("CommAbort(world)"));
   EXPECT_EQ(api_.live_streams(), 0);
   EXPECT_EQ(api_.live_events(), 0);
+}
+
+// ---- Streams: where an op runs and what orders it --------------------------
+
+// The fake's stream calls from index `from` on.
+std::vector<FakeNcclApi::StreamCall> CallsSince(const FakeNcclApi& api, size_t from) {
+  std::vector<FakeNcclApi::StreamCall> calls = api.stream_calls();
+  calls.erase(calls.begin(), calls.begin() + static_cast<std::ptrdiff_t>(from));
+  return calls;
+}
+
+cudaStream_t GroupStream(const std::shared_ptr<ProcessGroup>& group) {
+  auto nccl = std::dynamic_pointer_cast<ProcessGroupNccl>(group);
+  return nccl == nullptr ? nullptr : static_cast<cudaStream_t>(nccl->stream());
+}
+
+TEST_F(NcclSeamTest, GroupStreamOrdersTheOpAfterTheCallerAndWaitOrdersTheCallerAfterIt) {
+  auto factory = Create();
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto world = (*factory)->World();
+  ASSERT_TRUE(world.ok()) << world.status();
+  const cudaStream_t group = GroupStream(*world);
+  ASSERT_NE(group, nullptr);
+  auto* caller = reinterpret_cast<cudaStream_t>(0x5100);
+  CudaStreamGuard current(Device::Cuda(0), caller);
+  const size_t from = api_.stream_calls().size();
+  FakeDeviceBuffer buffer;
+  auto work = (*world)->AllReduce(buffer.tensor(), ReduceOp::kSum);
+  ASSERT_TRUE(work.ok()) << work.status();
+  ASSERT_TRUE((*work)->Wait().ok());
+
+  const std::vector<FakeNcclApi::StreamCall> calls = CallsSince(api_, from);
+  ASSERT_EQ(calls.size(), 5u);
+  // The caller's earlier work, then the op on the group stream...
+  EXPECT_EQ(calls[0].call, "EventRecord");
+  EXPECT_EQ(calls[0].stream, caller);
+  EXPECT_EQ(calls[1].call, "StreamWaitEvent");
+  EXPECT_EQ(calls[1].stream, group);
+  EXPECT_EQ(calls[1].event, calls[0].event);
+  EXPECT_EQ(calls[2].call, "AllReduce");
+  EXPECT_EQ(calls[2].stream, group);
+  // ...its completion event there, and Wait orders the caller after it.
+  EXPECT_EQ(calls[3].call, "EventRecord");
+  EXPECT_EQ(calls[3].stream, group);
+  EXPECT_NE(calls[3].event, calls[0].event);
+  EXPECT_EQ(calls[4].call, "StreamWaitEvent");
+  EXPECT_EQ(calls[4].stream, caller);
+  EXPECT_EQ(calls[4].event, calls[3].event);
+}
+
+TEST_F(NcclSeamTest, CurrentStreamRunsTheOpOnTheCallersStreamWithoutOrderingEvents) {
+  NcclProcessGroupFactoryOptions options = Options();
+  options.stream_mode = NcclStreamMode::kCurrentStream;
+  auto factory = Create(options);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto world = (*factory)->World();
+  ASSERT_TRUE(world.ok()) << world.status();
+  auto* caller = reinterpret_cast<cudaStream_t>(0x5100);
+  auto* other = reinterpret_cast<cudaStream_t>(0x5200);
+  FakeDeviceBuffer buffer;
+  std::shared_ptr<Work> work;
+  size_t from = 0;
+  {
+    CudaStreamGuard current(Device::Cuda(0), caller);
+    from = api_.stream_calls().size();
+    auto issued = (*world)->AllReduce(buffer.tensor(), ReduceOp::kSum);
+    ASSERT_TRUE(issued.ok()) << issued.status();
+    work = *issued;
+    // Already ordered before the caller's later work: nothing to enqueue.
+    ASSERT_TRUE(work->Wait().ok());
+  }
+  std::vector<FakeNcclApi::StreamCall> calls = CallsSince(api_, from);
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0].call, "AllReduce");
+  EXPECT_EQ(calls[0].stream, caller);
+  EXPECT_EQ(calls[1].call, "EventRecord");
+  EXPECT_EQ(calls[1].stream, caller);
+  const cudaEvent_t done = calls[1].event;
+
+  // Waiting from another stream still orders that stream after the op.
+  {
+    CudaStreamGuard current(Device::Cuda(0), other);
+    ASSERT_TRUE(work->Wait().ok());
+  }
+  calls = CallsSince(api_, from);
+  ASSERT_EQ(calls.size(), 3u);
+  EXPECT_EQ(calls[2].call, "StreamWaitEvent");
+  EXPECT_EQ(calls[2].stream, other);
+  EXPECT_EQ(calls[2].event, done);
+  EXPECT_TRUE(work->IsCompleted());
+  EXPECT_TRUE(work->status().ok());
+}
+
+TEST_F(NcclSeamTest, ManyOpsInFlightAreRetiredAndTheirEventsReused) {
+  auto factory = Create();
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto world = (*factory)->World();
+  ASSERT_TRUE(world.ok()) << world.status();
+  FakeDeviceBuffer buffer;
+  // The device lags: ops pile up past the point where issuing retires them.
+  api_.set_events_complete(false);
+  std::vector<std::shared_ptr<Work>> works;
+  for (int i = 0; i < 600; ++i) {
+    auto work = (*world)->AllReduce(buffer.tensor(), ReduceOp::kSum);
+    ASSERT_TRUE(work.ok()) << work.status();
+    works.push_back(*work);
+  }
+  EXPECT_FALSE(works.back()->IsCompleted());
+  const int events_in_flight = api_.live_events();
+  EXPECT_GE(events_in_flight, 600);
+  // The device catches up; every op completes, and later ops reuse the
+  // completion events instead of creating new ones. (The first batch's
+  // events return to the pool as the watchdog retires its ops, within a
+  // tick or two, so a few new events may be made meanwhile: far fewer than
+  // one per op.)
+  api_.set_events_complete(true);
+  for (const std::shared_ptr<Work>& work : works) EXPECT_TRUE(work->status().ok());
+  works.clear();
+  for (int i = 0; i < 600; ++i) {
+    auto work = (*world)->AllReduce(buffer.tensor(), ReduceOp::kSum);
+    ASSERT_TRUE(work.ok()) << work.status();
+    ASSERT_TRUE((*work)->Wait().ok());
+  }
+  EXPECT_LT(api_.live_events(), events_in_flight + 100);
 }
 
 // ---- Operations, the watchdog, teardown ------------------------------------

@@ -4,24 +4,32 @@
 // See docs/nccl.md for the design; the contract is summarized here.
 //
 // Streams (c10d semantics; see mesh/cuda_stream.h for "current stream").
-//   Each group owns one CUDA stream. An op
+//   NcclStreamMode picks where a group's ops run. With kGroupStream (the
+//   default) each group owns one CUDA stream, and an op
 //     1. records an event on the caller's current stream and makes the
 //        group's stream wait for it (the op sees every write the caller
 //        enqueued before it),
 //     2. enqueues the NCCL call(s) on the group's stream,
 //     3. records a completion event there, and returns its Work.
-//   Work::Wait(timeout) makes the caller's *current* stream wait for that
-//   event and returns without blocking the host, so its `timeout` has
-//   nothing to bound (it never returns DEADLINE_EXCEEDED); the device-side
-//   bound is the watchdog's ProcessGroupOptions::timeout. Work::IsCompleted
-//   polls the event (cudaEventQuery). To block the host, use
-//   SynchronizeWork below. Tensor memory must stay valid until the op
-//   completes on the device, as ProcessGroup requires (the op keeps no
-//   reference to it). Memory freed with cudaFree, as Tensor::Empty's is,
-//   is safe to drop early because cudaFree synchronizes the device.
-//   Ops of different groups run on different streams and may overlap; as
-//   with any NCCL program, every rank must issue them in an order that
-//   cannot deadlock (NCCL kernels wait for their peers).
+//   Communication then overlaps whatever the caller enqueues next on its
+//   own stream. With kCurrentStream an op enqueues the NCCL call(s) and its
+//   completion event on the caller's current stream itself: no event
+//   orders it, later work on that stream runs after it, and nothing
+//   overlaps it there (c10d's choice for synchronous collectives). It is the
+//   lighter of the two on the host, one CUDA call per op besides NCCL's.
+//   Work::Wait(timeout) makes the caller's *current* stream wait for the
+//   completion event (nothing to do when the op ran on that stream) and
+//   returns without blocking the host, so its `timeout` has nothing to
+//   bound (it never returns DEADLINE_EXCEEDED); the device-side bound is the
+//   watchdog's ProcessGroupOptions::timeout. Work::IsCompleted polls the
+//   event (cudaEventQuery). To block the host, use SynchronizeWork below.
+//   Tensor memory must stay valid until the op completes on the device, as
+//   ProcessGroup requires (the op keeps no reference to it). Memory freed
+//   with cudaFree, as Tensor::Empty's is, is safe to drop early because
+//   cudaFree synchronizes the device. Ops of different groups on different
+//   streams may overlap; as with any NCCL program, every rank must issue
+//   them in an order that cannot deadlock (NCCL kernels wait for their
+//   peers).
 //
 // Communicators.
 //   The world communicator is made from the world ncclUniqueId that rank 0
@@ -117,6 +125,8 @@ class ProcessGroupNccl : public ProcessGroup {
   // The group's own stream (a cudaStream_t, non-blocking with respect to
   // the legacy default stream), for callers that want to enqueue work
   // directly behind the group's ops. It stays valid while the group lives.
+  // With NcclStreamMode::kCurrentStream the ops run on their callers'
+  // streams instead, and this one carries none of them.
   virtual void* stream() const = 0;
 
  protected:
@@ -138,6 +148,15 @@ enum class NcclGroupCreation : uint8_t {
   kUniqueIds,
 };
 
+// Which stream a group's ops run on (see "Streams" above).
+enum class NcclStreamMode : uint8_t {
+  // The group's own stream, ordered after the caller's by events: ops
+  // overlap the caller's later work.
+  kGroupStream,
+  // The caller's current stream: no ordering events, no overlap.
+  kCurrentStream,
+};
+
 struct NcclProcessGroupFactoryOptions {
   // This process's place in the world.
   int world_rank = 0;
@@ -153,6 +172,8 @@ struct NcclProcessGroupFactoryOptions {
   // NewGroups call). Must be positive and finite.
   absl::Duration init_timeout = absl::Minutes(5);
   NcclGroupCreation group_creation = NcclGroupCreation::kAuto;
+  // Where every group of the factory runs its ops.
+  NcclStreamMode stream_mode = NcclStreamMode::kGroupStream;
   // Where per-group unique IDs are exchanged when NewGroups does not split,
   // e.g. the coordinator's KV store for this (job, generation). Keys start
   // with "nccl/uid/". May be null when every NewGroups splits.

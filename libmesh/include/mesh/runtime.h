@@ -183,6 +183,9 @@ struct NcclBackendOptions {
   // The GPU of this rank; unset means NcclDefaultDeviceIndex's choice.
   std::optional<int> device_index;
   NcclGroupCreation group_creation = NcclGroupCreation::kAuto;
+  // Where ops run: each group's own stream (overlapping the caller's later
+  // work) or the caller's current stream (lighter on the host).
+  NcclStreamMode stream_mode = NcclStreamMode::kGroupStream;
   // Bound on creating one batch of communicators.
   absl::Duration init_timeout = absl::Minutes(5);
 };

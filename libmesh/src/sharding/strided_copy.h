@@ -5,9 +5,11 @@
 // CopyTensor already copies any strides CPU -> CPU, but on CUDA it needs
 // both sides contiguous, and a Shard(d) block of a contiguous tensor is not
 // contiguous once d > 0. Such a block is always "2-D" in memory: `rows`
-// runs of `width` contiguous bytes, `pitch` bytes apart, which is exactly
-// what cudaMemcpy2D copies, so the CUDA path needs no kernel and no host
-// staging.
+// runs of `width` contiguous bytes, `pitch` bytes apart. Within one device
+// the CUDA path copies it with Mesh's 2-D copy kernel (backends/cuda/
+// copy_2d.h), at the device's copy bandwidth; across devices or to the host,
+// and in builds without nvcc, with cudaMemcpy2D. Neither stages through the
+// host.
 //
 // Errors: as CopyTensor; UNIMPLEMENTED for a CUDA view that is not 2-D in
 // that sense (no caller produces one).
@@ -36,8 +38,8 @@ struct Rows {
 std::optional<Rows> AsRows(const Tensor& t);
 
 // Copies src into dst (same dtype and shape): CopyTensor where it applies,
-// cudaMemcpy2D for a CUDA copy with a non-contiguous side. Returns once the
-// copy is complete.
+// the 2-D copy kernel or cudaMemcpy2D for a CUDA copy with a non-contiguous
+// side. Returns once the copy is complete.
 absl::Status CopyStrided(const Tensor& dst, const Tensor& src);
 
 }  // namespace mesh::sharding

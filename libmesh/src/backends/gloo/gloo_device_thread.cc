@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/duration_format.h"
 
 namespace mesh::gloo_backend {
 namespace {
@@ -100,7 +101,7 @@ absl::StatusOr<pid_t> SetDeviceThreadBatchPolicy(
       // harmless and owns the descriptor) rather than block past `timeout`.
       static_cast<void>(handler.release());
       return absl::DeadlineExceededError(absl::StrCat("gloo: the device thread did not run within ",
-                                                      absl::FormatDuration(timeout)));
+                                                      FormatDurationShort(timeout)));
     }
     tid = outcome->tid;
     status = outcome->status;

@@ -18,6 +18,7 @@
 #include "backends/gloo/gloo_errors.h"
 #include "backends/gloo/gloo_group_state.h"
 #include "backends/gloo/gloo_store.h"
+#include "common/duration_format.h"
 #include "mesh/prefix_store.h"
 #include "mesh/process_group_gloo.h"
 
@@ -141,7 +142,7 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroupFactory>> GlooProcessGroupFactory
       options.group.timeout == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("gloo: timeout must be positive and finite, got ",
-                     absl::FormatDuration(options.group.timeout)));
+                     FormatDurationShort(options.group.timeout)));
   }
   auto device = MakeDevice(options);
   if (!device.ok()) return device.status();

@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/duration_format.h"
 
 namespace mesh::nccl {
 namespace {
@@ -298,23 +299,22 @@ absl::Status CheckFactoryOptions(const NcclProcessGroupFactoryOptions& options) 
                                 "; the NCCL backend needs a CUDA device"));
   }
   if (!positive_finite(options.init_timeout)) {
-    return invalid(absl::StrCat("init_timeout is ", absl::FormatDuration(options.init_timeout),
+    return invalid(absl::StrCat("init_timeout is ", FormatDurationShort(options.init_timeout),
                                 "; it must be positive and finite"));
   }
   if (!positive_finite(options.group_options.timeout)) {
     return invalid(absl::StrCat("group_options.timeout is ",
-                                absl::FormatDuration(options.group_options.timeout),
+                                FormatDurationShort(options.group_options.timeout),
                                 "; it must be positive and finite"));
   }
   if (!positive_finite(options.watchdog_interval)) {
     return invalid(absl::StrCat("watchdog_interval is ",
-                                absl::FormatDuration(options.watchdog_interval),
+                                FormatDurationShort(options.watchdog_interval),
                                 "; it must be positive and finite"));
   }
   if (options.destroy_timeout < absl::ZeroDuration() ||
       options.destroy_timeout == absl::InfiniteDuration()) {
-    return invalid(absl::StrCat("destroy_timeout is ",
-                                absl::FormatDuration(options.destroy_timeout),
+    return invalid(absl::StrCat("destroy_timeout is ", FormatDurationShort(options.destroy_timeout),
                                 "; it must be non-negative and finite"));
   }
   return absl::OkStatus();

@@ -135,6 +135,7 @@ absl::StatusOr<std::shared_ptr<NcclGroup>> NcclFactory::Adopt(const GroupSpec& s
   params.device = options_.device.index();
   params.options = options_.group_options;
   params.caps = BuiltCaps();
+  params.stream_mode = options_.stream_mode;
   absl::StatusOr<std::shared_ptr<NcclGroup>> group = NcclGroup::Create(
       api_, std::move(params), spec.global_ranks, comm, watchdog_, options_.destroy_timeout);
   if (!group.ok()) return group.status();
@@ -282,6 +283,7 @@ absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> CreateNcclFactory(
   params.device = device;
   params.options = options.group_options;
   params.caps = BuiltCaps();
+  params.stream_mode = options.stream_mode;
   std::vector<int> ranks(options.world_size);
   std::iota(ranks.begin(), ranks.end(), 0);
   absl::StatusOr<std::shared_ptr<NcclGroup>> world = NcclGroup::Create(

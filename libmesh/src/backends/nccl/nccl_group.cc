@@ -10,6 +10,7 @@
 #include "backends/nccl/nccl_util.h"
 #include "backends/nccl/nccl_watchdog.h"
 #include "common/check.h"
+#include "common/duration_format.h"
 #include "mesh/cuda_stream.h"
 
 namespace mesh::nccl {
@@ -64,19 +65,27 @@ void EventPool::Release(cudaEvent_t event) {
 
 // ---- PendingOp -------------------------------------------------------------
 
-PendingOp::PendingOp(std::string description, absl::Time issued, cudaEvent_t done,
-                     std::shared_ptr<EventPool> pool)
-    : description_(std::move(description)), issued_(issued), done_(done), pool_(std::move(pool)) {}
+PendingOp::PendingOp(std::string description, absl::Time issued, cudaStream_t stream,
+                     cudaEvent_t done, std::shared_ptr<EventPool> pool)
+    : description_(std::move(description)),
+      issued_(issued),
+      stream_(stream),
+      done_(done),
+      pool_(std::move(pool)) {}
 
 PendingOp::~PendingOp() { pool_->Release(done_); }
 
 absl::Status PendingOp::Finish(absl::Status status) {
   absl::MutexLock lock(&mu_);
-  if (!result_.has_value()) result_ = std::move(status);
+  if (!result_.has_value()) {
+    result_ = std::move(status);
+    finished_.store(true, std::memory_order_release);
+  }
   return *result_;
 }
 
 std::optional<absl::Status> PendingOp::result() const {
+  if (!finished_.load(std::memory_order_acquire)) return std::nullopt;
   absl::MutexLock lock(&mu_);
   return result_;
 }
@@ -207,27 +216,33 @@ absl::StatusOr<ProcessGroup::WorkPtr> GroupCore::Launch(
     if (reason.ok()) reason = absl::FailedPreconditionError(absl::StrCat(what_, " is closed"));
     return reason;
   }
-  auto pending = std::make_shared<PendingOp>(
-      absl::StrCat(op, " #", next_seq_++, " (", detail(), ")"), absl::Now(), *done, events_);
-
   // Ordering: the caller's earlier work on its stream, then the op, then
-  // the completion event. Recording `ready_` again while an earlier wait on
-  // it is still queued is fine: cudaStreamWaitEvent captures the event's
-  // state at the time of the call. A failure here has issued nothing, so it
-  // is the caller's synchronous error and the group stays healthy.
-  if (cudaError_t err = api_.EventRecord(ready_, caller); err != cudaSuccess) {
-    return WithPrefix(absl::StrCat(what_, " ", pending->description()),
-                      CudaError(api_,
-                                "cudaEventRecord on the caller's current stream (is it a stream "
-                                "of this group's device?)",
-                                err));
-  }
-  if (cudaError_t err = api_.StreamWaitEvent(stream_, ready_, 0); err != cudaSuccess) {
-    return WithPrefix(absl::StrCat(what_, " ", pending->description()),
-                      CudaError(api_, "cudaStreamWaitEvent on the group stream", err));
+  // the completion event. On the group stream that takes an event the
+  // group stream waits for; recording `ready_` again while an earlier wait
+  // on it is still queued is fine, as cudaStreamWaitEvent captures the
+  // event's state at the time of the call. A failure here has issued
+  // nothing, so it is the caller's synchronous error and the group stays
+  // healthy.
+  const bool on_caller = params_.stream_mode == NcclStreamMode::kCurrentStream;
+  cudaStream_t stream = on_caller ? caller : stream_;
+  auto pending =
+      std::make_shared<PendingOp>(absl::StrCat(op, " #", next_seq_++, " (", detail(), ")"),
+                                  absl::Now(), stream, *done, events_);
+  if (!on_caller) {
+    if (cudaError_t err = api_.EventRecord(ready_, caller); err != cudaSuccess) {
+      return WithPrefix(absl::StrCat(what_, " ", pending->description()),
+                        CudaError(api_,
+                                  "cudaEventRecord on the caller's current stream (is it a "
+                                  "stream of this group's device?)",
+                                  err));
+    }
+    if (cudaError_t err = api_.StreamWaitEvent(stream_, ready_, 0); err != cudaSuccess) {
+      return WithPrefix(absl::StrCat(what_, " ", pending->description()),
+                        CudaError(api_, "cudaStreamWaitEvent on the group stream", err));
+    }
   }
   absl::Status failure;
-  const ncclResult_t r = enqueue(comm_, stream_);
+  const ncclResult_t r = enqueue(comm_, stream);
   if (r == ncclInProgress) {
     // First use of a peer connection (lazy connect) runs in NCCL's
     // background thread; nothing is on the stream until it is done.
@@ -237,8 +252,11 @@ absl::StatusOr<ProcessGroup::WorkPtr> GroupCore::Launch(
     failure = NcclError(api_, absl::StrCat("issuing ", pending->description()), r, comm_);
   }
   if (failure.ok()) {
-    if (cudaError_t err = api_.EventRecord(*done, stream_); err != cudaSuccess) {
-      failure = CudaError(api_, "cudaEventRecord on the group stream", err);
+    if (cudaError_t err = api_.EventRecord(*done, stream); err != cudaSuccess) {
+      failure = CudaError(api_,
+                          on_caller ? "cudaEventRecord on the caller's current stream"
+                                    : "cudaEventRecord on the group stream",
+                          err);
     }
   }
   if (!failure.ok()) {
@@ -254,7 +272,11 @@ absl::StatusOr<ProcessGroup::WorkPtr> GroupCore::Launch(
   }
   {
     absl::MutexLock ops_lock(&ops_mu_);
-    RetireCompletedLocked();  // Keeps the queue short between watchdog passes.
+    // Bounds the queue between watchdog passes, polling at most once per
+    // kRetireOnIssueEvery ops while the device lags behind.
+    if (pending_.size() >= kRetireOnIssueAt && next_seq_ % kRetireOnIssueEvery == 0) {
+      RetireCompletedLocked();
+    }
     pending_.push_back(pending);
   }
   return std::make_shared<NcclWork>(shared_from_this(), std::move(pending));
@@ -354,8 +376,8 @@ void GroupCore::WatchdogTick(absl::Time now) {
       const absl::Duration age = now - op.issued();
       if (age > params_.options.timeout) {
         reason = absl::DeadlineExceededError(absl::StrCat(
-            what_, ": ", op.description(), " has not completed after ", absl::FormatDuration(age),
-            " (timeout ", absl::FormatDuration(params_.options.timeout),
+            what_, ": ", op.description(), " has not completed after ", FormatDurationShort(age),
+            " (timeout ", FormatDurationShort(params_.options.timeout),
             "); a peer is missing, stuck, or issued a different op; the group was aborted"));
       }
       break;
@@ -448,6 +470,9 @@ absl::Status NcclWork::Wait(absl::Duration timeout) {
   DeviceGuard guard(core_->api(), device);  // "Stream 0" means the current device's.
   if (!guard.status().ok()) return guard.status();
   cudaStream_t current = static_cast<cudaStream_t>(CurrentCudaStream(Device::Cuda(device)));
+  // An op that ran on the current stream is already ordered before
+  // whatever the caller enqueues next.
+  if (current == op_->stream()) return absl::OkStatus();
   if (cudaError_t err = core_->api().StreamWaitEvent(current, op_->done(), 0); err != cudaSuccess) {
     return CudaError(core_->api(),
                      absl::StrCat("making the current stream wait for ", op_->description(), " of ",

@@ -91,12 +91,13 @@ class EventPool {
   std::vector<cudaEvent_t> free_ ABSL_GUARDED_BY(mu_);
 };
 
-// One issued op: its completion event and, once known, its final status.
-// Thread-safe.
+// One issued op: the stream it ran on, its completion event and, once
+// known, its final status. Thread-safe.
 class PendingOp {
  public:
-  // `done` comes from `pool` and goes back to it on destruction.
-  PendingOp(std::string description, absl::Time issued, cudaEvent_t done,
+  // `done` comes from `pool` and goes back to it on destruction; it is
+  // recorded on `stream` behind the op.
+  PendingOp(std::string description, absl::Time issued, cudaStream_t stream, cudaEvent_t done,
             std::shared_ptr<EventPool> pool);
   ~PendingOp();
   PendingOp(const PendingOp&) = delete;
@@ -105,6 +106,7 @@ class PendingOp {
   // "all_reduce #17 (float32[1024], sum)", for messages.
   const std::string& description() const { return description_; }
   absl::Time issued() const { return issued_; }
+  cudaStream_t stream() const { return stream_; }
   cudaEvent_t done() const { return done_; }
 
   // Sets the final status unless one is set already; returns the final one.
@@ -118,10 +120,14 @@ class PendingOp {
  private:
   const std::string description_;
   const absl::Time issued_;
+  const cudaStream_t stream_;
   const cudaEvent_t done_;
   const std::shared_ptr<EventPool> pool_;
   mutable absl::Mutex mu_;
   std::optional<absl::Status> result_ ABSL_GUARDED_BY(mu_);
+  // Set (release) once result_ holds the final status, so that the common
+  // question "finished yet?" takes no lock.
+  std::atomic<bool> finished_{false};
 };
 
 // The state of one group shared by the group, its Works and the watchdog.
@@ -135,6 +141,7 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
     int device = 0;
     ProcessGroupOptions options;
     NcclCaps caps;
+    NcclStreamMode stream_mode = NcclStreamMode::kGroupStream;
   };
 
   // Takes ownership of every handle; Close() releases them. `api` must
@@ -152,14 +159,14 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   // "group 'mesh/tp/1' (rank 2 of 4, cuda:0)".
   const std::string& what() const { return what_; }
 
-  // Issues one op: orders the group stream after the caller's current
-  // stream, runs `enqueue(comm, stream)` (the NCCL call or calls; it returns
-  // NCCL's result), waits out ncclInProgress (bounded by options.timeout),
-  // and records the completion event. `detail` describes the op for
-  // messages. Returns the synchronous error (the group's abort reason when
-  // already aborted; a CUDA error before anything was issued) or a Work.
-  // A failure after the group's stream was touched aborts the group and
-  // returns a Work that has failed with the reason.
+  // Issues one op on the stream params.stream_mode picks: the group stream
+  // (ordered after the caller's current stream by an event) or the caller's
+  // current stream itself. Runs `enqueue(comm, stream)` (the NCCL call or
+  // calls; it returns NCCL's result), waits out ncclInProgress (bounded by
+  // options.timeout), and records the completion event on that stream. `detail` describes the op
+  // for messages. Returns the synchronous error (the group's abort reason when already aborted; a
+  // CUDA error before anything was issued) or a Work. A failure after the group's stream was
+  // touched aborts the group and returns a Work that has failed with the reason.
   absl::StatusOr<ProcessGroup::WorkPtr> Launch(
       absl::string_view op, absl::FunctionRef<std::string()> detail,
       absl::FunctionRef<ncclResult_t(ncclComm_t, cudaStream_t)> enqueue);
@@ -214,6 +221,12 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   void AbandonCommLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(issue_mu_);
   // Drops completed ops from the front of the queue.
   void RetireCompletedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // Launch retires ops itself (one cudaEventQuery each) only once this many
+  // are queued, and then on every kRetireOnIssueEvery-th op; below it the
+  // watchdog does, off the issuing thread. The queue stays bounded because
+  // CUDA bounds how far a stream's queue runs ahead of the device.
+  static constexpr size_t kRetireOnIssueAt = 256;
+  static constexpr uint64_t kRetireOnIssueEvery = 32;
   // The abort reason while aborting, else OK; the cancellation test of
   // every poll this group makes.
   absl::Status Cancelled() const;

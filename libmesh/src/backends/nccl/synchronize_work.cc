@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/duration_format.h"
 #include "mesh/process_group_nccl.h"
 
 namespace mesh {
@@ -17,7 +18,7 @@ absl::Status SynchronizeWork(const Work& work, absl::Duration timeout) {
   for (int polls = 0; !work.IsCompleted(); ++polls) {
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
-          absl::StrCat("the op did not complete within ", absl::FormatDuration(timeout),
+          absl::StrCat("the op did not complete within ", FormatDurationShort(timeout),
                        " (it keeps running; wait again or abort it)"));
     }
     if (polls < 256) {
