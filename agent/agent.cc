@@ -221,11 +221,11 @@ absl::Status Agent::Start() {
     next_worker_port_ = config_.worker_metrics_port_first;
   }
   grpc::ChannelArguments args;
-  // gRPC's own reconnect backoff grows to 2 minutes by default, and an RPC
-  // made while the channel waits out that backoff is queued until the next
-  // connection attempt, however soon the coordinator is back. Keep it at
-  // the agent's re-registration pace (at most backoff_max, 1 s by default)
-  // so a restarted coordinator is usually found within about a second.
+  // gRPC's own reconnect backoff grows to 2 minutes by default, and a
+  // RegisterNode made while the channel waits out that backoff waits for
+  // the next connection attempt, however soon the coordinator is back.
+  // Keep it at the agent's re-registration pace (at most backoff_max, 1 s
+  // by default) so a restarted coordinator is found within about a second.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(config_.backoff_initial)));
   // Despite its name, gRPC uses this as the minimum time one connection
@@ -418,6 +418,15 @@ void Agent::SessionLoop() {
     {
       grpc::ClientContext context;
       SetDeadline(context, config_.rpc_timeout);
+      // Wait for a connection rather than fail fast while the channel is in
+      // TRANSIENT_FAILURE: a connection attempt makes progress only while
+      // some thread polls for it, and without a waiting RPC that is gRPC's
+      // backup poller, every 5 s. Failing fast, the agent re-registered up
+      // to 5 s after a restarted coordinator was serving (its SETTINGS frame
+      // sat unread, and each attempt timed out as "tcp handshaker
+      // shutdown"); waiting, this thread drives the handshake and the call
+      // goes through as soon as the coordinator accepts.
+      context.set_wait_for_ready(true);
       ContextGuard guard(this, &context);
       status = stub_->RegisterNode(&context, request, &response);
     }

@@ -128,8 +128,8 @@ class CoordinatorCrashTest : public ::testing::Test {
 
 // The node heartbeat timeout of this test: also the reconciliation window
 // after a restart. Long enough for an agent to come back on a loaded host
-// (seen: up to ~5 s when a reconnect's TCP handshake stalls after a kill -9
-// on loopback), short enough for the test to wait it out.
+// (about a second; coordinator_restart_loop_test measures it), short enough
+// for the test to wait it out.
 constexpr absl::Duration kNodeTimeout = absl::Seconds(10);
 
 TEST_F(CoordinatorCrashTest, Kill9AfterSubmitAckAndWhileRunningKeepsTheJobAndItsWorkers) {

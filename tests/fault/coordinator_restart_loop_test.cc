@@ -5,8 +5,10 @@
 //     agents hold while the coordinator is down, and their late reconnect,
 //     never turn it into FAILED ("node lost"), even with a node heartbeat
 //     timeout (5 s) that a slow re-registration can exceed;
-//   * both agents re-register after each restart (the time each cycle took
-//     is printed: docs/failure-semantics.md, "Reconnect time").
+//   * both agents re-register within the node heartbeat timeout of each
+//     restart, so liveness never counts the outage against them (each
+//     cycle's time is printed; docs/failure-semantics.md, "Reconnect time",
+//     has the figures: about a second).
 //
 // Each cycle submits a job of two ranks that sleep briefly and exit 0, kills
 // the coordinator at a varying moment of the job's life, keeps it down for
@@ -42,10 +44,11 @@ constexpr int kCycles = 6;
 // Short enough that a re-registration stalled for seconds outlasts it; the
 // grace after a restart (--node-recovery-grace) is left at its default.
 constexpr absl::Duration kNodeTimeout = absl::Seconds(5);
-// How long both agents may take to be back after a restart.
-constexpr absl::Duration kAgentsBack = absl::Seconds(20);
+// How long both agents may take to be back after a restart: within the
+// node heartbeat timeout (it used to take up to 5 s; now about 1 s).
+constexpr absl::Duration kAgentsBack = kNodeTimeout;
 
-TEST(CoordinatorRestartLoopTest, Kill9CyclesNeverFailASucceededJob) {
+TEST(CoordinatorRestartLoopTest, Kill9CyclesNeverFailASucceededJobAndAgentsComeBackInTime) {
   MeshCluster cluster({MESH_COORDINATOR_BIN, MESH_AGENT_BIN}, "mesh-fault-restart-loop");
   ASSERT_TRUE(cluster.StartCoordinator(0, {}, kNodeTimeout).ok());
   ASSERT_TRUE(cluster.StartAgent(0, 1).ok());
