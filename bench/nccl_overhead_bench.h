@@ -2,7 +2,8 @@
 // all_reduce, against raw ncclAllReduce on the same device, world size 1,
 // small float32 messages (where per-call overhead, not bandwidth, dominates).
 //
-// Both sides use a non-blocking communicator and a non-blocking stream;
+// Both sides use a non-blocking communicator and call from a non-blocking
+// stream (libmesh's side makes its stream current with CudaStreamGuard);
 // libmesh's side additionally pays for its stream semantics and its Work.
 // With --stream group (NcclStreamMode::kGroupStream, the default) that is
 // an event recorded on the caller's stream and waited on by the group

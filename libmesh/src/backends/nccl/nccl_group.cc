@@ -1,5 +1,6 @@
 #include "backends/nccl/nccl_group.h"
 
+#include <thread>
 #include <utility>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -7,6 +8,7 @@
 #endif
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "backends/nccl/nccl_util.h"
 #include "backends/nccl/nccl_watchdog.h"
 #include "common/check.h"
@@ -20,8 +22,8 @@ absl::Status WithPrefix(absl::string_view prefix, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(prefix, ": ", status.message()));
 }
 
-std::string Describe(const Tensor& t) {
-  return absl::StrCat(DTypeName(t.dtype()), t.ShapeString());
+void AppendTensor(std::string& out, const OpFacts::TensorFacts& t) {
+  absl::StrAppend(&out, DTypeName(t.dtype), "[", absl::StrJoin(t.shape, ", "), "]");
 }
 
 char* Bytes(const Tensor& t) { return static_cast<char*>(t.data()); }
@@ -32,7 +34,7 @@ char* Bytes(const Tensor& t) { return static_cast<char*>(t.data()); }
 
 EventPool::~EventPool() {
   DeviceGuard guard(api_, device_);
-  absl::MutexLock lock(&mu_);
+  SpinLockHolder lock(&mu_);
   // An event whose last record has not completed is released by CUDA once
   // it does; cudaEventDestroy does not block.
   for (cudaEvent_t event : free_) api_.EventDestroy(event);
@@ -40,7 +42,7 @@ EventPool::~EventPool() {
 
 absl::StatusOr<cudaEvent_t> EventPool::Acquire() {
   {
-    absl::MutexLock lock(&mu_);
+    SpinLockHolder lock(&mu_);
     if (!free_.empty()) {
       cudaEvent_t event = free_.back();
       free_.pop_back();
@@ -59,15 +61,32 @@ absl::StatusOr<cudaEvent_t> EventPool::Acquire() {
 
 void EventPool::Release(cudaEvent_t event) {
   if (event == nullptr) return;
-  absl::MutexLock lock(&mu_);
+  SpinLockHolder lock(&mu_);
   free_.push_back(event);
 }
 
-// ---- PendingOp -------------------------------------------------------------
+// ---- OpFacts and PendingOp ---------------------------------------------------
 
-PendingOp::PendingOp(std::string description, absl::Time issued, cudaStream_t stream,
-                     cudaEvent_t done, std::shared_ptr<EventPool> pool)
-    : description_(std::move(description)),
+std::string OpFacts::Detail() const {
+  if (!fixed.empty()) return std::string(fixed);
+  std::string text;
+  if (in.has_value()) AppendTensor(text, *in);
+  if (out.has_value()) {
+    text += " -> ";
+    AppendTensor(text, *out);
+  }
+  if (!reduce.empty()) absl::StrAppend(&text, ", ", reduce);
+  if (!peer_label.empty()) absl::StrAppend(&text, peer_label, peer);
+  if (tag.has_value()) absl::StrAppend(&text, ", tag ", *tag);
+  absl::StrAppend(&text, suffix);
+  return text;
+}
+
+PendingOp::PendingOp(absl::string_view op, uint64_t seq, OpFacts facts, absl::Time issued,
+                     cudaStream_t stream, cudaEvent_t done, std::shared_ptr<EventPool> pool)
+    : op_(op),
+      seq_(seq),
+      facts_(std::move(facts)),
       issued_(issued),
       stream_(stream),
       done_(done),
@@ -75,18 +94,24 @@ PendingOp::PendingOp(std::string description, absl::Time issued, cudaStream_t st
 
 PendingOp::~PendingOp() { pool_->Release(done_); }
 
+std::string PendingOp::description() const {
+  return absl::StrCat(op_, " #", seq_, " (", facts_.Detail(), ")");
+}
+
 absl::Status PendingOp::Finish(absl::Status status) {
-  absl::MutexLock lock(&mu_);
-  if (!result_.has_value()) {
+  int expected = kPending;
+  if (state_.compare_exchange_strong(expected, kSetting, std::memory_order_acquire)) {
     result_ = std::move(status);
-    finished_.store(true, std::memory_order_release);
+    state_.store(kFinished, std::memory_order_release);
+    return result_;
   }
-  return *result_;
+  // Another thread is setting it: a few instructions away.
+  while (state_.load(std::memory_order_acquire) != kFinished) std::this_thread::yield();
+  return result_;
 }
 
 std::optional<absl::Status> PendingOp::result() const {
-  if (!finished_.load(std::memory_order_acquire)) return std::nullopt;
-  absl::MutexLock lock(&mu_);
+  if (state_.load(std::memory_order_acquire) != kFinished) return std::nullopt;
   return result_;
 }
 
@@ -97,7 +122,7 @@ std::optional<absl::Status> PendingOp::Poll() {
   const cudaError_t err = api.EventQuery(done_);
   if (err == cudaErrorNotReady) return std::nullopt;
   if (err == cudaSuccess) return Finish(absl::OkStatus());
-  return Finish(CudaError(api, absl::StrCat("cudaEventQuery for ", description_), err));
+  return Finish(CudaError(api, absl::StrCat("cudaEventQuery for ", description()), err));
 }
 
 // ---- GroupCore -------------------------------------------------------------
@@ -196,11 +221,20 @@ void GroupCore::ReleaseCommLocked() {
 }
 
 void GroupCore::RetireCompletedLocked() {
+  if (pending_.empty()) return;
+  // One query for the newest op stands for every older op of its stream.
+  const std::shared_ptr<PendingOp>& newest = pending_.back();
+  std::optional<absl::Status> last = newest->Poll();
+  if (last.has_value() && last->ok()) {
+    for (const std::shared_ptr<PendingOp>& op : pending_) {
+      if (op->stream() == newest->stream()) op->Finish(absl::OkStatus()).IgnoreError();
+    }
+  }
   while (!pending_.empty() && pending_.front()->Poll().has_value()) pending_.pop_front();
 }
 
 absl::StatusOr<ProcessGroup::WorkPtr> GroupCore::Launch(
-    absl::string_view op, absl::FunctionRef<std::string()> detail,
+    absl::string_view op, OpFacts facts,
     absl::FunctionRef<ncclResult_t(ncclComm_t, cudaStream_t)> enqueue) {
   if (absl::Status s = Cancelled(); !s.ok()) return s;
   DeviceGuard guard(api_, params_.device);
@@ -225,9 +259,8 @@ absl::StatusOr<ProcessGroup::WorkPtr> GroupCore::Launch(
   // healthy.
   const bool on_caller = params_.stream_mode == NcclStreamMode::kCurrentStream;
   cudaStream_t stream = on_caller ? caller : stream_;
-  auto pending =
-      std::make_shared<PendingOp>(absl::StrCat(op, " #", next_seq_++, " (", detail(), ")"),
-                                  absl::Now(), stream, *done, events_);
+  auto pending = std::make_shared<PendingOp>(op, next_seq_++, std::move(facts), absl::Now(), stream,
+                                             *done, events_);
   if (!on_caller) {
     if (cudaError_t err = api_.EventRecord(ready_, caller); err != cudaSuccess) {
       return WithPrefix(absl::StrCat(what_, " ", pending->description()),
@@ -467,12 +500,12 @@ absl::Status NcclWork::Wait(absl::Duration timeout) {
   (void)timeout;
   if (std::optional<absl::Status> known = op_->result(); known.has_value()) return *known;
   const int device = core_->params().device;
-  DeviceGuard guard(core_->api(), device);  // "Stream 0" means the current device's.
-  if (!guard.status().ok()) return guard.status();
   cudaStream_t current = static_cast<cudaStream_t>(CurrentCudaStream(Device::Cuda(device)));
   // An op that ran on the current stream is already ordered before
   // whatever the caller enqueues next.
   if (current == op_->stream()) return absl::OkStatus();
+  DeviceGuard guard(core_->api(), device);  // "Stream 0" means the current device's.
+  if (!guard.status().ok()) return guard.status();
   if (cudaError_t err = core_->api().StreamWaitEvent(current, op_->done(), 0); err != cudaSuccess) {
     return CudaError(core_->api(),
                      absl::StrCat("making the current stream wait for ", op_->description(), " of ",
@@ -580,14 +613,13 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllReduce(Tensor tensor, Reduce
   const ncclRedOp_t red = ToNcclRedOp(op);
   const size_t count = static_cast<size_t>(tensor.numel());
   void* data = tensor.data();
-  return core_->Launch(
-      kOp, [&] { return absl::StrCat(Describe(tensor), ", ", ReduceOpName(op)); },
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        // Zero elements on every member (they agree on numel): nothing to
-        // do, and NCCL need not see a possibly-null pointer.
-        if (count == 0) return ncclSuccess;
-        return core_->api().AllReduce(data, data, count, type, red, comm, stream);
-      });
+  return core_->Launch(kOp, OpFacts{.in = OpFacts::Of(tensor), .reduce = ReduceOpName(op)},
+                       [&](ncclComm_t comm, cudaStream_t stream) {
+                         // Zero elements on every member (they agree on numel): nothing to
+                         // do, and NCCL need not see a possibly-null pointer.
+                         if (count == 0) return ncclSuccess;
+                         return core_->api().AllReduce(data, data, count, type, red, comm, stream);
+                       });
 }
 
 absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::LaunchReduction(
@@ -607,10 +639,8 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::LaunchReduction(
   void* recv = output.data();
   return core_->Launch(
       op,
-      [&] {
-        return absl::StrCat(Describe(input), " -> ", Describe(output), ", ",
-                            ReduceOpName(reduce_op));
-      },
+      OpFacts{
+          .in = OpFacts::Of(input), .out = OpFacts::Of(output), .reduce = ReduceOpName(reduce_op)},
       [&](ncclComm_t comm, cudaStream_t stream) {
         // Zero elements on every member (they agree on numel): nothing to
         // do, and NCCL need not see a possibly-null pointer.
@@ -637,12 +667,12 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Broadcast(Tensor tensor, int ro
   const ncclDataType_t type = ToNcclDataType(tensor.dtype());
   const size_t count = static_cast<size_t>(tensor.numel());
   void* data = tensor.data();
-  return core_->Launch(
-      kOp, [&] { return absl::StrCat(Describe(tensor), ", root ", root); },
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        if (count == 0) return ncclSuccess;
-        return core_->api().Broadcast(data, data, count, type, root, comm, stream);
-      });
+  return core_->Launch(kOp,
+                       OpFacts{.in = OpFacts::Of(tensor), .peer_label = ", root ", .peer = root},
+                       [&](ncclComm_t comm, cudaStream_t stream) {
+                         if (count == 0) return ncclSuccess;
+                         return core_->api().Broadcast(data, data, count, type, root, comm, stream);
+                       });
 }
 
 absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Reduce(Tensor tensor, int root, ReduceOp op) {
@@ -656,13 +686,17 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Reduce(Tensor tensor, int root,
   const ncclRedOp_t red = ToNcclRedOp(op);
   const size_t count = static_cast<size_t>(tensor.numel());
   void* data = tensor.data();
-  return core_->Launch(
-      kOp, [&] { return absl::StrCat(Describe(tensor), ", ", ReduceOpName(op), ", root ", root); },
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        if (count == 0) return ncclSuccess;
-        // In place: recvbuff only matters on the root.
-        return core_->api().Reduce(data, data, count, type, red, root, comm, stream);
-      });
+  return core_->Launch(kOp,
+                       OpFacts{.in = OpFacts::Of(tensor),
+                               .reduce = ReduceOpName(op),
+                               .peer_label = ", root ",
+                               .peer = root},
+                       [&](ncclComm_t comm, cudaStream_t stream) {
+                         if (count == 0) return ncclSuccess;
+                         // In place: recvbuff only matters on the root.
+                         return core_->api().Reduce(data, data, count, type, red, root, comm,
+                                                    stream);
+                       });
 }
 
 absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllGather(Tensor input, Tensor output) {
@@ -677,12 +711,11 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllGather(Tensor input, Tensor 
   const size_t count = static_cast<size_t>(input.numel());
   const void* send = input.data();
   void* recv = output.data();
-  return core_->Launch(
-      kOp, [&] { return absl::StrCat(Describe(input), " -> ", Describe(output)); },
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        if (count == 0) return ncclSuccess;
-        return core_->api().AllGather(send, recv, count, type, comm, stream);
-      });
+  return core_->Launch(kOp, OpFacts{.in = OpFacts::Of(input), .out = OpFacts::Of(output)},
+                       [&](ncclComm_t comm, cudaStream_t stream) {
+                         if (count == 0) return ncclSuccess;
+                         return core_->api().AllGather(send, recv, count, type, comm, stream);
+                       });
 }
 
 absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::ReduceScatter(Tensor input, Tensor output,
@@ -710,39 +743,37 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::AllToAll(Tensor input, Tensor o
   const char* send = Bytes(input);
   char* recv = Bytes(output);
   const bool even = input_splits.empty() && output_splits.empty();
-  return core_->Launch(
-      kOp,
-      [&] {
-        return absl::StrCat(Describe(input), " -> ", Describe(output),
-                            even ? ", equal splits" : ", uneven splits");
-      },
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        // One group call, so NCCL schedules every pair at once instead of
-        // deadlocking on the first blocking send. Zero-sized chunks are
-        // skipped on both sides alike (sender's input split j equals the
-        // receiver's output split i), as c10d does.
-        ncclResult_t first_error = core_->api().GroupStart();
-        if (first_error != ncclSuccess) return first_error;
-        for (int peer = 0; peer < view.size; ++peer) {
-          const size_t send_count = static_cast<size_t>(plan->send_counts[peer]);
-          const size_t recv_count = static_cast<size_t>(plan->recv_counts[peer]);
-          if (send_count > 0) {
-            const ncclResult_t r =
-                core_->api().Send(send + static_cast<size_t>(plan->send_offsets[peer]) * element,
-                                  send_count, type, peer, comm, stream);
-            if (r != ncclSuccess && first_error == ncclSuccess) first_error = r;
-          }
-          if (recv_count > 0) {
-            const ncclResult_t r =
-                core_->api().Recv(recv + static_cast<size_t>(plan->recv_offsets[peer]) * element,
-                                  recv_count, type, peer, comm, stream);
-            if (r != ncclSuccess && first_error == ncclSuccess) first_error = r;
-          }
-        }
-        // Always end the group: it also discards a group whose calls failed.
-        const ncclResult_t end = core_->api().GroupEnd();
-        return first_error != ncclSuccess ? first_error : end;
-      });
+  return core_->Launch(kOp,
+                       OpFacts{.in = OpFacts::Of(input),
+                               .out = OpFacts::Of(output),
+                               .suffix = even ? ", equal splits" : ", uneven splits"},
+                       [&](ncclComm_t comm, cudaStream_t stream) {
+                         // One group call, so NCCL schedules every pair at once instead of
+                         // deadlocking on the first blocking send. Zero-sized chunks are
+                         // skipped on both sides alike (sender's input split j equals the
+                         // receiver's output split i), as c10d does.
+                         ncclResult_t first_error = core_->api().GroupStart();
+                         if (first_error != ncclSuccess) return first_error;
+                         for (int peer = 0; peer < view.size; ++peer) {
+                           const size_t send_count = static_cast<size_t>(plan->send_counts[peer]);
+                           const size_t recv_count = static_cast<size_t>(plan->recv_counts[peer]);
+                           if (send_count > 0) {
+                             const ncclResult_t r = core_->api().Send(
+                                 send + static_cast<size_t>(plan->send_offsets[peer]) * element,
+                                 send_count, type, peer, comm, stream);
+                             if (r != ncclSuccess && first_error == ncclSuccess) first_error = r;
+                           }
+                           if (recv_count > 0) {
+                             const ncclResult_t r = core_->api().Recv(
+                                 recv + static_cast<size_t>(plan->recv_offsets[peer]) * element,
+                                 recv_count, type, peer, comm, stream);
+                             if (r != ncclSuccess && first_error == ncclSuccess) first_error = r;
+                           }
+                         }
+                         // Always end the group: it also discards a group whose calls failed.
+                         const ncclResult_t end = core_->api().GroupEnd();
+                         return first_error != ncclSuccess ? first_error : end;
+                       });
 }
 
 absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Send(Tensor tensor, int peer, int tag) {
@@ -756,7 +787,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Send(Tensor tensor, int peer, i
   const size_t count = static_cast<size_t>(tensor.numel());
   const void* data = tensor.data();
   return core_->Launch(
-      kOp, [&] { return absl::StrCat(Describe(tensor), " to ", peer, ", tag ", tag); },
+      kOp, OpFacts{.in = OpFacts::Of(tensor), .peer_label = " to ", .peer = peer, .tag = tag},
       [&](ncclComm_t comm, cudaStream_t stream) {
         if (count == 0) return ncclSuccess;
         return core_->api().Send(data, count, type, peer, comm, stream);
@@ -774,7 +805,7 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Recv(Tensor tensor, int peer, i
   const size_t count = static_cast<size_t>(tensor.numel());
   void* data = tensor.data();
   return core_->Launch(
-      kOp, [&] { return absl::StrCat(Describe(tensor), " from ", peer, ", tag ", tag); },
+      kOp, OpFacts{.in = OpFacts::Of(tensor), .peer_label = " from ", .peer = peer, .tag = tag},
       [&](ncclComm_t comm, cudaStream_t stream) {
         if (count == 0) return ncclSuccess;
         return core_->api().Recv(data, count, type, peer, comm, stream);
@@ -783,11 +814,11 @@ absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Recv(Tensor tensor, int peer, i
 
 absl::StatusOr<ProcessGroup::WorkPtr> NcclGroup::Barrier() {
   void* scratch = core_->scratch();
-  return core_->Launch(
-      "barrier", [] { return std::string("1-element all_reduce"); },
-      [this, scratch](ncclComm_t comm, cudaStream_t stream) {
-        return core_->api().AllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm, stream);
-      });
+  return core_->Launch("barrier", OpFacts{.fixed = "1-element all_reduce"},
+                       [this, scratch](ncclComm_t comm, cudaStream_t stream) {
+                         return core_->api().AllReduce(scratch, scratch, 1, ncclFloat32, ncclSum,
+                                                       comm, stream);
+                       });
 }
 
 }  // namespace mesh::nccl

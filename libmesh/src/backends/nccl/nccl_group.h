@@ -16,8 +16,8 @@
 //   PendingOp (shared by one Work and the core's queue)
 //       one op's completion event and final status
 //
-// Lock order: GroupCore::issue_mu_ → GroupCore::ops_mu_ → PendingOp::mu_;
-// GroupCore::state_mu_ and EventPool::mu_ are leaves.
+// Lock order: GroupCore::issue_mu_ → GroupCore::ops_mu_; GroupCore::state_mu_
+// and EventPool::mu_ are leaves. A PendingOp's result is set once, lock-free.
 //
 // Every NCCL and CUDA call goes through the NcclApi the group was made with
 // (backends/nccl/nccl_api.h), which must outlive it.
@@ -50,9 +50,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -62,6 +64,7 @@
 #include "backends/nccl/nccl_api.h"
 #include "backends/nccl/nccl_checks.h"
 #include "mesh/process_group_nccl.h"
+#include "mesh/tensor.h"
 
 namespace mesh::nccl {
 
@@ -71,6 +74,36 @@ class Watchdog;
 // Recording an event costs far less than creating one, and an op needs one.
 // Thread-safe. The destructor destroys the pooled events; it runs when the
 // last PendingOp holding the pool is gone, so every event is back by then.
+// EventPool's lock. Its critical sections are one vector push or pop, and
+// it is taken twice per op (acquire at issue, release when the op is
+// dropped), so a spin beats absl::Mutex, whose debug-mode deadlock
+// detection (on in Debian's abseil) costs more than the work it guards.
+class ABSL_LOCKABLE SpinLock {
+ public:
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
+    while (locked_.exchange(true, std::memory_order_acquire)) {
+      while (locked_.load(std::memory_order_relaxed)) std::this_thread::yield();
+    }
+  }
+  void Unlock() ABSL_UNLOCK_FUNCTION() { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
+class ABSL_SCOPED_LOCKABLE SpinLockHolder {
+ public:
+  explicit SpinLockHolder(SpinLock* lock) ABSL_EXCLUSIVE_LOCK_FUNCTION(lock) : lock_(lock) {
+    lock_->Lock();
+  }
+  ~SpinLockHolder() ABSL_UNLOCK_FUNCTION() { lock_->Unlock(); }
+  SpinLockHolder(const SpinLockHolder&) = delete;
+  SpinLockHolder& operator=(const SpinLockHolder&) = delete;
+
+ private:
+  SpinLock* const lock_;
+};
+
 class EventPool {
  public:
   EventPool(NcclApi& api, int device) : api_(api), device_(device) {}
@@ -87,8 +120,39 @@ class EventPool {
  private:
   NcclApi& api_;
   const int device_;
-  absl::Mutex mu_;
+  SpinLock mu_;
   std::vector<cudaEvent_t> free_ ABSL_GUARDED_BY(mu_);
+};
+
+// What an op's messages say about it, captured at issue without formatting
+// or allocating (shapes of up to 4 dims stay inline), and formatted only
+// when a message needs it:
+//   "<op> #<seq> (<in>[ -> <out>][, <reduce>][<peer_label><peer>][, tag
+//   <tag>][<suffix>])", or "<op> #<seq> (<fixed>)".
+// Every string_view must point to static storage.
+struct OpFacts {
+  struct TensorFacts {
+    DType dtype = DType::kFloat32;
+    absl::InlinedVector<int64_t, 4> shape;
+  };
+  static TensorFacts Of(const Tensor& t) {
+    return TensorFacts{t.dtype(),
+                       absl::InlinedVector<int64_t, 4>(t.shape().begin(), t.shape().end())};
+  }
+
+  // Every member has an initializer, so designated initializers may name
+  // only the ones they set.
+  absl::string_view fixed = {};  // Replaces everything else when set.
+  std::optional<TensorFacts> in = {};
+  std::optional<TensorFacts> out = {};
+  absl::string_view reduce = {};      // ReduceOpName.
+  absl::string_view peer_label = {};  // ", root ", " to ", " from ".
+  int peer = 0;
+  std::optional<int> tag = {};
+  absl::string_view suffix = {};  // ", equal splits".
+
+  // "float32[1024], sum".
+  std::string Detail() const;
 };
 
 // One issued op: the stream it ran on, its completion event and, once
@@ -96,15 +160,16 @@ class EventPool {
 class PendingOp {
  public:
   // `done` comes from `pool` and goes back to it on destruction; it is
-  // recorded on `stream` behind the op.
-  PendingOp(std::string description, absl::Time issued, cudaStream_t stream, cudaEvent_t done,
-            std::shared_ptr<EventPool> pool);
+  // recorded on `stream` behind the op. `op` points to static storage.
+  PendingOp(absl::string_view op, uint64_t seq, OpFacts facts, absl::Time issued,
+            cudaStream_t stream, cudaEvent_t done, std::shared_ptr<EventPool> pool);
   ~PendingOp();
   PendingOp(const PendingOp&) = delete;
   PendingOp& operator=(const PendingOp&) = delete;
 
-  // "all_reduce #17 (float32[1024], sum)", for messages.
-  const std::string& description() const { return description_; }
+  // "all_reduce #17 (float32[1024], sum)", for messages; formatted on each
+  // call.
+  std::string description() const;
   absl::Time issued() const { return issued_; }
   cudaStream_t stream() const { return stream_; }
   cudaEvent_t done() const { return done_; }
@@ -118,16 +183,21 @@ class PendingOp {
   std::optional<absl::Status> Poll();
 
  private:
-  const std::string description_;
+  enum State : int { kPending, kSetting, kFinished };
+
+  const absl::string_view op_;
+  const uint64_t seq_;
+  const OpFacts facts_;
   const absl::Time issued_;
   const cudaStream_t stream_;
   const cudaEvent_t done_;
   const std::shared_ptr<EventPool> pool_;
-  mutable absl::Mutex mu_;
-  std::optional<absl::Status> result_ ABSL_GUARDED_BY(mu_);
-  // Set (release) once result_ holds the final status, so that the common
-  // question "finished yet?" takes no lock.
-  std::atomic<bool> finished_{false};
+  // Set once, without a lock: the thread that moves state_ from kPending
+  // to kSetting writes result_, then publishes it with kFinished (release);
+  // result_ is read only after an acquire load sees kFinished. A racing
+  // Finish waits out the short kSetting window.
+  std::atomic<int> state_{kPending};
+  absl::Status result_;
 };
 
 // The state of one group shared by the group, its Works and the watchdog.
@@ -163,12 +233,14 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   // (ordered after the caller's current stream by an event) or the caller's
   // current stream itself. Runs `enqueue(comm, stream)` (the NCCL call or
   // calls; it returns NCCL's result), waits out ncclInProgress (bounded by
-  // options.timeout), and records the completion event on that stream. `detail` describes the op
-  // for messages. Returns the synchronous error (the group's abort reason when already aborted; a
-  // CUDA error before anything was issued) or a Work. A failure after the group's stream was
-  // touched aborts the group and returns a Work that has failed with the reason.
+  // options.timeout), and records the completion event on that stream.
+  // `op` (static storage) and `facts` describe the op in messages. Returns
+  // the synchronous error (the group's abort reason when already aborted; a
+  // CUDA error before anything was issued) or a Work. A failure after the
+  // group's stream was touched aborts the group and returns a Work that has
+  // failed with the reason.
   absl::StatusOr<ProcessGroup::WorkPtr> Launch(
-      absl::string_view op, absl::FunctionRef<std::string()> detail,
+      absl::string_view op, OpFacts facts,
       absl::FunctionRef<ncclResult_t(ncclComm_t, cudaStream_t)> enqueue);
 
   // ncclCommSplit of this group's communicator (a collective over all its
@@ -219,7 +291,9 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   // Gives up on a communicator whose abort is still deferred: it and the
   // split slot are left allocated, never released under a possible writer.
   void AbandonCommLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(issue_mu_);
-  // Drops completed ops from the front of the queue.
+  // Drops completed ops from the front of the queue. Ops on one stream
+  // complete in issue order, so once the newest op is complete every older
+  // op on its stream is, and is finished without a query of its own.
   void RetireCompletedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
   // Launch retires ops itself (one cudaEventQuery each) only once this many
   // are queued, and then on every kRetireOnIssueEvery-th op; below it the
