@@ -1,5 +1,5 @@
 // ProcessLauncher: the agent's seam for starting, signalling and reaping
-// worker processes (ARCHITECTURE.md decision 7: workers never outlive their
+// worker processes (docs/architecture.md decision 7: workers never outlive their
 // agent). Agent logic talks to the interface; unit tests use a fake and never
 // fork. PosixProcessLauncher is the real one; docs/agent.md has the contract.
 //

@@ -185,7 +185,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
 
-  // ---- nccl-overhead (branch nccl) ----
+  // ---- nccl-overhead ----
   mesh::bench::NcclOverheadOptions nccl;
   CLI::App* nccl_cmd = app.add_subcommand(
       "nccl-overhead", "libmesh all_reduce per-call overhead vs raw ncclAllReduce (GPU)");
@@ -263,7 +263,7 @@ int main(int argc, char** argv) {
   coll_cmd->add_option("--coordinator", worker_coordinator)->group("");
   coll_cmd->add_option("--job", worker_job)->group("");
 
-  // ---- redistribute (issue 6): mesh::Redistribute vs the raw collectives ----
+  // ---- redistribute: mesh::Redistribute vs the raw collectives ----
   mesh::bench::RedistributeBenchOptions redist;
   int redist_timeout_s = 120;
   int redist_worker_rank = -1;

@@ -6,33 +6,13 @@
 
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
+#include "coordinator/rpc_helpers.h"
 #include "coordinator/sink_write_reactor.h"
 
 namespace mesh::coordinator {
 namespace {
 
 using namespace mesh::v1;  // NOLINT: the adapter names every message type.
-
-// The smaller of the request's timeout and what is left of the client's
-// deadline; zero (the manager's max_wait) when neither is set.
-absl::Duration EffectiveTimeout(const grpc::CallbackServerContext* ctx, double timeout_seconds) {
-  absl::Duration timeout =
-      timeout_seconds > 0 ? absl::Seconds(timeout_seconds) : absl::ZeroDuration();
-  const auto deadline = ctx->deadline();
-  if (deadline != std::chrono::system_clock::time_point::max()) {
-    absl::Duration left = absl::FromChrono(deadline - std::chrono::system_clock::now());
-    // An already-expired deadline must not turn into "the server default".
-    if (left <= absl::ZeroDuration()) left = absl::Nanoseconds(1);
-    if (timeout == absl::ZeroDuration() || left < timeout) timeout = left;
-  }
-  return timeout;
-}
-
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
 
 class JobStateReactor final : public SinkWriteReactor<WatchJobStateResponse> {
  public:
@@ -60,42 +40,42 @@ class LogReactor final : public SinkWriteReactor<LogChunk> {
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(Ctx* ctx, const SubmitJobRequest* request,
                                                     SubmitJobResponse* response) {
   absl::StatusOr<std::string> owner = authz_->OwnerName(*ctx);
-  if (!owner.ok()) return Finish(ctx, owner.status());
-  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return Finish(ctx, denied);
+  if (!owner.ok()) return FinishUnary(ctx, owner.status());
+  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return FinishUnary(ctx, denied);
   auto submitted = jobs_->Submit(request->spec(), *std::move(owner));
   if (submitted.ok()) *response = *std::move(submitted);
-  return Finish(ctx, submitted.status());
+  return FinishUnary(ctx, submitted.status());
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(Ctx* ctx, const GetJobRequest* request,
                                                  GetJobResponse* response) {
-  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return Finish(ctx, denied);
+  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return FinishUnary(ctx, denied);
   auto job = jobs_->GetJob(request->job_id());
   if (job.ok()) *response->mutable_job() = *std::move(job);
-  return Finish(ctx, job.status());
+  return FinishUnary(ctx, job.status());
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(Ctx* ctx, const ListJobsRequest* request,
                                                    ListJobsResponse* response) {
-  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return Finish(ctx, denied);
+  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return FinishUnary(ctx, denied);
   auto page = jobs_->ListJobs(*request);
   if (page.ok()) *response = *std::move(page);
-  return Finish(ctx, page.status());
+  return FinishUnary(ctx, page.status());
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(Ctx* ctx, const CancelJobRequest* request,
                                                     CancelJobResponse* response) {
   if (absl::Status denied = authz_->JobControl(*ctx, request->job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   auto job = jobs_->Cancel(request->job_id(), request->reason());
   if (job.ok()) *response->mutable_job() = *std::move(job);
-  return Finish(ctx, job.status());
+  return FinishUnary(ctx, job.status());
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::WaitJob(Ctx* ctx, const WaitJobRequest* request,
                                                   WaitJobResponse* response) {
-  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return Finish(ctx, denied);
+  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return FinishUnary(ctx, denied);
   // The default reactor stays alive until Finish, which the callback calls
   // exactly once (the manager guarantees it, Shutdown included).
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -131,9 +111,9 @@ grpc::ServerWriteReactor<LogChunk>* JobServiceImpl::GetLogs(Ctx* ctx,
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListNodes(Ctx* ctx, const ListNodesRequest*,
                                                     ListNodesResponse* response) {
-  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return Finish(ctx, denied);
+  if (absl::Status denied = authz_->JobClient(*ctx); !denied.ok()) return FinishUnary(ctx, denied);
   for (Node& node : jobs_->ListNodes()) *response->add_nodes() = std::move(node);
-  return Finish(ctx, absl::OkStatus());
+  return FinishUnary(ctx, absl::OkStatus());
 }
 
 }  // namespace mesh::coordinator

@@ -1,5 +1,5 @@
 // JobStore: the coordinator's durable state — jobs, their events and node
-// records — in one SQLite file (ARCHITECTURE.md decision 6, "durable before
+// records — in one SQLite file (docs/architecture.md decision 6, "durable before
 // acknowledged"). See docs/persistence.md.
 //
 // Every mutating call returns only after its transaction has committed, and

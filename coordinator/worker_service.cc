@@ -8,6 +8,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
+#include "coordinator/rpc_helpers.h"
 
 namespace mesh::coordinator {
 namespace {
@@ -16,27 +17,6 @@ using namespace mesh::v1;  // NOLINT: the adapter names every message type.
 
 Caller ToCaller(const RankContext& context) {
   return Caller{context.job_id(), context.generation(), context.rank(), context.incarnation()};
-}
-
-// The smaller of the request's timeout and what is left of the client's
-// deadline; zero (the server default) when neither is set.
-absl::Duration EffectiveTimeout(const grpc::CallbackServerContext* ctx, double timeout_seconds) {
-  absl::Duration timeout =
-      timeout_seconds > 0 ? absl::Seconds(timeout_seconds) : absl::ZeroDuration();
-  const auto deadline = ctx->deadline();
-  if (deadline != std::chrono::system_clock::time_point::max()) {
-    const absl::Duration left = absl::FromChrono(deadline - std::chrono::system_clock::now());
-    if (left > absl::ZeroDuration() && (timeout == absl::ZeroDuration() || left < timeout)) {
-      timeout = left;
-    }
-  }
-  return timeout;
-}
-
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
 }
 
 void FillJobError(const JobError& error, mesh::v1::JobError* out) {
@@ -159,7 +139,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<JobEvent> {
 grpc::ServerUnaryReactor* WorkerServiceImpl::Join(Ctx* ctx, const JoinRequest* request,
                                                   JoinResponse* response) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   JoinArgs args;
@@ -194,7 +174,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::DescribeRanks(Ctx* ctx,
                                                            const DescribeRanksRequest* request,
                                                            DescribeRanksResponse* response) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   auto ranks = coordination_->DescribeRanks(
       ToCaller(request->context()),
@@ -209,22 +189,22 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::DescribeRanks(Ctx* ctx,
       FillDevice(d.device, out->mutable_device());
     }
   }
-  return Finish(ctx, ranks.status());
+  return FinishUnary(ctx, ranks.status());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvSet(Ctx* ctx, const KvSetRequest* request,
                                                    KvSetResponse*) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
-  return Finish(
+  return FinishUnary(
       ctx, coordination_->KvSet(ToCaller(request->context()), request->key(), request->value()));
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvGet(Ctx* ctx, const KvGetRequest* request,
                                                    KvGetResponse* response) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   coordination_->KvGet(ToCaller(request->context()), request->key(), request->wait(),
@@ -239,18 +219,18 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvGet(Ctx* ctx, const KvGetRequest*
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvAdd(Ctx* ctx, const KvAddRequest* request,
                                                    KvAddResponse* response) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   auto value = coordination_->KvAdd(ToCaller(request->context()), request->key(), request->delta());
   if (value.ok()) response->set_value(*value);
-  return Finish(ctx, value.status());
+  return FinishUnary(ctx, value.status());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvCompareSet(Ctx* ctx,
                                                           const KvCompareSetRequest* request,
                                                           KvCompareSetResponse* response) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   std::optional<std::string> expected;
   if (request->has_expected()) expected = request->expected();
@@ -261,24 +241,24 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvCompareSet(Ctx* ctx,
     response->set_present(result->present);
     response->set_value(std::move(result->value));
   }
-  return Finish(ctx, result.status());
+  return FinishUnary(ctx, result.status());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvDelete(Ctx* ctx, const KvDeleteRequest* request,
                                                       KvDeleteResponse* response) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   auto deleted =
       coordination_->KvDelete(ToCaller(request->context()), request->key(), request->prefix());
   if (deleted.ok()) response->set_deleted(*deleted);
-  return Finish(ctx, deleted.status());
+  return FinishUnary(ctx, deleted.status());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvList(Ctx* ctx, const KvListRequest* request,
                                                     KvListResponse* response) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   auto result = coordination_->KvList(ToCaller(request->context()), request->prefix(),
                                       request->start_after(), request->limit());
@@ -286,26 +266,26 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvList(Ctx* ctx, const KvListReques
     for (auto& key : result->keys) response->add_keys(std::move(key));
     response->set_truncated(result->truncated);
   }
-  return Finish(ctx, result.status());
+  return FinishUnary(ctx, result.status());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvNumKeys(Ctx* ctx, const KvNumKeysRequest* request,
                                                        KvNumKeysResponse* response) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   auto stats = coordination_->KvNumKeys(ToCaller(request->context()));
   if (stats.ok()) {
     response->set_num_keys(stats->num_keys);
     response->set_total_bytes(stats->total_bytes);
   }
-  return Finish(ctx, stats.status());
+  return FinishUnary(ctx, stats.status());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvWait(Ctx* ctx, const KvWaitRequest* request,
                                                     KvWaitResponse*) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   coordination_->KvWait(ToCaller(request->context()), Keys(request->keys()),
@@ -317,7 +297,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvWait(Ctx* ctx, const KvWaitReques
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvMultiGet(Ctx* ctx, const KvMultiGetRequest* request,
                                                         KvMultiGetResponse* response) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   coordination_->KvMultiGet(ToCaller(request->context()), Keys(request->keys()), request->wait(),
@@ -334,18 +314,19 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvMultiGet(Ctx* ctx, const KvMultiG
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvMultiSet(Ctx* ctx, const KvMultiSetRequest* request,
                                                         KvMultiSetResponse*) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   std::vector<std::pair<std::string, std::string>> entries;
   entries.reserve(request->entries_size());
   for (const auto& e : request->entries()) entries.emplace_back(e.key(), e.value());
-  return Finish(ctx, coordination_->KvMultiSet(ToCaller(request->context()), std::move(entries)));
+  return FinishUnary(ctx,
+                     coordination_->KvMultiSet(ToCaller(request->context()), std::move(entries)));
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Barrier(Ctx* ctx, const BarrierRequest* request,
                                                      BarrierResponse* response) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   coordination_->Barrier(ToCaller(request->context()), request->name(),
@@ -361,18 +342,19 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Barrier(Ctx* ctx, const BarrierRequ
 grpc::ServerUnaryReactor* WorkerServiceImpl::PublishUniqueIds(
     Ctx* ctx, const PublishUniqueIdsRequest* request, PublishUniqueIdsResponse*) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   std::vector<std::pair<std::string, std::string>> ids(request->ids().begin(),
                                                        request->ids().end());
-  return Finish(ctx, coordination_->PublishUniqueIds(ToCaller(request->context()), std::move(ids)));
+  return FinishUnary(ctx,
+                     coordination_->PublishUniqueIds(ToCaller(request->context()), std::move(ids)));
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::GetUniqueIds(Ctx* ctx,
                                                           const GetUniqueIdsRequest* request,
                                                           GetUniqueIdsResponse* response) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   coordination_->GetUniqueIds(ToCaller(request->context()), Keys(request->keys()),
@@ -389,28 +371,29 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::GetUniqueIds(Ctx* ctx,
 grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(Ctx* ctx, const HeartbeatRequest* request,
                                                        HeartbeatResponse* response) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
   auto error = coordination_->Heartbeat(ToCaller(request->context()));
   if (error.ok() && error->has_value()) FillJobError(**error, response->mutable_error());
-  return Finish(ctx, error.status());
+  return FinishUnary(ctx, error.status());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportError(Ctx* ctx,
                                                          const ReportErrorRequest* request,
                                                          ReportErrorResponse*) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
-  return Finish(ctx, coordination_->ReportError(ToCaller(request->context()), request->reason()));
+  return FinishUnary(ctx,
+                     coordination_->ReportError(ToCaller(request->context()), request->reason()));
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Leave(Ctx* ctx, const LeaveRequest* request,
                                                    LeaveResponse*) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return Finish(ctx, denied);
+    return FinishUnary(ctx, denied);
   }
-  return Finish(ctx, coordination_->Leave(ToCaller(request->context())));
+  return FinishUnary(ctx, coordination_->Leave(ToCaller(request->context())));
 }
 
 grpc::ServerWriteReactor<JobEvent>* WorkerServiceImpl::WatchJob(Ctx* ctx,

@@ -1,5 +1,5 @@
 // Coordinator crashes (kill -9) with real processes on 127.0.0.1
-// (issue 10, scenarios 1 and 3; docs/failure-semantics.md):
+// (reliability scenarios 1 and 3; docs/failure-semantics.md):
 //
 //   1. kill -9 right after a submit is acknowledged, and again while its
 //      workers run; each time a restart on the same port and state

@@ -1,4 +1,4 @@
-// The coordinator's state directory on a full filesystem (issue 10,
+// The coordinator's state directory on a full filesystem (reliability suite,
 // scenario 10; docs/failure-semantics.md), two ways: a 2 MiB tmpfs mounted
 // for the test and filled to the brim by a filler file; and, on any
 // machine, an injected ENOSPC: the coordinator runs with LD_PRELOAD of

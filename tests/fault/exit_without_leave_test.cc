@@ -1,5 +1,5 @@
 // A rank that exits 0 without a clean shutdown (no Leave) while its peers
-// wait at a barrier with a 120 s timeout (issue 10, scenario 9;
+// wait at a barrier with a 120 s timeout (reliability scenario 9;
 // docs/failure-semantics.md): the peers' barrier ends with ABORTED well
 // before its deadline, naming the rank, its host and "exited with code 0
 // before the job finished"; the job fails with that rank as its root cause.

@@ -1,4 +1,4 @@
-# fault-a scenarios of issue 10 (1, 2, 3, 9, 10): kill -9 of the coordinator
+# fault-a scenarios of the reliability suite (1, 2, 3, 9, 10): kill -9 of the coordinator
 # after a submit, while workers run, during a stream of submits and while
 # ranks block; a rank that exits 0 without Leave; a full state disk.
 # Included from tests/fault/CMakeLists.txt. Harness: tests/util/mesh_cluster.h.

@@ -1,4 +1,4 @@
-# fault-b scenarios of issue 10 (4-8 and 11): agent stall, CPU load,
+# fault-b scenarios of the reliability suite (4-8 and 11): agent stall, CPU load,
 # partition and latency in network namespaces, grandchildren of a killed
 # agent, and 20k idle waiters. Included from tests/fault/CMakeLists.txt.
 

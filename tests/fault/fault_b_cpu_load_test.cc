@@ -1,4 +1,4 @@
-// Issue 10, scenario 5: heartbeats arriving at 0.9x their timeout while
+// Reliability scenario 5: heartbeats arriving at 0.9x their timeout while
 // every core is busy with a CPU burner.
 //
 // Node heartbeats every 4.5 s against a 5 s timeout (the agents beat at the

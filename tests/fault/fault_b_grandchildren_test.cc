@@ -1,4 +1,4 @@
-// Issue 10, scenario 8: a worker whose command is a shell script that forks
+// Reliability scenario 8: a worker whose command is a shell script that forks
 // grandchildren, some of them in sessions of their own (setsid, a
 // double-forked "daemon"), and its agent killed with SIGKILL.
 //

@@ -1,4 +1,4 @@
-// Issue 10, scenarios 6 and 7: an agent in a network namespace of its own,
+// Reliability scenarios 6 and 7: an agent in a network namespace of its own,
 // joined to the coordinator's namespace by a veth pair on a private /30.
 //
 // 6. Partition: the link is cut (`ip link set down` inside the namespace),

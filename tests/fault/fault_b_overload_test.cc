@@ -1,4 +1,4 @@
-// Issue 10, scenario 11: 10,000 idle watch streams (WorkerService.WatchJob)
+// Reliability scenario 11: 10,000 idle watch streams (WorkerService.WatchJob)
 // and 10,000 blocked KV waiters (KvGet with wait on a missing key) against
 // one real mesh-coordinator process.
 //

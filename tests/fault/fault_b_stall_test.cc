@@ -1,4 +1,4 @@
-// Issue 10, scenario 4: an agent stalled (SIGSTOP) for longer than the node
+// Reliability scenario 4: an agent stalled (SIGSTOP) for longer than the node
 // heartbeat timeout, then resumed (SIGCONT).
 //
 // Expected: the node is marked LOST; its job restarts on the nodes left (or

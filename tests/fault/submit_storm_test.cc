@@ -1,5 +1,5 @@
 // kill -9 of the coordinator, again and again, during a stream of 200
-// submits (issue 10, scenario 2; docs/failure-semantics.md).
+// submits (reliability scenario 2; docs/failure-semantics.md).
 //
 // Each submit carries its own idempotency key; the client retries a submit
 // whose reply it did not get, with the same key, until it is acknowledged

@@ -1,4 +1,4 @@
-// Adversarial input on a real mesh-coordinator's port (issue 10): raw TCP
+// Adversarial input on a real mesh-coordinator's port: raw TCP
 // garbage, an HTTP/2 preface followed by garbage, half-open connections, an
 // oversized message through a real stub, a deeply nested protobuf, and
 // malformed protobufs sent with grpc::GenericStub to every real method.

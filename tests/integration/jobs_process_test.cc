@@ -2,7 +2,7 @@
 // with a state directory, two mesh-agents, jobs submitted over JobService
 // and with the meshctl binary, workers that are plain /bin/sh scripts.
 //
-// Covers, per issue 5: a job succeeds and its logs are complete; a worker
+// Covers: a job succeeds and its logs are complete; a worker
 // killed with SIGKILL restarts the job, which then succeeds; max_restarts
 // exhausted gives FAILED naming the rank and signal; cancel leaves no process
 // behind; kill -9 of the coordinator and a restart keep the job and the

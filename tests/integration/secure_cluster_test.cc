@@ -6,7 +6,7 @@
 // barrier through the coordinator with the worker token and TLS files their
 // agent passed down (MESH_TOKEN, MESH_TLS_*).
 //
-// Covers, per issue 8: a job's owner is its submitter; another user can
+// Covers: a job's owner is its submitter; another user can
 // neither cancel it nor read its logs, the owner and an admin can; no token
 // is UNAUTHENTICATED; no (or a foreign) client certificate fails the
 // handshake; health stays open to probes without a token; an agent token

@@ -1,4 +1,4 @@
-// Harness of the fault-b reliability tests (issue 10, scenarios 4-8 and 11):
+// Harness of the fault-b reliability tests (reliability scenarios 4-8 and 11):
 // a real mesh-coordinator and real mesh-agents on this machine, optionally
 // with an agent inside a network namespace of its own (tests/util/netns.h:
 // NetnsLink, and CpuBurner for load). Unlike MeshCluster (mesh_cluster.h,

@@ -1,5 +1,5 @@
 // Pieces of the fault tests that disturb the machine rather than the mesh
-// (issue 10): a shell runner, a veth link into a fresh network namespace
+//: a shell runner, a veth link into a fresh network namespace
 // that can be cut or slowed (netem), and a bounded CPU burner.
 //
 // Everything is RAII: a NetnsLink deletes its veth pair and namespace; a
