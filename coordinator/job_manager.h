@@ -102,7 +102,7 @@
 #include "coordinator/job_spec.h"
 #include "coordinator/job_state.h"
 #include "coordinator/job_store.h"
-#include "coordinator/placement.h"
+#include "coordinator/rank_placement.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/service_discovery.h"
 #include "mesh/v1/job.pb.h"

@@ -49,7 +49,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "coordinator/placement.h"
+#include "coordinator/rank_placement.h"
 
 namespace mesh::coordinator {
 

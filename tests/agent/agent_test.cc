@@ -707,8 +707,19 @@ TEST_F(AgentTest, UnacknowledgedExitIsRetriedWithTheNewSession) {
   EXPECT_EQ(service_.exits().at(0).exit_code(), 7);
   EXPECT_EQ(service_.exits().at(0).session_id(), "session-2");
   // Sent once: the re-send of exit records skips a report still queued.
-  absl::SleepFor(absl::Milliseconds(200));
-  EXPECT_EQ(service_.exits().size(), 1u);
+  // Reports go out in order, so once a later report (another job's exit)
+  // has arrived, a duplicate queued before it would have arrived too.
+  const std::map<int, pid_t> later = LaunchAndWait(Launch("job-b", 0, 1));
+  launcher_.Exit(later.at(1), 0);
+  ASSERT_TRUE(WaitUntil([&] {
+    for (const auto& exit : service_.exits()) {
+      if (exit.job_id() == "job-b") return true;
+    }
+    return false;
+  }));
+  int job_a_exits = 0;
+  for (const auto& exit : service_.exits()) job_a_exits += exit.job_id() == "job-a" ? 1 : 0;
+  EXPECT_EQ(job_a_exits, 1);
 }
 
 TEST_F(AgentTest, StaleSessionOnAReportReRegisters) {

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/time/time.h"
-#include "tests/coordinator/status_matchers.h"
+#include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
 namespace {

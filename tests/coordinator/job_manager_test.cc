@@ -27,7 +27,7 @@
 #include "coordinator/coordination.h"
 #include "coordinator/job_store.h"
 #include "mesh/v1/job.pb.h"
-#include "tests/coordinator/status_matchers.h"
+#include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
 namespace {

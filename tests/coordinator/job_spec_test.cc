@@ -11,7 +11,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "tests/coordinator/status_matchers.h"
+#include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
 namespace {

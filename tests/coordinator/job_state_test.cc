@@ -9,7 +9,7 @@
 
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "tests/coordinator/status_matchers.h"
+#include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
 namespace {

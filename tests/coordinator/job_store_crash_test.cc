@@ -35,7 +35,7 @@
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "coordinator/job_store.h"
-#include "tests/coordinator/status_matchers.h"
+#include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
 namespace {

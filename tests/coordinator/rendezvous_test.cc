@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "coordinator/unique_id_table.h"
-#include "tests/coordinator/status_matchers.h"
+#include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
 namespace {

@@ -4,6 +4,10 @@
 
 #include "mesh/config.h"
 
+#if MESH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace mesh {
 namespace {
 
@@ -21,9 +25,27 @@ TEST(BuildInfo, ReflectsTheConfigHeader) {
   }
 }
 
-TEST(BuildInfo, NoDeviceIsNotAnError) {
-  // Works the same on CPU-only machines: a count, never a crash.
-  EXPECT_GE(CudaDeviceCount(), 0);
+// The count is the CUDA runtime's own (0 when it reports an error, as on a
+// machine without a driver or GPU) and the same on every call; where there
+// is a device, asking leaves no error behind for the next CUDA call to trip
+// over. (Without a driver every runtime call, cudaGetLastError included,
+// reports that, so there is nothing to leave behind.) Without CUDA in the
+// build it is 0.
+TEST(BuildInfo, DeviceCountIsTheRuntimesAndLeavesNoError) {
+  const int count = CudaDeviceCount();
+#if MESH_HAVE_CUDA
+  int runtime = 0;
+  if (cudaGetDeviceCount(&runtime) != cudaSuccess) runtime = 0;
+  cudaGetLastError();  // What the direct query may have left.
+  EXPECT_EQ(count, runtime);
+  EXPECT_EQ(CudaDeviceCount(), count);
+  if (count > 0) {
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "CudaDeviceCount left a CUDA error behind";
+  }
+#else
+  EXPECT_EQ(count, 0);
+  EXPECT_EQ(CudaDeviceCount(), 0);
+#endif
 }
 
 TEST(BuildInfo, NcclRuntimeMatchesTheBuild) {

@@ -9,13 +9,14 @@
 #include <numeric>
 #include <vector>
 
+#include "tests/util/status_matchers.h"
+
 namespace mesh {
 namespace {
 
+using ::mesh::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-MATCHER_P(StatusIs, code, "") { return arg.code() == code; }
 
 std::vector<int64_t> Vec(absl::Span<const int64_t> s) { return {s.begin(), s.end()}; }
 

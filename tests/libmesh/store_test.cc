@@ -29,6 +29,7 @@
 #include "mesh/prefix_store.h"
 #include "mesh/store.h"
 #include "mesh/v1/worker.grpc.pb.h"
+#include "tests/util/status_matchers.h"
 
 namespace mesh {
 namespace {
@@ -54,31 +55,8 @@ constexpr auto kPollInterval = std::chrono::milliseconds(5);
 constexpr char kJob[] = "store-test";
 constexpr uint64_t kIncarnation = 0x5eed;
 
-absl::Status GetStatus(const absl::Status& status) { return status; }
-template <typename T>
-absl::Status GetStatus(const absl::StatusOr<T>& status_or) {
-  return status_or.status();
-}
-
-MATCHER(IsOk, "is OK") {
-  const absl::Status status = GetStatus(arg);
-  *result_listener << "status is " << status;
-  return status.ok();
-}
-
-MATCHER_P(StatusIs, code, "") {
-  const absl::Status status = GetStatus(arg);
-  *result_listener << "status is " << status;
-  return status.code() == code;
-}
-
-MATCHER_P2(StatusIs, code, message_matcher, "") {
-  const absl::Status status = GetStatus(arg);
-  *result_listener << "status is " << status;
-  return status.code() == code &&
-         ::testing::ExplainMatchResult(message_matcher, std::string(status.message()),
-                                       result_listener);
-}
+using ::mesh::testing::IsOk;
+using ::mesh::testing::StatusIs;
 
 // Every byte value, NULs included, and some more NULs at both ends.
 std::string BinaryValue() {

@@ -13,6 +13,7 @@
 #include "mesh/config.h"
 #include "mesh/dlpack.h"
 #include "mesh/tensor.h"
+#include "tests/util/status_matchers.h"
 
 #if MESH_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -21,10 +22,9 @@
 namespace mesh {
 namespace {
 
+using ::mesh::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-MATCHER_P(StatusIs, code, "") { return arg.code() == code; }
 
 class TensorCudaGpuTest : public ::testing::Test {
  protected:

@@ -18,14 +18,14 @@
 #include "common/check.h"
 #include "mesh/build_info.h"
 #include "mesh/float16.h"
+#include "tests/util/status_matchers.h"
 
 namespace mesh {
 namespace {
 
+using ::mesh::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-MATCHER_P(StatusIs, code, "") { return arg.code() == code; }
 
 std::vector<int64_t> Vec(absl::Span<const int64_t> s) { return {s.begin(), s.end()}; }
 

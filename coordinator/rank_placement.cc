@@ -1,4 +1,4 @@
-#include "coordinator/placement.h"
+#include "coordinator/rank_placement.h"
 
 #include <algorithm>
 #include <set>

@@ -1,4 +1,4 @@
-// Placement: which node runs which rank of a job, and which GPUs each rank
+// Rank placement: which node runs which rank of a job, and which GPUs each rank
 // gets. Pure functions over plain values; the scheduler (scheduler.h) picks
 // the nodes, PlaceJob lays the ranks out on them.
 //

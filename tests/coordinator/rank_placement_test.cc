@@ -1,4 +1,4 @@
-#include "coordinator/placement.h"
+#include "coordinator/rank_placement.h"
 
 #include <algorithm>
 #include <map>
@@ -10,7 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "tests/coordinator/status_matchers.h"
+#include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
 namespace {

@@ -1,5 +1,6 @@
-// gMock matchers for absl::Status and absl::StatusOr<T> (Abseil 20220623
-// ships none): IsOk(), StatusIs(code), StatusIs(code, message_matcher).
+// gMock matchers for absl::Status and absl::StatusOr<T>, shared by every
+// test (Abseil 20220623 ships none): IsOk(), StatusIs(code),
+// StatusIs(code, message_matcher).
 #pragma once
 
 #include <string>
