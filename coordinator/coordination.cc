@@ -20,8 +20,6 @@ constexpr absl::Duration kTickInterval = absl::Milliseconds(10);
 // Ranks or keys named in one error message; the rest are counted.
 constexpr size_t kMaxNamed = 16;
 
-std::string Seconds(absl::Duration d) { return FormatDurationShort(d); }
-
 // "a, b, c and 5 more": the first kMaxNamed items, formatted by `name`.
 template <typename T, typename Name>
 std::string NameSome(const std::vector<T>& items, Name name) {
@@ -160,9 +158,9 @@ absl::Status ValidateOptions(const CoordinationOptions& o) {
     return absl::InvalidArgumentError("heartbeat_interval must be positive");
   }
   if (o.heartbeat_timeout <= o.heartbeat_interval) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("heartbeat_timeout (", Seconds(o.heartbeat_timeout),
-                     ") must exceed heartbeat_interval (", Seconds(o.heartbeat_interval), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat_timeout (", FormatDurationShort(o.heartbeat_timeout),
+        ") must exceed heartbeat_interval (", FormatDurationShort(o.heartbeat_interval), ")"));
   }
   if (o.default_wait <= absl::ZeroDuration() || o.max_wait < o.default_wait) {
     return absl::InvalidArgumentError("need 0 < default_wait <= max_wait");
@@ -987,7 +985,7 @@ bool Coordination::Unwatch(uint64_t handle) {
 
 void Coordination::ExpireLocked(uint64_t id, Waiter w, Completions& done) {
   Generation& gen = *w.gen;
-  const std::string after = Seconds(w.timeout);
+  const std::string after = FormatDurationShort(w.timeout);
   switch (w.kind) {
     case Waiter::Kind::kBarrier: {
       const BarrierTable::Barrier& b = *gen.barriers.Find(w.barrier);
@@ -1038,10 +1036,11 @@ void Coordination::CheckLivenessLocked(absl::Time now, Completions& done) {
     error.rank = dead->rank;
     error.host = gen.rendezvous.host(dead->rank);
     auto exited = gen.exited.find(dead->rank);
-    error.reason = exited != gen.exited.end()
-                       ? exited->second
-                       : absl::StrCat("no heartbeat for ", Seconds(dead->silent), " (timeout ",
-                                      Seconds(options_.heartbeat_timeout), ")");
+    error.reason =
+        exited != gen.exited.end()
+            ? exited->second
+            : absl::StrCat("no heartbeat for ", FormatDurationShort(dead->silent), " (timeout ",
+                           FormatDurationShort(options_.heartbeat_timeout), ")");
     FailGenerationLocked(gen, std::move(error), done);
   }
 }

@@ -31,8 +31,7 @@ TEST(EffectiveTimeoutTest, TheSmallerOfRequestTimeoutAndDeadlineWins) {
 // two copies of this rule once disagreed here.)
 TEST(EffectiveTimeoutTest, AnExpiredDeadlineEndsTheWaitAtOnce) {
   for (const double request : {0.0, 30.0}) {
-    EXPECT_EQ(EffectiveTimeout(kNow - std::chrono::seconds(1), request, kNow),
-              absl::Nanoseconds(1))
+    EXPECT_EQ(EffectiveTimeout(kNow - std::chrono::seconds(1), request, kNow), absl::Nanoseconds(1))
         << "request timeout " << request;
     EXPECT_EQ(EffectiveTimeout(kNow, request, kNow), absl::Nanoseconds(1))
         << "request timeout " << request;

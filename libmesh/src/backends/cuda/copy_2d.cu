@@ -11,19 +11,20 @@ namespace {
 // Words each thread loads before it stores any: 64 bytes in flight per
 // thread (16 words at most), enough to cover HBM latency with a modest grid.
 template <typename Word>
-constexpr int kUnroll = sizeof(Word) >= 4 ? 64 / static_cast<int>(sizeof(Word)) : 16;
+constexpr int kWordsPerThread = sizeof(Word) >= 4 ? 64 / static_cast<int>(sizeof(Word)) : 16;
 constexpr unsigned kThreads = 256;
 // Blocks per launch, at most: enough to fill every SM of current parts
 // several times over; the loops stride over anything larger.
 constexpr unsigned kMaxBlocks = 4096;
 
 // One block is (tx, ty) threads: ty rows at a time, tx threads along a row,
-// each thread moving kUnroll words tx apart. The grid strides over rows
+// each thread moving kWordsPerThread<Word> words tx apart. The grid strides over rows
 // (y) and over row segments (x).
-template <typename Word, int kUnroll = kUnroll<Word>>
+template <typename Word>
 __global__ void Copy2DKernel(char* __restrict__ dst, size_t dst_pitch, const char* __restrict__ src,
                              size_t src_pitch, size_t words, size_t rows) {
   const size_t row_step = static_cast<size_t>(gridDim.y) * blockDim.y;
+  constexpr int kUnroll = kWordsPerThread<Word>;
   const size_t seg = static_cast<size_t>(blockDim.x) * kUnroll;
   const size_t seg_step = static_cast<size_t>(gridDim.x) * seg;
   for (size_t row = static_cast<size_t>(blockIdx.y) * blockDim.y + threadIdx.y; row < rows;
@@ -50,9 +51,9 @@ __global__ void Copy2DKernel(char* __restrict__ dst, size_t dst_pitch, const cha
 template <typename Word>
 cudaError_t Launch(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                    size_t rows, cudaStream_t stream) {
-  constexpr size_t kPerThread = static_cast<size_t>(kUnroll<Word>);
+  constexpr size_t kPerThread = static_cast<size_t>(kWordsPerThread<Word>);
   const size_t words = width / sizeof(Word);
-  // Threads along a row: enough for one pass over a row of kUnroll words
+  // Threads along a row: enough for one pass over a row of kPerThread words
   // each, a power of two up to the whole block. Narrow rows leave the rest
   // of each warp to the next rows, so no lane idles.
   unsigned tx = 1;
