@@ -5,23 +5,28 @@
 #   make test-slow  the tests labelled `slow` (long fault scenarios)
 #   make build   configure and build only
 #   make bench   build and run the benchmarks (never part of `make test`)
+#   make package Debian packages with CPack, in $(BUILD_DIR)/packages (docs/install.md)
+#   make install cmake --install into PREFIX (default /usr/local)
 #   make gpu-bundle  the GPU checks as a tarball for a bare GPU node (docs/gpu.md)
 #   make fuzz    libFuzzer harnesses, FUZZ_SECONDS (60) each, in build-fuzz (docs/fuzzing.md)
 #   make format  clang-format every C++ file in place
 #   make lint    clang-tidy over our sources
 #
 # Knobs: BUILD_DIR=build BUILD_TYPE=RelWithDebInfo SANITIZE=address,undefined
+#        UNITY=ON (compile each target's files in batches; OFF for quicker
+#        incremental rebuilds of one file, docs/build.md)
 #        CMAKE_ARGS="-DMESH_WITH_CUDA=OFF" CTEST_ARGS="-L unit"
 BUILD_DIR ?= build
 BUILD_TYPE ?= RelWithDebInfo
 SANITIZE ?=
+UNITY ?= ON
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 CXX_SOURCES = $(shell git ls-files '*.cc' '*.h' 2>/dev/null)
 
-.PHONY: all deps configure build test test-slow demo bench gpu-bundle fuzz format lint clean
+.PHONY: all deps configure build test test-slow demo bench package install gpu-bundle fuzz format lint clean
 
 all: build
 
@@ -32,6 +37,7 @@ configure: deps
 	cmake -S . -B $(BUILD_DIR) -G Ninja \
 	  -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
 	  -DMESH_SANITIZE="$(SANITIZE)" \
+	  -DCMAKE_UNITY_BUILD=$(UNITY) \
 	  $(CMAKE_ARGS)
 
 build: configure
@@ -48,6 +54,18 @@ demo: build
 
 bench: build
 	scripts/bench.sh $(BUILD_DIR)
+
+# Debian packages in $(BUILD_DIR)/packages (docs/install.md).
+# lintian (scripts/install-deps.sh --packaging) then checks them.
+package: build
+	scripts/install-deps.sh --packaging
+	cmake --build $(BUILD_DIR) --target package
+	if command -v lintian >/dev/null; then lintian --fail-on error $(BUILD_DIR)/packages/*.deb; fi
+
+# Installs into PREFIX (default /usr/local; docs/install.md).
+PREFIX ?= /usr/local
+install: build
+	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
 
 gpu-bundle: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target gpu-bundle

@@ -7,15 +7,12 @@
 #include <grpcpp/security/credentials.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_deadline.h"
 #include "common/grpc_status.h"
 #include "common/version.h"
 
 namespace mesh::cli {
 namespace {
-
-void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
-  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
-}
 
 // Keepalive pings, so a long stream (logs -f, a wait) notices a coordinator
 // host that vanished without closing the connection: within about 30 s
@@ -47,7 +44,7 @@ AdminClient::AdminClient(std::shared_ptr<grpc::Channel> channel)
 
 absl::StatusOr<mesh::v1::GetServerInfoResponse> AdminClient::GetServerInfo(absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(context, timeout);
+  SetDeadlineAfter(context, timeout);
   mesh::v1::GetServerInfoResponse response;
   grpc::Status status = admin_->GetServerInfo(&context, {}, &response);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -62,7 +59,7 @@ absl::StatusOr<mesh::v1::GetServerInfoResponse> AdminClient::GetServerInfo(absl:
 absl::StatusOr<mesh::v1::CreateJobResponse> AdminClient::CreateJob(
     const mesh::v1::CreateJobRequest& request, absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(context, timeout);
+  SetDeadlineAfter(context, timeout);
   mesh::v1::CreateJobResponse response;
   grpc::Status status = admin_->CreateJob(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -72,7 +69,7 @@ absl::StatusOr<mesh::v1::CreateJobResponse> AdminClient::CreateJob(
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> AdminClient::CheckHealth(
     const std::string& service, absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(context, timeout);
+  SetDeadlineAfter(context, timeout);
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;

@@ -2,14 +2,11 @@
 
 #include <chrono>
 
+#include "common/grpc_deadline.h"
 #include "common/grpc_status.h"
 
 namespace mesh::cli {
 namespace {
-
-void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
-  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
-}
 
 // Reads a server stream to its end; one code path for both streams.
 template <typename Message>
@@ -63,7 +60,7 @@ JobClient::JobClient(std::shared_ptr<grpc::Channel> channel)
 absl::StatusOr<mesh::v1::SubmitJobResponse> JobClient::SubmitJob(const mesh::v1::JobSpec& spec,
                                                                  absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(context, timeout);
+  SetDeadlineAfter(context, timeout);
   mesh::v1::SubmitJobRequest request;
   *request.mutable_spec() = spec;
   mesh::v1::SubmitJobResponse response;
@@ -74,7 +71,7 @@ absl::StatusOr<mesh::v1::SubmitJobResponse> JobClient::SubmitJob(const mesh::v1:
 
 absl::StatusOr<mesh::v1::Job> JobClient::GetJob(const std::string& job_id, absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(context, timeout);
+  SetDeadlineAfter(context, timeout);
   mesh::v1::GetJobRequest request;
   request.set_job_id(job_id);
   mesh::v1::GetJobResponse response;
@@ -86,7 +83,7 @@ absl::StatusOr<mesh::v1::Job> JobClient::GetJob(const std::string& job_id, absl:
 absl::StatusOr<mesh::v1::ListJobsResponse> JobClient::ListJobs(
     const mesh::v1::ListJobsRequest& request, absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(context, timeout);
+  SetDeadlineAfter(context, timeout);
   mesh::v1::ListJobsResponse response;
   grpc::Status status = stub_->ListJobs(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -97,7 +94,7 @@ absl::StatusOr<mesh::v1::Job> JobClient::CancelJob(const std::string& job_id,
                                                    const std::string& reason,
                                                    absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(context, timeout);
+  SetDeadlineAfter(context, timeout);
   mesh::v1::CancelJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
@@ -110,7 +107,7 @@ absl::StatusOr<mesh::v1::Job> JobClient::CancelJob(const std::string& job_id,
 absl::StatusOr<mesh::v1::Job> JobClient::WaitJob(const std::string& job_id,
                                                  absl::Duration server_wait, absl::Duration slack) {
   grpc::ClientContext context;
-  SetDeadline(context, server_wait + slack);
+  SetDeadlineAfter(context, server_wait + slack);
   mesh::v1::WaitJobRequest request;
   request.set_job_id(job_id);
   request.set_timeout_seconds(absl::ToDoubleSeconds(server_wait));
@@ -122,7 +119,7 @@ absl::StatusOr<mesh::v1::Job> JobClient::WaitJob(const std::string& job_id,
 
 absl::StatusOr<mesh::v1::ListNodesResponse> JobClient::ListNodes(absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(context, timeout);
+  SetDeadlineAfter(context, timeout);
   mesh::v1::ListNodesResponse response;
   grpc::Status status = stub_->ListNodes(&context, {}, &response);
   if (!status.ok()) return FromGrpcStatus(status);

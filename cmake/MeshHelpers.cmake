@@ -87,8 +87,16 @@ endfunction()
 # mesh_cc_test(NAME SRCS ... [DEPS ...] [LABELS unit|integration|gpu|fault|slow ...]
 #              [TIMEOUT seconds])
 #
-# Builds a gtest binary and registers each of its test cases with ctest under
-# the given labels (default: unit). A test that calls GTEST_SKIP() is reported
+# Builds one gtest binary from the given test files and registers each of its
+# test cases with ctest under the given labels (default: unit) and timeout
+# (per case). Each tests/<component>/ folder groups its files into a few
+# binaries, one per label set, rather than one binary per file: with
+# CMAKE_UNITY_BUILD (make test turns it on) a binary's files then compile in
+# batches that parse gtest, gRPC and protobuf headers once, and there are far
+# fewer binaries to link. The files of a batch share one translation unit,
+# where their anonymous namespaces merge, so each test file keeps its
+# helpers and fixtures in a namespace named after the file (`namespace
+# scheduler_test { ... }` in scheduler_test.cc) instead of an anonymous one. A test that calls GTEST_SKIP() is reported
 # by ctest as skipped, not passed, so GPU tests on a machine without a device
 # show up honestly in the summary. Label `slow` keeps a test out of
 # `make test` (it runs in `make test-slow`); `fault` marks the reliability

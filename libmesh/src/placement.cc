@@ -5,13 +5,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/check.h"
+#include "shape_string.h"
 
 namespace mesh {
 namespace {
 
-std::string ShapeString(absl::Span<const int64_t> shape) {
-  return absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
-}
+using internal::ShapeString;
 
 bool IsKnownReduceOp(ReduceOp op) {
   switch (op) {

@@ -11,17 +11,16 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "shape_string.h"
 
 namespace mesh {
 namespace {
 
+using internal::ShapeString;
+
 // Plans never count more than this many bytes for the whole tensor, so that
 // every per-step and per-plan sum below stays far from int64 overflow.
 constexpr int64_t kMaxTensorBytes = std::numeric_limits<int64_t>::max() / 1024;
-
-std::string ShapeString(absl::Span<const int64_t> shape) {
-  return absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
-}
 
 // The step kind that moves one mesh dim from `from` to `to`, if there is one
 // (the header's table). Shard→Partial and Partial(a)→Partial(b) have none.

@@ -22,7 +22,7 @@
 #include "tests/common/test_metrics.h"
 
 namespace mesh::agent {
-namespace {
+namespace agent_test {
 
 using ::testing::Contains;
 using ::testing::ElementsAre;
@@ -1058,5 +1058,5 @@ TEST(AgentMainTest, BadFlagsExitTwo) {
   EXPECT_EQ(RunAgentMain(static_cast<int>(discover.size()), discover.data()), kAgentExitOk);
 }
 
-}  // namespace
+}  // namespace agent_test
 }  // namespace mesh::agent

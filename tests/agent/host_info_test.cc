@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 namespace mesh::agent {
-namespace {
+namespace host_info_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -73,5 +73,5 @@ TEST(DiscoverHost, RejectsBadOptions) {
   EXPECT_EQ(DiscoverHost(bad_gpus).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-}  // namespace
+}  // namespace host_info_test
 }  // namespace mesh::agent

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 
 namespace mesh::agent {
-namespace {
+namespace log_tail_test {
 
 class LogTailTest : public ::testing::Test {
  protected:
@@ -170,5 +170,5 @@ TEST_F(LogTailTest, ARotatedFilesLastPartialLineIsDelivered) {
   EXPECT_EQ(Drain(**tail, 1024, false), "partialrest\n");
 }
 
-}  // namespace
+}  // namespace log_tail_test
 }  // namespace mesh::agent

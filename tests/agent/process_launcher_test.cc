@@ -26,7 +26,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh::agent {
-namespace {
+namespace process_launcher_test {
 
 using ::mesh::testing::IsAlive;
 using ::mesh::testing::LiveProcessesInGroup;
@@ -417,5 +417,5 @@ TEST_F(ProcessLauncherTest, SupervisorOverRealProcesses) {
   }
 }
 
-}  // namespace
+}  // namespace process_launcher_test
 }  // namespace mesh::agent

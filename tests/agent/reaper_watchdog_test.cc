@@ -23,7 +23,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh::agent {
-namespace {
+namespace reaper_watchdog_test {
 
 using ::mesh::testing::IsAlive;
 using ::mesh::testing::LiveProcessesInGroup;
@@ -184,5 +184,5 @@ TEST_F(ReaperWatchdogTest, DestructionKillsRecordedGroupsOnly) {
   EXPECT_TRUE(IsAlive(removed_grandchild));
 }
 
-}  // namespace
+}  // namespace reaper_watchdog_test
 }  // namespace mesh::agent

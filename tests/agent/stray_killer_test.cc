@@ -17,7 +17,7 @@
 #include "tests/util/proc.h"
 
 namespace mesh::agent {
-namespace {
+namespace stray_killer_test {
 
 using ::mesh::testing::LiveProcessesWithEnv;
 using ::mesh::testing::WaitUntil;
@@ -95,5 +95,5 @@ TEST(NewAgentInstance, IsUniquePerCall) {
   EXPECT_NE(a, NewAgentInstance("node-a"));
 }
 
-}  // namespace
+}  // namespace stray_killer_test
 }  // namespace mesh::agent

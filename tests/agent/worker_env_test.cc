@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 namespace mesh::agent {
-namespace {
+namespace worker_env_test {
 
 using ::testing::Contains;
 using ::testing::ElementsAreArray;
@@ -227,5 +227,5 @@ TEST(InheritedBaseEnv, CopiesOnlyTheAllowlist) {
   }
 }
 
-}  // namespace
+}  // namespace worker_env_test
 }  // namespace mesh::agent

@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 
 namespace mesh::agent {
-namespace {
+namespace worker_supervisor_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -239,5 +239,5 @@ TEST_F(WorkerSupervisorTest, DestructionStopsWorkersAndSilencesLaterExits) {
   EXPECT_THAT(exits(), IsEmpty());
 }
 
-}  // namespace
+}  // namespace worker_supervisor_test
 }  // namespace mesh::agent

@@ -21,7 +21,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh::bench {
-namespace {
+namespace bench_report_smoke_test {
 
 using ::mesh::testing::Subprocess;
 
@@ -129,5 +129,5 @@ TEST(BenchReportSmoke, NoSuiteWithoutSmokeIsAnError) {
   EXPECT_EQ(status, 2);
 }
 
-}  // namespace
+}  // namespace bench_report_smoke_test
 }  // namespace mesh::bench

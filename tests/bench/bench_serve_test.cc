@@ -12,7 +12,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh::bench {
-namespace {
+namespace bench_serve_test {
 
 TEST(BenchServe, ServesARendezvousFromAnotherProcessAndStopsOnSigterm) {
   auto serve = testing::Subprocess::Start({MESH_BENCH_BIN, "serve"});
@@ -42,5 +42,5 @@ TEST(BenchServe, ServesARendezvousFromAnotherProcessAndStopsOnSigterm) {
   EXPECT_EQ(WEXITSTATUS(*status), 0);
 }
 
-}  // namespace
+}  // namespace bench_serve_test
 }  // namespace mesh::bench

@@ -18,7 +18,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh::bench {
-namespace {
+namespace collectives_bench_smoke_test {
 
 using ::mesh::testing::Subprocess;
 using ::testing::HasSubstr;
@@ -143,5 +143,5 @@ TEST(CollectivesBenchSmoke, AWorkerThatFailsFailsTheRunNamingIt) {
   EXPECT_THAT(std::string(result.status().message()), HasSubstr("exit code 1"));
 }
 
-}  // namespace
+}  // namespace collectives_bench_smoke_test
 }  // namespace mesh::bench

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace mesh::bench {
-namespace {
+namespace latency_stats_test {
 
 TEST(LatencyStats, EmptyIsZero) {
   const LatencyStats s = Summarize({});
@@ -29,5 +29,5 @@ TEST(LatencyStats, SingleSample) {
   EXPECT_DOUBLE_EQ(s.p99_us, 2000);
 }
 
-}  // namespace
+}  // namespace latency_stats_test
 }  // namespace mesh::bench

@@ -19,7 +19,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh::bench {
-namespace {
+namespace launch_bench_smoke_test {
 
 namespace fs = std::filesystem;
 using ::mesh::testing::Subprocess;
@@ -233,5 +233,5 @@ TEST(LaunchBenchReport, SaysWhyTorchrunWasSkipped) {
               HasSubstr("torchrun: skipped (python3-torch not installed: "));
 }
 
-}  // namespace
+}  // namespace launch_bench_smoke_test
 }  // namespace mesh::bench

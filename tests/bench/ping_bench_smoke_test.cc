@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace mesh::bench {
-namespace {
+namespace ping_bench_smoke_test {
 
 TEST(PingBenchSmoke, MeasuresEveryMethodAgainstAnInProcessCoordinator) {
   PingBenchOptions options;
@@ -39,5 +39,5 @@ TEST(PingBenchSmoke, RejectsBadOptionsAndUnreachableCoordinators) {
   EXPECT_EQ(RunPingBench(nowhere).status().code(), absl::StatusCode::kUnavailable);
 }
 
-}  // namespace
+}  // namespace ping_bench_smoke_test
 }  // namespace mesh::bench

@@ -19,7 +19,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh::bench {
-namespace {
+namespace redistribute_bench_smoke_test {
 
 using ::mesh::testing::Subprocess;
 using ::testing::HasSubstr;
@@ -113,5 +113,5 @@ TEST(RedistributeBenchSmoke, ASizeTheMeshDoesNotDivideFailsTheRunNamingIt) {
   EXPECT_THAT(std::string(result.status().message()), HasSubstr("worker rank"));
 }
 
-}  // namespace
+}  // namespace redistribute_bench_smoke_test
 }  // namespace mesh::bench

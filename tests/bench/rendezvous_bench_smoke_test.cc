@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 namespace mesh::bench {
-namespace {
+namespace rendezvous_bench_smoke_test {
 
 void ExpectRound(const RoundResult& round, int ranks, size_t steps) {
   EXPECT_EQ(round.rank_latency.count, ranks);
@@ -116,5 +116,5 @@ TEST(RendezvousBenchSmoke, ReadsProcessStats) {
   EXPECT_GT(ProcessCpuSeconds(), 0);
 }
 
-}  // namespace
+}  // namespace rendezvous_bench_smoke_test
 }  // namespace mesh::bench

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 namespace mesh::bench {
-namespace {
+namespace waiters_bench_smoke_test {
 
 TEST(WaitersBenchSmoke, HoldsAndReleasesEveryKind) {
   WaitersBenchOptions options;
@@ -65,5 +65,5 @@ TEST(WaitersBenchSmoke, ParsesKindsAndRejectsBadOptions) {
   EXPECT_EQ(RunWaitersBench(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-}  // namespace
+}  // namespace waiters_bench_smoke_test
 }  // namespace mesh::bench

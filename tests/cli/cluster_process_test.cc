@@ -29,7 +29,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh::cli {
-namespace {
+namespace cluster_process_test {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
@@ -308,5 +308,5 @@ TEST(MeshctlClusterUpTest, SigintStopsEverythingAndRemovesTheTempStateDir) {
   fs::remove_all(tmpdir, ec);
 }
 
-}  // namespace
+}  // namespace cluster_process_test
 }  // namespace mesh::cli

@@ -16,7 +16,7 @@
 #include "cli/meshctl.h"
 
 namespace mesh::cli {
-namespace {
+namespace cluster_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -253,5 +253,5 @@ TEST(ClusterUpCommandTest, ZeroAgentsIsAUsageError) {
   EXPECT_EQ(RunMeshctl(5, argv, out, err), kExitUsage);
 }
 
-}  // namespace
+}  // namespace cluster_test
 }  // namespace mesh::cli

@@ -26,7 +26,7 @@
 #include "tests/cli/run_meshctl.h"
 
 namespace mesh::cli {
-namespace {
+namespace health_command_test {
 
 using ::testing::HasSubstr;
 
@@ -221,5 +221,5 @@ TEST_F(HealthCommandTest, InconsistentOrMissingTlsFilesAreUsageErrors) {
   EXPECT_THAT(missing_token.err, HasSubstr("/nonexistent/t"));
 }
 
-}  // namespace
+}  // namespace health_command_test
 }  // namespace mesh::cli

@@ -22,7 +22,7 @@
 #include "tests/cli/run_meshctl.h"
 
 namespace mesh::cli {
-namespace {
+namespace job_commands_test {
 
 using ::mesh::cli::testing::FakeJobServer;
 using ::mesh::cli::testing::LogScript;
@@ -694,5 +694,5 @@ TEST_F(JobCommandsTest, GetLogsEndsWhenCancelledFromAnotherThread) {
             absl::StatusCode::kCancelled);
 }
 
-}  // namespace
+}  // namespace job_commands_test
 }  // namespace mesh::cli

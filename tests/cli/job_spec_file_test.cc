@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 namespace mesh::cli {
-namespace {
+namespace job_spec_file_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -172,5 +172,5 @@ TEST(JobSpecFileTest, EnvNamesAreCheckedWithTheWorkersRule) {
   EXPECT_THAT(status.message(), HasSubstr("env[\"LD_PRELOAD\"]"));  // First in byte order.
 }
 
-}  // namespace
+}  // namespace job_spec_file_test
 }  // namespace mesh::cli

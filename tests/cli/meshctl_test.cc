@@ -16,7 +16,7 @@
 #include "tests/cli/run_meshctl.h"
 
 namespace mesh::cli {
-namespace {
+namespace meshctl_test {
 
 using ::testing::HasSubstr;
 
@@ -115,5 +115,5 @@ TEST_F(MeshctlTest, HelpIsSuccess) {
   EXPECT_THAT(r.out, HasSubstr("health"));
 }
 
-}  // namespace
+}  // namespace meshctl_test
 }  // namespace mesh::cli

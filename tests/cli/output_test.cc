@@ -6,7 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 namespace mesh::cli {
-namespace {
+namespace output_test {
 
 std::string RenderTo(const nlohmann::json& value, OutputFormat format) {
   std::ostringstream out;
@@ -50,5 +50,5 @@ TEST(Output, JsonAndYamlCarryTheSameValue) {
   EXPECT_DOUBLE_EQ(yaml["ratio"].as<double>(), 0.5);
 }
 
-}  // namespace
+}  // namespace output_test
 }  // namespace mesh::cli

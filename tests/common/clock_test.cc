@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace mesh {
-namespace {
+namespace clock_test {
 
 TEST(FakeClock, MovesOnlyWhenAdvanced) {
   FakeClock clock;
@@ -33,5 +33,5 @@ TEST(RealClock, FollowsWallTime) {
   EXPECT_EQ(Clock::Real(), Clock::Real());
 }
 
-}  // namespace
+}  // namespace clock_test
 }  // namespace mesh

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace mesh {
-namespace {
+namespace duration_format_test {
 
 TEST(FormatDurationShortTest, RoundsToWhatAReaderNeeds) {
   EXPECT_EQ(FormatDurationShort(absl::Seconds(4.05485)), "4.05 s");
@@ -30,5 +30,5 @@ TEST(FormatDurationShortTest, EdgesCarryIntoTheNextUnit) {
   EXPECT_EQ(FormatDurationShort(-absl::InfiniteDuration()), "-forever");
 }
 
-}  // namespace
+}  // namespace duration_format_test
 }  // namespace mesh

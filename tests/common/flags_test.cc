@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 
 namespace mesh {
-namespace {
+namespace flags_test {
 
 using ::testing::HasSubstr;
 
@@ -106,5 +106,5 @@ TEST_F(FlagsTest, EmptyFileSetsNothing) {
   EXPECT_EQ(port_, 7450);
 }
 
-}  // namespace
+}  // namespace flags_test
 }  // namespace mesh

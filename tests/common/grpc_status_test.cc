@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace mesh {
-namespace {
+namespace grpc_status_test {
 
 TEST(GrpcStatus, OkMapsToOk) {
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
@@ -38,5 +38,5 @@ TEST(GrpcStatus, OutOfRangeCodeFromABrokenPeerBecomesUnknown) {
   EXPECT_EQ(status.message(), "what");
 }
 
-}  // namespace
+}  // namespace grpc_status_test
 }  // namespace mesh

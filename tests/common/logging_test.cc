@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 namespace mesh {
-namespace {
+namespace logging_test {
 
 using ::testing::HasSubstr;
 
@@ -57,5 +57,5 @@ TEST(Logging, TextFormatShowsComponentAndRespectsLevel) {
   EXPECT_THAT(captured.str(), ::testing::Not(HasSubstr("hidden")));
 }
 
-}  // namespace
+}  // namespace logging_test
 }  // namespace mesh

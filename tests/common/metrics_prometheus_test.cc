@@ -11,7 +11,7 @@
 #include "tests/common/http_get.h"
 
 namespace mesh::metrics {
-namespace {
+namespace metrics_prometheus_test {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -101,5 +101,5 @@ TEST(PrometheusRegistryDeathTest, ReAddingWithOtherLabelsOrTypeAborts) {
   EXPECT_DEATH(registry.AddGauge("bad name", "Help."), "bad metric name");
 }
 
-}  // namespace
+}  // namespace metrics_prometheus_test
 }  // namespace mesh::metrics

@@ -10,7 +10,7 @@
 #include "tests/common/test_metrics.h"
 
 namespace mesh::metrics {
-namespace {
+namespace metrics_test {
 
 TEST(MetricsBucketsTest, LatencyBucketsIncreaseFrom100usTo100s) {
   const std::vector<double> buckets = LatencyBuckets();
@@ -110,5 +110,5 @@ TEST(TestRegistryDeathTest, EnforcesTheRegistryRules) {
   EXPECT_DEATH(registry.AddGauge("mesh_test_y", ""), "no help");
 }
 
-}  // namespace
+}  // namespace metrics_test
 }  // namespace mesh::metrics

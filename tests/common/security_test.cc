@@ -22,7 +22,7 @@
 #include "tests/util/test_pki.h"
 
 namespace mesh::security {
-namespace {
+namespace security_test {
 
 using ::mesh::testing::TestPki;
 using ::testing::HasSubstr;
@@ -706,5 +706,5 @@ TEST_F(SecurityTest, TokenFileFromEnv) {
   EXPECT_EQ(ClientSecurityFromEnv().status().code(), absl::StatusCode::kNotFound);
 }
 
-}  // namespace
+}  // namespace security_test
 }  // namespace mesh::security

@@ -21,7 +21,7 @@
 #include "absl/time/clock.h"
 
 namespace mesh::systemd {
-namespace {
+namespace systemd_notify_test {
 
 using ::testing::HasSubstr;
 
@@ -187,5 +187,5 @@ TEST(SystemdNotifyTest, PingerWithholdsPingsWhileUnhealthy) {
   EXPECT_EQ(socket.Receive(), "WATCHDOG=1");
 }
 
-}  // namespace
+}  // namespace systemd_notify_test
 }  // namespace mesh::systemd

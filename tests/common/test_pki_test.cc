@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 
 namespace mesh::testing {
-namespace {
+namespace test_pki_test {
 
 class TestPkiTest : public ::testing::Test {
  protected:
@@ -80,5 +80,5 @@ TEST_F(TestPkiTest, KeysMatchCertificates) {
   }
 }
 
-}  // namespace
+}  // namespace test_pki_test
 }  // namespace mesh::testing

@@ -25,7 +25,7 @@
 #include "tests/util/test_pki.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace auth_rpc_test {
 
 using ::mesh::coordinator::testing::Context;
 using ::mesh::coordinator::testing::Spec;
@@ -445,5 +445,5 @@ TEST(CoordinatorServerSecurityTest, TokensWithoutTlsAreRefused) {
   EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-}  // namespace
+}  // namespace auth_rpc_test
 }  // namespace mesh::coordinator

@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace auth_test {
 
 using ::testing::HasSubstr;
 
@@ -298,5 +298,5 @@ TEST(AuthorizeTest, AgentsActOnlyForTheirNode) {
   EXPECT_EQ(AuthorizeNode(kWorkerA, "node-1").code(), absl::StatusCode::kPermissionDenied);
 }
 
-}  // namespace
+}  // namespace auth_test
 }  // namespace mesh::coordinator

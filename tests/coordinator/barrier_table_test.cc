@@ -10,7 +10,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace barrier_table_test {
 
 using ::mesh::testing::IsOk;
 using ::mesh::testing::StatusIs;
@@ -139,5 +139,5 @@ TEST(BarrierTableTest, DescribeParticipants) {
   EXPECT_EQ(BarrierTable::DescribeParticipants({1, 3}), "{1,3}");
 }
 
-}  // namespace
+}  // namespace barrier_table_test
 }  // namespace mesh::coordinator

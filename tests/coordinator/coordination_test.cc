@@ -20,7 +20,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace coordination_test {
 
 using ::mesh::testing::IsOk;
 using ::mesh::testing::StatusIs;
@@ -2213,5 +2213,5 @@ TEST_F(CoordinationTest, PendingWaitsCountsWaitsAndWatches) {
   EXPECT_EQ(coord().PendingWaits(), 0u);
 }
 
-}  // namespace
+}  // namespace coordination_test
 }  // namespace mesh::coordinator

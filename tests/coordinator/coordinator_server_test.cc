@@ -21,7 +21,7 @@
 #include "cli/admin_client.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace coordinator_server_test {
 
 using ::grpc::health::v1::HealthCheckResponse;
 using ::testing::HasSubstr;
@@ -203,5 +203,5 @@ TEST(CoordinatorServer, ShutdownIsIdempotentAndLaterCallsAreUnavailable) {
       << after.status();
 }
 
-}  // namespace
+}  // namespace coordinator_server_test
 }  // namespace mesh::coordinator

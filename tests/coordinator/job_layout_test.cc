@@ -8,7 +8,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace job_layout_test {
 
 using ::mesh::testing::IsOk;
 using ::mesh::testing::StatusIs;
@@ -81,5 +81,5 @@ TEST(JobLayoutTest, JobIds) {
   EXPECT_FALSE(IsValidJobId("caf\xc3\xa9"));
 }
 
-}  // namespace
+}  // namespace job_layout_test
 }  // namespace mesh::coordinator

@@ -30,7 +30,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace job_manager_test {
 
 namespace v1 = ::mesh::v1;
 
@@ -2091,5 +2091,5 @@ TEST_F(JobManagerTest, TickIntervalIsPositive) {
   EXPECT_GT(manager().TickInterval(), absl::ZeroDuration());
 }
 
-}  // namespace
+}  // namespace job_manager_test
 }  // namespace mesh::coordinator

@@ -22,7 +22,7 @@
 #include "tests/coordinator/job_rpc_test_util.h"
 
 namespace mesh::coordinator::testing {
-namespace {
+namespace job_service_test {
 
 using namespace mesh::v1;  // NOLINT
 using ::testing::ElementsAre;
@@ -381,5 +381,5 @@ TEST_F(JobServiceDurability, StateDirThatIsAFileFailsToStart) {
   std::filesystem::remove(file);
 }
 
-}  // namespace
+}  // namespace job_service_test
 }  // namespace mesh::coordinator::testing

@@ -14,7 +14,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace job_spec_test {
 
 using ::mesh::testing::IsOk;
 using ::mesh::testing::StatusIs;
@@ -495,5 +495,5 @@ TEST(JobSpecTest, ResolveMeshShape) {
   EXPECT_THAT(ResolveMeshShape(spec, 2).value(), ElementsAre(2, 4));
 }
 
-}  // namespace
+}  // namespace job_spec_test
 }  // namespace mesh::coordinator

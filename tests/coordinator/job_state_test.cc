@@ -12,7 +12,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace job_state_test {
 
 using ::mesh::testing::IsOk;
 using ::mesh::testing::StatusIs;
@@ -299,11 +299,11 @@ TEST_F(JobStateMachineTest, Deadline) {
   EXPECT_EQ(forever.state(), JOB_STATE_PENDING);
 }
 
-}  // namespace
+}  // namespace job_state_test
 }  // namespace mesh::coordinator
 
 namespace mesh::coordinator {
-namespace {
+namespace job_state_test {
 
 TEST(JobStateRestoreTest, RestoresExactlyAndGoesOn) {
   FakeClock clock;
@@ -362,5 +362,5 @@ TEST(JobStateRestoreTest, RejectsImpossibleRecords) {
             absl::StatusCode::kInvalidArgument);
 }
 
-}  // namespace
+}  // namespace job_state_test
 }  // namespace mesh::coordinator

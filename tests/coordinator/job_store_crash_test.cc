@@ -38,7 +38,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace job_store_crash_test {
 
 using ::mesh::testing::IsOk;
 
@@ -245,5 +245,5 @@ TEST(JobStoreCrashTest, EveryAcknowledgedJobSurvivesSigkill) {
   rmdir(tmpl.c_str());
 }
 
-}  // namespace
+}  // namespace job_store_crash_test
 }  // namespace mesh::coordinator

@@ -21,7 +21,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace job_store_test {
 
 using ::mesh::testing::IsOk;
 using ::mesh::testing::StatusIs;
@@ -689,5 +689,5 @@ TEST(JobStoreFileTest, MissingDirectoryIsFailedPrecondition) {
               StatusIs(Code::kFailedPrecondition, HasSubstr("unable to open")));
 }
 
-}  // namespace
+}  // namespace job_store_test
 }  // namespace mesh::coordinator

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace key_waits_test {
 
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
@@ -143,5 +143,5 @@ TEST_F(KeyWaitIndexTest, ClearForgetsEverything) {
   EXPECT_THAT(index_.Release("a"), IsEmpty());
 }
 
-}  // namespace
+}  // namespace key_waits_test
 }  // namespace mesh::coordinator

@@ -13,7 +13,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace kv_table_test {
 
 using ::mesh::testing::IsOk;
 using ::mesh::testing::StatusIs;
@@ -370,5 +370,5 @@ TEST(KvTableTest, StatsCountKeyAndValueBytes) {
   EXPECT_EQ(table.Stats().total_bytes, 4 + 3);
 }
 
-}  // namespace
+}  // namespace kv_table_test
 }  // namespace mesh::coordinator

@@ -10,7 +10,7 @@
 #include "common/clock.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace liveness_test {
 
 constexpr absl::Duration kTimeout = absl::Seconds(10);
 
@@ -153,5 +153,5 @@ TEST_F(LivenessTrackerTest, ALargeWorldFindsItsOneSilentRank) {
   EXPECT_EQ(DeadNow(tracker), kSilent);
 }
 
-}  // namespace
+}  // namespace liveness_test
 }  // namespace mesh::coordinator

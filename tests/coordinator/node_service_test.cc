@@ -13,7 +13,7 @@
 #include "tests/coordinator/job_rpc_test_util.h"
 
 namespace mesh::coordinator::testing {
-namespace {
+namespace node_service_test {
 
 using namespace mesh::v1;  // NOLINT
 using ::testing::HasSubstr;
@@ -241,5 +241,5 @@ TEST_F(NodeServiceTest, TooSlowAReaderGetsResourceExhausted) {
   EXPECT_LT(read, written);
 }
 
-}  // namespace
+}  // namespace node_service_test
 }  // namespace mesh::coordinator::testing

@@ -13,7 +13,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace rank_placement_test {
 
 using ::mesh::testing::IsOk;
 using ::mesh::testing::StatusIs;
@@ -269,11 +269,11 @@ TEST(PlacementTest, RejectsNodesThatCannotTakeTheJob) {
               StatusIs(Code::kInvalidArgument, HasSubstr("GPU index twice")));
 }
 
-}  // namespace
+}  // namespace rank_placement_test
 }  // namespace mesh::coordinator
 
 namespace mesh::coordinator {
-namespace {
+namespace rank_placement_test {
 
 TEST(PlacementCodecTest, RoundTripsAGpuPlacement) {
   std::vector<NodeView> nodes;
@@ -311,5 +311,5 @@ TEST(PlacementCodecTest, MalformedBytesAreDataLoss) {
             absl::StatusCode::kDataLoss);
 }
 
-}  // namespace
+}  // namespace rank_placement_test
 }  // namespace mesh::coordinator

@@ -10,7 +10,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace rendezvous_test {
 
 using ::mesh::testing::IsOk;
 using ::mesh::testing::StatusIs;
@@ -127,5 +127,5 @@ TEST(RendezvousTest, DescribeNeedsACompleteWorldAndValidRanks) {
   EXPECT_EQ(many->size(), Rendezvous::kMaxDescribeRanks);
 }
 
-}  // namespace
+}  // namespace rendezvous_test
 }  // namespace mesh::coordinator

@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 namespace mesh::coordinator {
-namespace {
+namespace rpc_helpers_test {
 
 using Clock = std::chrono::system_clock;
 
@@ -42,5 +42,5 @@ TEST(EffectiveTimeoutTest, ANegativeRequestTimeoutCountsAsUnset) {
   EXPECT_EQ(EffectiveTimeout(kNoDeadline, -5, kNow), absl::ZeroDuration());
 }
 
-}  // namespace
+}  // namespace rpc_helpers_test
 }  // namespace mesh::coordinator

@@ -11,7 +11,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace scheduler_test {
 
 using ::mesh::testing::IsOk;
 using ::mesh::testing::StatusIs;
@@ -316,5 +316,5 @@ TEST(SchedulerTest, SameInputsInAnyOrderGiveTheSameDecisions) {
   }
 }
 
-}  // namespace
+}  // namespace scheduler_test
 }  // namespace mesh::coordinator

@@ -8,7 +8,7 @@
 #include "common/version.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace server_info_test {
 
 TEST(ServerInfo, UptimeFollowsTheInjectedClock) {
   FakeClock clock;
@@ -31,5 +31,5 @@ TEST(ServerInfo, ReportsVersionProcessAndFeatures) {
   EXPECT_THAT(snapshot.features, ::testing::Contains("gloo"));
 }
 
-}  // namespace
+}  // namespace server_info_test
 }  // namespace mesh::coordinator

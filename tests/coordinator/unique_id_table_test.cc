@@ -9,7 +9,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace unique_id_table_test {
 
 using ::mesh::testing::IsOk;
 using ::mesh::testing::StatusIs;
@@ -96,5 +96,5 @@ TEST(UniqueIdTableTest, KeysFollowTheKvKeyRules) {
   EXPECT_THAT(*none, IsEmpty());
 }
 
-}  // namespace
+}  // namespace unique_id_table_test
 }  // namespace mesh::coordinator

@@ -13,7 +13,7 @@
 #include "absl/time/time.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace waiter_registry_test {
 
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
@@ -130,5 +130,5 @@ TEST(WaiterRegistryTest, TheHeapStaysProportionalToPendingWaits) {
   EXPECT_EQ(Expire(registry, At(3600)).size(), 10u);
 }
 
-}  // namespace
+}  // namespace waiter_registry_test
 }  // namespace mesh::coordinator

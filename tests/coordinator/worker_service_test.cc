@@ -17,7 +17,7 @@
 #include "mesh/v1/worker.grpc.pb.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace worker_service_test {
 
 using ::testing::HasSubstr;
 using namespace mesh::v1;  // NOLINT
@@ -352,5 +352,5 @@ TEST_F(IncarnationRpcTest, ANewerProcessAfterTheWorldFormedEndsTheGenerationNami
   EXPECT_EQ(beat.error().rank(), 1);
 }
 
-}  // namespace
+}  // namespace worker_service_test
 }  // namespace mesh::coordinator

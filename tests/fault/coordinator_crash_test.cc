@@ -45,7 +45,7 @@
 #include "tests/util/proc.h"
 
 namespace mesh {
-namespace {
+namespace coordinator_crash_test {
 
 using ::mesh::testing::ContextWithDeadline;
 using ::mesh::testing::CreateBareJob;
@@ -366,5 +366,5 @@ TEST_F(CoordinatorCrashTest, LibmeshStoreFailsFastRuntimeFailsAfterHeartbeatTime
   }
 }
 
-}  // namespace
+}  // namespace coordinator_crash_test
 }  // namespace mesh

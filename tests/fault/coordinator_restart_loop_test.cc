@@ -33,7 +33,7 @@
 #include "tests/util/proc.h"
 
 namespace mesh {
-namespace {
+namespace coordinator_restart_loop_test {
 
 using ::mesh::testing::MeshCluster;
 using ::mesh::testing::WaitUntil;
@@ -94,5 +94,5 @@ TEST(CoordinatorRestartLoopTest, Kill9CyclesNeverFailASucceededJobAndAgentsComeB
   std::printf("; slowest %.2f\n", *std::max_element(reconnect_s.begin(), reconnect_s.end()));
 }
 
-}  // namespace
+}  // namespace coordinator_restart_loop_test
 }  // namespace mesh

@@ -40,7 +40,7 @@
 #include "tests/util/proc.h"
 
 namespace mesh {
-namespace {
+namespace disk_full_test {
 
 using ::mesh::testing::ContextWithDeadline;
 using ::mesh::testing::MeshCluster;
@@ -276,5 +276,5 @@ TEST_F(DiskFullTest, InjectedEnospcRefusesSubmitsReadsWorkAndRemovingItRecovers)
       /*max_accepted_while_full=*/0);
 }
 
-}  // namespace
+}  // namespace disk_full_test
 }  // namespace mesh

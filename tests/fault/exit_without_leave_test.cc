@@ -27,7 +27,7 @@
 #include "tests/util/proc.h"
 
 namespace mesh {
-namespace {
+namespace exit_without_leave_test {
 
 using ::mesh::testing::ContextWithDeadline;
 using ::mesh::testing::MeshCluster;
@@ -100,5 +100,5 @@ TEST(ExitWithoutLeaveTest, PeersAtABarrierGetAnErrorNamingTheRankLongBeforeTheDe
   }
 }
 
-}  // namespace
+}  // namespace exit_without_leave_test
 }  // namespace mesh

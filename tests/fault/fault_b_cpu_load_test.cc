@@ -34,7 +34,7 @@
 #include "tests/util/fault_cluster.h"
 
 namespace mesh::fault {
-namespace {
+namespace fault_b_cpu_load_test {
 
 constexpr double kHoldSeconds = 15;
 
@@ -88,5 +88,5 @@ TEST(CpuLoadTest, HeartbeatsAtNineTenthsOfTheTimeoutUnderFullCpuLoadRaiseNoFalse
   EXPECT_GE(took, kHoldSeconds);
 }
 
-}  // namespace
+}  // namespace fault_b_cpu_load_test
 }  // namespace mesh::fault

@@ -20,7 +20,7 @@
 #include "tests/util/fault_cluster.h"
 
 namespace mesh::fault {
-namespace {
+namespace fault_b_grandchildren_test {
 
 // Per rank: the shell itself, two plain background sleeps, a setsid sleep,
 // a subshell that setsid's a shell with a sleep of its own (the
@@ -99,5 +99,5 @@ TEST_F(GrandchildrenTest, CancelLeavesNoProcessOfTheJobEvenSetsidOnes) {
       << Describe(cluster_.Processes({"MESH_JOB_ID=" + id}));
 }
 
-}  // namespace
+}  // namespace fault_b_grandchildren_test
 }  // namespace mesh::fault

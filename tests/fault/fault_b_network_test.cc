@@ -27,7 +27,7 @@
 #include "tests/util/fault_cluster.h"
 
 namespace mesh::fault {
-namespace {
+namespace fault_b_network_test {
 
 using ::testing::HasSubstr;
 
@@ -169,5 +169,5 @@ TEST_F(NetworkTest, JobSucceedsUnder200msLatencyWithJitter) {
   EXPECT_EQ(cluster_->ReadyNodes(), 2);
 }
 
-}  // namespace
+}  // namespace fault_b_network_test
 }  // namespace mesh::fault

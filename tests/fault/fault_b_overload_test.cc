@@ -43,7 +43,7 @@
 #include "tests/util/fault_cluster.h"
 
 namespace mesh::fault {
-namespace {
+namespace fault_b_overload_test {
 
 constexpr int kWaiters = 10'000;
 constexpr int kWorld = kWaiters + 1;
@@ -359,5 +359,5 @@ TEST(OverloadTest, TwentyThousandIdleCallsKeepMemoryBoundedAndHeartbeatsServed) 
   EXPECT_GE(rank_beats.ms.size(), 10u);
 }
 
-}  // namespace
+}  // namespace fault_b_overload_test
 }  // namespace mesh::fault

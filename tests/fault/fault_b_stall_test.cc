@@ -22,7 +22,7 @@
 #include "tests/util/fault_cluster.h"
 
 namespace mesh::fault {
-namespace {
+namespace fault_b_stall_test {
 
 using ::mesh::v1::JobState;
 using ::testing::HasSubstr;
@@ -205,5 +205,5 @@ TEST_F(StallTest, OldSessionOfALostNodeIsAbortedEverywhere) {
             grpc::StatusCode::ABORTED);
 }
 
-}  // namespace
+}  // namespace fault_b_stall_test
 }  // namespace mesh::fault

@@ -39,7 +39,7 @@
 #include "tests/util/proc.h"
 
 namespace mesh {
-namespace {
+namespace submit_storm_test {
 
 using ::mesh::testing::ContextWithDeadline;
 using ::mesh::testing::MeshCluster;
@@ -206,5 +206,5 @@ TEST(SubmitStormTest, Kill9DuringSubmitsLosesAndDuplicatesNothing) {
   check("after one more restart");
 }
 
-}  // namespace
+}  // namespace submit_storm_test
 }  // namespace mesh

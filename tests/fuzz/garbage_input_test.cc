@@ -40,7 +40,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh {
-namespace {
+namespace garbage_input_test {
 
 using ::mesh::testing::Subprocess;
 using ::testing::StartsWith;
@@ -364,5 +364,5 @@ TEST_F(GarbageInputTest, MalformedProtobufsOnEveryMethod) {
   ExpectServing("an unknown method");
 }
 
-}  // namespace
+}  // namespace garbage_input_test
 }  // namespace mesh

@@ -20,7 +20,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh {
-namespace {
+namespace coordinator_process_test {
 
 using ::mesh::testing::ExitCode;
 using ::mesh::testing::Subprocess;
@@ -210,5 +210,5 @@ TEST(CoordinatorProcess, BadFlagsAndConfigAreUsageErrors) {
   }
 }
 
-}  // namespace
+}  // namespace coordinator_process_test
 }  // namespace mesh

@@ -28,7 +28,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh::testing {
-namespace {
+namespace gpu_job_test {
 
 using ::testing::HasSubstr;
 
@@ -126,5 +126,5 @@ TEST_F(GpuJobTest, WorkerKilledMidCollectivesRestartsAndSucceeds) {
   EXPECT_TRUE(WaitUntil([&] { return FreeGpus() == gpus_; }, absl::Seconds(10)));
 }
 
-}  // namespace
+}  // namespace gpu_job_test
 }  // namespace mesh::testing

@@ -40,7 +40,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh {
-namespace {
+namespace jobs_process_test {
 
 using ::mesh::testing::ExitCode;
 using ::mesh::testing::MakeTempDir;
@@ -329,5 +329,5 @@ TEST_F(JobsProcessTest, InvalidSpecIsRejectedAndNothingIsStored) {
   EXPECT_EQ(jobs.jobs_size(), 0);
 }
 
-}  // namespace
+}  // namespace jobs_process_test
 }  // namespace mesh

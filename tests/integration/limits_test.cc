@@ -23,7 +23,7 @@
 #include "mesh/v1/worker.grpc.pb.h"
 
 namespace mesh::coordinator {
-namespace {
+namespace limits_test {
 
 using ::testing::AllOf;
 using ::testing::AnyOf;
@@ -585,5 +585,5 @@ TEST_F(LimitsTest, PendingJobsQueue) {
   }
 }
 
-}  // namespace
+}  // namespace limits_test
 }  // namespace mesh::coordinator

@@ -38,7 +38,7 @@
 #include "tests/util/test_pki.h"
 
 namespace mesh {
-namespace {
+namespace secure_cluster_test {
 
 using ::mesh::testing::ExitCode;
 using ::mesh::testing::MakeTempDir;
@@ -607,5 +607,5 @@ TEST_F(CoordinatorSecurityFlagsTest, RefusesToStartOpenOrLeaky) {
   EXPECT_THAT(open.out, Not(HasSubstr(kBanner)));
 }
 
-}  // namespace
+}  // namespace secure_cluster_test
 }  // namespace mesh

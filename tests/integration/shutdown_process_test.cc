@@ -42,7 +42,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh {
-namespace {
+namespace shutdown_process_test {
 
 using ::mesh::testing::ContextWithDeadline;
 using ::mesh::testing::ExitCode;
@@ -332,5 +332,5 @@ TEST_F(ShutdownProcessTest, AgentKeepsWorkersRunningThroughCoordinatorSigtermAnd
   EXPECT_EQ(done->generation(), 0);
 }
 
-}  // namespace
+}  // namespace shutdown_process_test
 }  // namespace mesh

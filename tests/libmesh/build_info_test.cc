@@ -9,7 +9,7 @@
 #endif
 
 namespace mesh {
-namespace {
+namespace build_info_test {
 
 TEST(BuildInfo, ReflectsTheConfigHeader) {
   const BuildInfo info = GetBuildInfo();
@@ -68,5 +68,5 @@ TEST(BuildInfo, CudaSelfTestFailsCleanlyWithoutADevice) {
       << status;
 }
 
-}  // namespace
+}  // namespace build_info_test
 }  // namespace mesh

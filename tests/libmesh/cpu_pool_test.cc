@@ -15,7 +15,7 @@
 #include "mesh/tensor.h"
 
 namespace mesh::internal {
-namespace {
+namespace cpu_pool_test {
 
 constexpr size_t kMiB = size_t{1} << 20;
 
@@ -179,5 +179,5 @@ TEST(CpuPoolTest, TensorEmptyDrawsFromTheGlobalPool) {
   for (int64_t i = 0; i < zeros->numel(); ++i) ASSERT_EQ(zeros->data_as<int32_t>()[i], 0) << i;
 }
 
-}  // namespace
+}  // namespace cpu_pool_test
 }  // namespace mesh::internal

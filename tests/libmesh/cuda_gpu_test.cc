@@ -4,7 +4,7 @@
 #include "mesh/build_info.h"
 
 namespace mesh {
-namespace {
+namespace cuda_gpu_test {
 
 class CudaGpuTest : public ::testing::Test {
  protected:
@@ -26,5 +26,5 @@ TEST_F(CudaGpuTest, NcclLoadsAtRunTime) {
   EXPECT_GE(*version, 20000);
 }
 
-}  // namespace
+}  // namespace cuda_gpu_test
 }  // namespace mesh

@@ -17,7 +17,7 @@
 #include "absl/synchronization/mutex.h"
 
 namespace mesh {
-namespace {
+namespace device_mesh_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -398,5 +398,5 @@ TEST(DeviceMeshTest, FlattenOfNonAdjacentDimsAndOfOneDim) {
   EXPECT_THAT(same->dim_names(), ElementsAre("tp"));
 }
 
-}  // namespace
+}  // namespace device_mesh_test
 }  // namespace mesh

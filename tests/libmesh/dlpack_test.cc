@@ -12,7 +12,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh {
-namespace {
+namespace dlpack_test {
 
 using ::mesh::testing::StatusIs;
 using ::testing::ElementsAre;
@@ -334,5 +334,5 @@ TEST(DLPack, ManagedPtrCallsTheDeleter) {
   EXPECT_EQ(deletions, 1);
 }
 
-}  // namespace
+}  // namespace dlpack_test
 }  // namespace mesh

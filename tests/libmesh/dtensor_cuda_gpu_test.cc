@@ -15,7 +15,7 @@
 #include "sharding/strided_copy.h"
 
 namespace mesh {
-namespace {
+namespace dtensor_cuda_gpu_test {
 
 using dtensor_test::Describe;
 using dtensor_test::Expected;
@@ -168,5 +168,5 @@ TEST_F(DTensorCudaGpuTest, FromLocalInfersAndVerifiesOnTheDevice) {
   EXPECT_TRUE(SameValues(Download(*full), global));
 }
 
-}  // namespace
+}  // namespace dtensor_cuda_gpu_test
 }  // namespace mesh

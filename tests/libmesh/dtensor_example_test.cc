@@ -24,7 +24,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh {
-namespace {
+namespace dtensor_example_test {
 
 using ::testing::Contains;
 using ::testing::HasSubstr;
@@ -142,5 +142,5 @@ TEST_F(DTensorExampleTest, UnevenTensorFollowsTheChunkRule) {
   }
 }
 
-}  // namespace
+}  // namespace dtensor_example_test
 }  // namespace mesh

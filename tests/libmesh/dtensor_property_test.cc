@@ -22,7 +22,7 @@
 #include "mesh/dtensor.h"
 
 namespace mesh {
-namespace {
+namespace dtensor_property_test {
 
 using dtensor_test::Describe;
 using dtensor_test::Expected;
@@ -188,5 +188,5 @@ TEST(DTensorPropertyTest, ThreeDimMeshes) {
   RunCases({2, 1, 3}, 400, 10);
 }
 
-}  // namespace
+}  // namespace dtensor_property_test
 }  // namespace mesh

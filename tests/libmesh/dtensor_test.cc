@@ -18,7 +18,7 @@
 #include "dtensor_test_util.h"
 
 namespace mesh {
-namespace {
+namespace dtensor_test {
 
 using dtensor_test::Describe;
 using dtensor_test::Expected;
@@ -479,5 +479,5 @@ TEST(DTensorTest, PlanCacheIsUsed) {
   }
 }
 
-}  // namespace
+}  // namespace dtensor_test
 }  // namespace mesh

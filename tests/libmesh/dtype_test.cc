@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace mesh {
-namespace {
+namespace dtype_test {
 
 TEST(DType, ElementSizesMatchTheCTypes) {
   EXPECT_EQ(ElementSize(DType::kFloat32), sizeof(float));
@@ -62,5 +62,5 @@ TEST(DType, UnsupportedDLPackTypesAreRejected) {
             absl::StatusCode::kInvalidArgument);
 }
 
-}  // namespace
+}  // namespace dtype_test
 }  // namespace mesh

@@ -9,7 +9,7 @@
 #include <random>
 
 namespace mesh {
-namespace {
+namespace float16_test {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -219,5 +219,5 @@ TEST(BFloat16, StorageType) {
   EXPECT_EQ(BFloat16(2.0f), BFloat16::FromBits(0x4000));
 }
 
-}  // namespace
+}  // namespace float16_test
 }  // namespace mesh

@@ -23,7 +23,7 @@
 #include "mesh/process_group_gloo.h"
 
 namespace mesh {
-namespace {
+namespace gloo_device_thread_test {
 
 pid_t ThisThread() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
 
@@ -101,5 +101,5 @@ TEST(GlooDeviceThread, FactoryLeavesThePolicyAloneWhenAskedTo) {
   EXPECT_EQ(BatchThreads(), before);
 }
 
-}  // namespace
+}  // namespace gloo_device_thread_test
 }  // namespace mesh

@@ -19,7 +19,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh {
-namespace {
+namespace gloo_peer_death_test {
 
 using ::testing::HasSubstr;
 
@@ -74,5 +74,5 @@ INSTANTIATE_TEST_SUITE_P(Transports, GlooPeerDeathTest, ::testing::Values(false,
                            return info.param ? std::string("shm") : std::string("tcp");
                          });
 
-}  // namespace
+}  // namespace gloo_peer_death_test
 }  // namespace mesh

@@ -13,7 +13,7 @@
 #include "mesh/process_group_gloo.h"
 
 namespace mesh {
-namespace {
+namespace gloo_sigpipe_test {
 
 TEST(GlooSigpipe, FactoryIgnoresSigpipeWhenItHasItsDefaultAction) {
   ASSERT_NE(signal(SIGPIPE, SIG_DFL), SIG_ERR);
@@ -33,5 +33,5 @@ TEST(GlooSigpipe, FactoryIgnoresSigpipeWhenItHasItsDefaultAction) {
   close(fds[1]);
 }
 
-}  // namespace
+}  // namespace gloo_sigpipe_test
 }  // namespace mesh

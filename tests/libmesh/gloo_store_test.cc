@@ -23,7 +23,7 @@
 #include "mesh/prefix_store.h"
 
 namespace mesh::gloo_backend {
-namespace {
+namespace gloo_store_test {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -311,5 +311,5 @@ TEST(GlooStoreTest, MissingPeerFailsConnectFullMeshWithTheStoresMessage) {
   }
 }
 
-}  // namespace
+}  // namespace gloo_store_test
 }  // namespace mesh::gloo_backend

@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 namespace mesh {
-namespace {
+namespace mesh_layout_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -226,5 +226,5 @@ TEST(MeshLayoutTest, DebugStringIsBounded) {
   EXPECT_THAT(Make({100}, {}).DebugString(), HasSubstr("... (100 ranks)"));
 }
 
-}  // namespace
+}  // namespace mesh_layout_test
 }  // namespace mesh

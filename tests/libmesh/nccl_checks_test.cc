@@ -10,7 +10,7 @@
 #include <vector>
 
 namespace mesh::nccl {
-namespace {
+namespace nccl_checks_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -274,5 +274,5 @@ TEST(NcclCheckFactoryOptions, RejectsEachBadField) {
   EXPECT_TRUE(with([](auto& o) { o.destroy_timeout = absl::ZeroDuration(); }).ok());
 }
 
-}  // namespace
+}  // namespace nccl_checks_test
 }  // namespace mesh::nccl

@@ -7,7 +7,7 @@
 #include <thread>
 
 namespace mesh {
-namespace {
+namespace nccl_current_stream_test {
 
 void* FakeStream(uintptr_t n) { return reinterpret_cast<void*>(n); }
 
@@ -61,5 +61,5 @@ TEST(CurrentCudaStreamDeathTest, TheCpuHasNoStream) {
   EXPECT_DEATH(CurrentCudaStream(Device::Cpu()), "needs a CUDA device");
 }
 
-}  // namespace
+}  // namespace nccl_current_stream_test
 }  // namespace mesh

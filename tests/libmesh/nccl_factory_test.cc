@@ -13,7 +13,7 @@
 #include "mesh/runtime.h"
 
 namespace mesh {
-namespace {
+namespace nccl_factory_test {
 
 using ::testing::HasSubstr;
 
@@ -133,5 +133,5 @@ TEST(SynchronizeWork, GivesUpAtTheTimeout) {
   EXPECT_GT(never.polls(), 1);
 }
 
-}  // namespace
+}  // namespace nccl_factory_test
 }  // namespace mesh

@@ -28,7 +28,7 @@
 #include "tests/libmesh/fake_nccl_api.h"
 
 namespace mesh::nccl {
-namespace {
+namespace nccl_seam_test {
 
 using ::testing::ElementsAre;
 using testing::FakeNcclApi;
@@ -580,5 +580,5 @@ TEST_F(NcclSeamTest, TeardownThatCannotDrainAborts) {
   EXPECT_FALSE(api_.destroyed("world"));
 }
 
-}  // namespace
+}  // namespace nccl_seam_test
 }  // namespace mesh::nccl

@@ -19,7 +19,7 @@
 #include "mesh/in_memory_store.h"
 
 namespace mesh::nccl {
-namespace {
+namespace nccl_unique_id_broker_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -302,5 +302,5 @@ TEST(ExchangeUniqueIds, GeneratorFailuresPropagate) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
 }
 
-}  // namespace
+}  // namespace nccl_unique_id_broker_test
 }  // namespace mesh::nccl

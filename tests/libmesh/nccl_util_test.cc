@@ -9,7 +9,7 @@
 #include <set>
 
 namespace mesh::nccl {
-namespace {
+namespace nccl_util_test {
 
 using ::testing::HasSubstr;
 
@@ -95,5 +95,5 @@ TEST(NcclSplit, AvailableWithTheLoadedLibrary) {
   EXPECT_EQ(SplitAvailable(RealNcclApi()), version >= NCCL_VERSION(2, 19, 0));
 }
 
-}  // namespace
+}  // namespace nccl_util_test
 }  // namespace mesh::nccl

@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 
 namespace mesh {
-namespace {
+namespace placement_test {
 
 using ::testing::HasSubstr;
 
@@ -24,7 +24,7 @@ const Placement R = Placement::Replicate();
 Placement S(int d) { return Placement::Shard(d); }
 Placement P(ReduceOp op = ReduceOp::kSum) { return Placement::Partial(op); }
 
-}  // namespace
+}  // namespace placement_test
 
 // Readable failures: "shape [2, 5] offset [4, 0]".
 void PrintTo(const LocalLayout& layout, std::ostream* os) {
@@ -34,7 +34,7 @@ void PrintTo(const LocalLayout& layout, std::ostream* os) {
       << testing::PrintToString(std::vector<int64_t>(layout.offset.begin(), layout.offset.end()));
 }
 
-namespace {
+namespace placement_test {
 
 LocalLayout Layout(std::vector<int64_t> shape, std::vector<int64_t> offset) {
   LocalLayout layout;
@@ -349,5 +349,5 @@ TEST(ComputeLocalLayoutTest, RandomShardsTileTheGlobalTensorOnce) {
   }
 }
 
-}  // namespace
+}  // namespace placement_test
 }  // namespace mesh

@@ -23,7 +23,7 @@
 #include "process_group_gloo_test_util.h"
 
 namespace mesh {
-namespace {
+namespace process_group_gloo_failure_test {
 
 using gloo_test::MakeRanks;
 using gloo_test::OnRanks;
@@ -271,5 +271,5 @@ TEST(GlooFactoryFailure, AbortAllAbortsEveryGroupAndLaterOnes) {
   EXPECT_EQ((*ranks)->factories[0]->NewGroups({{"late", 0, {0}}}).status(), reason);
 }
 
-}  // namespace
+}  // namespace process_group_gloo_failure_test
 }  // namespace mesh

@@ -16,7 +16,7 @@
 #include "work_impl.h"
 
 namespace mesh {
-namespace {
+namespace process_group_gloo_internal_test {
 
 using internal::HostWork;
 
@@ -127,5 +127,5 @@ TEST(GlooReduceKernels, AverageDividesInTheDTypeAndTruncatesIntegers) {
   EXPECT_EQ(halves[0], Float16(1.0f / 3.0f));
 }
 
-}  // namespace
+}  // namespace process_group_gloo_internal_test
 }  // namespace mesh

@@ -21,7 +21,7 @@
 #include "process_group_gloo_test_util.h"
 
 namespace mesh {
-namespace {
+namespace process_group_gloo_test {
 
 using gloo_test::Get;
 using gloo_test::kTestTimeout;
@@ -1049,5 +1049,5 @@ TEST(GlooFactory, AGroupOfOneWorksWithoutPeers) {
       t, [](int64_t i) { return i + 1; }, "solo all_reduce");
 }
 
-}  // namespace
+}  // namespace process_group_gloo_test
 }  // namespace mesh

@@ -30,7 +30,7 @@
 #include "mesh/tensor.h"
 
 namespace mesh {
-namespace {
+namespace process_group_nccl_gpu_test {
 
 using ::testing::HasSubstr;
 
@@ -771,5 +771,5 @@ TEST(NcclTwoRanksGpuTest, CollectivesSplitsAndUniqueIdGroups) {
   EXPECT_EQ(failures[1], "");
 }
 
-}  // namespace
+}  // namespace process_group_nccl_gpu_test
 }  // namespace mesh

@@ -20,7 +20,7 @@
 #include <gtest/gtest.h>
 
 namespace mesh {
-namespace {
+namespace redistribute_plan_test {
 
 using ::testing::HasSubstr;
 using Shape = std::vector<int64_t>;
@@ -744,11 +744,11 @@ TEST(RedistributePlanCacheTest, ConcurrentGetsShareOnePlan) {
   EXPECT_GE(cache.misses(), 1);
 }
 
-}  // namespace
+}  // namespace redistribute_plan_test
 }  // namespace mesh
 
 namespace mesh {
-namespace {
+namespace redistribute_plan_test {
 
 // A 5-dim mesh of 1024 ranks: 3^5 states, each step costed over the ranks
 // whose layouts it can tell apart. Checks the plan, not the time.
@@ -768,5 +768,5 @@ TEST(RedistributePlanTest, FiveDimMesh) {
   EXPECT_EQ(state, dst);
 }
 
-}  // namespace
+}  // namespace redistribute_plan_test
 }  // namespace mesh

@@ -30,7 +30,7 @@
 #include "tests/util/subprocess.h"
 
 namespace mesh {
-namespace {
+namespace runtime_e2e_test {
 
 using ::testing::HasSubstr;
 
@@ -283,5 +283,5 @@ TEST_F(RuntimeE2eTest, ExampleWorkersRunFromTheEnvironment) {
   EXPECT_FALSE(server_->coordination().GetJob("e2e")->failed);
 }
 
-}  // namespace
+}  // namespace runtime_e2e_test
 }  // namespace mesh

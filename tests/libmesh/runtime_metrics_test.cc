@@ -23,7 +23,7 @@
 #include "tests/common/http_get.h"
 
 namespace mesh {
-namespace {
+namespace runtime_metrics_test {
 
 using ::testing::HasSubstr;
 
@@ -162,5 +162,5 @@ TEST_F(RuntimeMetricsTest, ABusyOrBadPortLeavesTheJobRunningWithoutMetrics) {
   ::close(fd);
 }
 
-}  // namespace
+}  // namespace runtime_metrics_test
 }  // namespace mesh

@@ -15,7 +15,7 @@
 #include "mesh/tensor.h"
 
 namespace mesh {
-namespace {
+namespace runtime_nccl_test {
 
 class RuntimeNcclTest : public ::testing::Test {
  protected:
@@ -91,5 +91,5 @@ TEST_F(RuntimeNcclTest, WorldOfOneAllReducesOnCuda0) {
   EXPECT_TRUE((*runtime)->Shutdown().ok());
 }
 
-}  // namespace
+}  // namespace runtime_nccl_test
 }  // namespace mesh

@@ -25,7 +25,7 @@
 #include "tests/util/test_pki.h"
 
 namespace mesh {
-namespace {
+namespace runtime_test {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -660,5 +660,5 @@ TEST_F(RuntimeTest, ClientPublishesAndFetchesUniqueIdsInOneCallEach) {
   for (auto& client : clients) EXPECT_TRUE(client->Leave(absl::Seconds(5)).ok());
 }
 
-}  // namespace
+}  // namespace runtime_test
 }  // namespace mesh

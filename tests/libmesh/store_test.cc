@@ -32,7 +32,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh {
-namespace {
+namespace store_test {
 
 using ::testing::AllOf;
 using ::testing::ElementsAre;
@@ -788,5 +788,5 @@ TEST(CoordinatorStoreTest, EmptyExpectedTriesAbsentThenEmpty) {
   EXPECT_EQ(client->compare_set_expected[0], std::optional<std::string>("old"));
 }
 
-}  // namespace
+}  // namespace store_test
 }  // namespace mesh

@@ -20,7 +20,7 @@
 #endif
 
 namespace mesh {
-namespace {
+namespace tensor_cuda_gpu_test {
 
 using ::mesh::testing::StatusIs;
 using ::testing::ElementsAre;
@@ -195,5 +195,5 @@ TEST_F(TensorCudaGpuTest, DLPackRoundTripOnDeviceZero) {
   EXPECT_TRUE(memory.expired());
 }
 
-}  // namespace
+}  // namespace tensor_cuda_gpu_test
 }  // namespace mesh

@@ -21,7 +21,7 @@
 #include "tests/util/status_matchers.h"
 
 namespace mesh {
-namespace {
+namespace tensor_test {
 
 using ::mesh::testing::StatusIs;
 using ::testing::ElementsAre;
@@ -556,5 +556,5 @@ TEST(Fill, TouchesOnlyTheView) {
   EXPECT_THAT(buffer, ElementsAre(0, 9, 9, 0, 0, 9, 9, 0, 0, 9, 9, 0));
 }
 
-}  // namespace
+}  // namespace tensor_test
 }  // namespace mesh

@@ -15,7 +15,7 @@
 #include "tests/libmesh/process_group_gloo_test_util.h"
 
 namespace mesh::internal {
-namespace {
+namespace worker_metrics_test {
 
 using gloo_test::OnRanks;
 using gloo_test::TestOptions;
@@ -149,5 +149,5 @@ TEST(RedistributeHookTest, CountsOnlyWhileATargetIsSet) {
   EXPECT_EQ(registry->Children("mesh_redistribute_steps_total").size(), 6u);
 }
 
-}  // namespace
+}  // namespace worker_metrics_test
 }  // namespace mesh::internal

@@ -16,7 +16,7 @@
 #include "tests/metrics/metrics_test_util.h"
 
 namespace mesh::testing {
-namespace {
+namespace deploy_config_test {
 
 using ::testing::HasSubstr;
 
@@ -154,5 +154,5 @@ TEST_F(DeployConfigTest, DashboardCheckNamesAnUnknownMetricAndABadPanel) {
   EXPECT_THAT(r.output, HasSubstr("not valid JSON")) << r.output;
 }
 
-}  // namespace
+}  // namespace deploy_config_test
 }  // namespace mesh::testing

@@ -23,7 +23,7 @@
 #include "tests/util/proc.h"
 
 namespace mesh::testing {
-namespace {
+namespace metrics_exposition_test {
 
 using ::testing::HasSubstr;
 
@@ -127,5 +127,5 @@ TEST_F(MetricsExpositionTest, DashboardAndAlertsUseOnlyMetricsTheBinariesExport)
   EXPECT_THAT(r->output, HasSubstr("OK")) << r->output;
 }
 
-}  // namespace
+}  // namespace metrics_exposition_test
 }  // namespace mesh::testing

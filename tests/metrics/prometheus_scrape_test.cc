@@ -21,7 +21,7 @@
 #include "tests/util/proc.h"
 
 namespace mesh::testing {
-namespace {
+namespace prometheus_scrape_test {
 
 using ::testing::HasSubstr;
 
@@ -170,5 +170,5 @@ TEST_F(PrometheusScrapeTest, ScrapesTheClusterThroughTheSdFileAndSeesAJobSucceed
   // server, then the cluster: the destructors kill and reap everything.
 }
 
-}  // namespace
+}  // namespace prometheus_scrape_test
 }  // namespace mesh::testing

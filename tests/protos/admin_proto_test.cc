@@ -7,7 +7,7 @@
 #include "mesh/v1/admin.grpc.pb.h"
 #include "mesh/v1/admin.pb.h"
 
-namespace {
+namespace admin_proto_test {
 
 TEST(AdminProto, ServerInfoRoundTripsThroughTheWire) {
   mesh::v1::GetServerInfoResponse in;
@@ -58,4 +58,4 @@ TEST(HealthProto, MatchesTheStandardWireFormat) {
   EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
 }
 
-}  // namespace
+}  // namespace admin_proto_test
