@@ -5,6 +5,7 @@
 #
 #   scripts/install-deps.sh            core build + test dependencies
 #   scripts/install-deps.sh --bench    also the benchmark peers (OpenMPI, torch)
+#   scripts/install-deps.sh --packaging  also lintian, for make package
 #   scripts/install-deps.sh --list     print the package list and exit
 #
 # Debian's `prometheus` (the server and promtool, for tests/metrics) is
@@ -45,12 +46,21 @@ core_packages=(
 # Installed like the core packages, but with services forbidden to start, and
 # a failure only warns.
 service_packages=(prometheus)
+# With --packaging (make package): lintian, which checks the packages.
+# Installed when the archive has it; a failure only warns, and the package
+# test (tests/install) says so and checks the rest.
+optional_packages=()
+packaging_packages=(lintian)
 bench_packages=(openmpi-bin libopenmpi-dev python3-torch)
 
 want=("${core_packages[@]}" "${service_packages[@]}")
 case "${1:-}" in
   "") ;;
   --bench) want+=("${bench_packages[@]}") ;;
+  --packaging)
+    optional_packages+=("${packaging_packages[@]}")
+    want+=("${packaging_packages[@]}")
+    ;;
   --list) printf '%s\n' "${core_packages[@]}" "${service_packages[@]}"; exit 0 ;;
   -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
   *) echo "install-deps.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
@@ -86,8 +96,15 @@ fi
 
 plain=()
 held=()
+optional=()
 for pkg in "${missing[@]}"; do
-  if [[ " ${service_packages[*]} " == *" $pkg "* ]]; then held+=("$pkg"); else plain+=("$pkg"); fi
+  if [[ " ${service_packages[*]} " == *" $pkg "* ]]; then
+    held+=("$pkg")
+  elif [[ " ${optional_packages[*]} " == *" $pkg "* ]]; then
+    optional+=("$pkg")
+  else
+    plain+=("$pkg")
+  fi
 done
 
 echo "install-deps.sh: installing ${#missing[@]} missing package(s): ${missing[*]}"
@@ -96,6 +113,10 @@ export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -qq
 if ((${#plain[@]} > 0)); then
   "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${plain[@]}"
+fi
+if ((${#optional[@]} > 0)); then
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${optional[@]}" ||
+    echo "install-deps.sh: WARNING: could not install ${optional[*]}; the tests that use them say so and go on." >&2
 fi
 
 # policy-rc.d exiting 101 ("action forbidden") makes invoke-rc.d and
