@@ -47,18 +47,11 @@
 // stores its whole current state.
 //
 // Recovery (after a crash or restart): Recover() loads every stored job and
-// node. Live jobs that held nodes hold them again and are re-created in
-// Coordination at their stored generation; the ranks of a RUNNING job are
-// "unaccounted" until the agents register again and list them as running
-// (RegisterNodeRequest.running) or re-send their exits. A SCHEDULED job may
-// have lost a LAUNCH order with the old process: its ranks are "launching"
-// again, and each node gets its LAUNCH when it opens its assignment stream
-// (agents ignore a LAUNCH of a generation they already run). A rank still
-// unaccounted node_heartbeat_timeout + node_recovery_grace after Recover (or
-// node_heartbeat_timeout after its node re-registered without it) is a
-// failure of its job: "rank r on node n is gone". Recovered nodes count as
-// READY for that long, so their agents can reconnect without failing
-// anything, but take no new jobs until they have registered.
+// node. Placed live jobs hold their nodes again at their stored generation;
+// their ranks are accounted for as the agents re-register (RegisterNode) and
+// report, and a rank still unaccounted node_heartbeat_timeout +
+// node_recovery_grace after Recover fails its job. docs/failure-semantics.md,
+// section "Job recovery protocol", describes the whole protocol.
 //
 // Streams (WatchJobState, GetLogs, WatchAssignments) deliver to a
 // StreamSink. The manager calls a sink with its own mutex held, in order:
