@@ -467,11 +467,20 @@ absl::Status Subprocess::SignalGroup(int signal) {
     return absl::FailedPreconditionError(
         absl::StrCat("pid ", pid_, " does not lead a process group"));
   }
-  if (kill(-pid_, signal) != 0) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot signal process group ", pid_, ": ", ErrnoText(errno)));
+  if (kill(-pid_, signal) == 0) return absl::OkStatus();
+  const int err = errno;
+  const std::string message =
+      absl::StrCat("cannot signal process group ", pid_, ": ", ErrnoText(err));
+  switch (err) {
+    case ESRCH:
+      return absl::NotFoundError(message);
+    case EPERM:
+      return absl::PermissionDeniedError(message);
+    case EINVAL:
+      return absl::InvalidArgumentError(message);
+    default:
+      return absl::InternalError(message);
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<ExitStatus> Subprocess::Terminate(absl::Duration grace) {

@@ -181,7 +181,8 @@ class Subprocess {
   // the leader was reaped while members remain (a group id is not reused
   // while the group has a member).
   // Possible errors: FAILED_PRECONDITION when the child does not lead a
-  // group (Group::kInherit); NOT_FOUND when the group has no live member.
+  // group (Group::kInherit); NOT_FOUND when the group has no live member;
+  // PERMISSION_DENIED, INVALID_ARGUMENT (a bad signal) as kill(2) reports.
   absl::Status SignalGroup(int signal);
 
   // SIGTERM to the child (to its group when it leads one), SIGKILL to the
