@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "agent/agent_main.h"
 #include "common/version.h"
+#include "mesh/v1/job.grpc.pb.h"
 #include "tests/common/test_metrics.h"
 
 namespace mesh::agent {
