@@ -64,10 +64,7 @@ void CoordinatorSession::UpdateHeartbeatAgeLocked() {
 
 bool CoordinatorSession::SleepUnlessStopping(absl::Duration duration) {
   absl::MutexLock lock(&mu_);
-  const absl::Time deadline = absl::Now() + duration;
-  while (!stopping_) {
-    if (changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) break;
-  }
+  mu_.AwaitWithTimeout(absl::Condition(&stopping_), duration);
   return !stopping_;
 }
 

@@ -111,8 +111,6 @@ class GrpcNodeClient final : public NodeClient {
 
   absl::StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::RegisterNodeRequest& request,
                                                         absl::Duration timeout) override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout);
     // Wait for a connection rather than fail fast while the channel is in
     // TRANSIENT_FAILURE: a connection attempt makes progress only while
     // some thread polls for it, and without a waiting RPC that is gRPC's
@@ -121,41 +119,28 @@ class GrpcNodeClient final : public NodeClient {
     // unread, and each attempt timed out as "tcp handshaker shutdown");
     // waiting, the calling thread drives the handshake and the call goes
     // through as soon as the coordinator accepts.
-    context.set_wait_for_ready(true);
-    TrackedCall tracked(&calls_, &context);
-    v1::RegisterNodeResponse response;
-    grpc::Status status = stub_->RegisterNode(&context, request, &response);
-    if (!status.ok()) return FromGrpcStatus(status);
-    return response;
+    return Unary<v1::RegisterNodeResponse>(&v1::NodeService::Stub::RegisterNode, request, timeout,
+                                           /*wait_for_ready=*/true);
   }
 
   absl::StatusOr<v1::NodeHeartbeatResponse> NodeHeartbeat(const v1::NodeHeartbeatRequest& request,
                                                           absl::Duration timeout) override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout);
-    TrackedCall tracked(&calls_, &context);
-    v1::NodeHeartbeatResponse response;
-    grpc::Status status = stub_->NodeHeartbeat(&context, request, &response);
-    if (!status.ok()) return FromGrpcStatus(status);
-    return response;
+    return Unary<v1::NodeHeartbeatResponse>(&v1::NodeService::Stub::NodeHeartbeat, request,
+                                            timeout);
   }
 
   absl::Status ReportWorkersStarted(const v1::ReportWorkersStartedRequest& request,
                                     absl::Duration timeout) override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout);
-    TrackedCall tracked(&calls_, &context);
-    v1::ReportWorkersStartedResponse response;
-    return FromGrpcStatus(stub_->ReportWorkersStarted(&context, request, &response));
+    return Unary<v1::ReportWorkersStartedResponse>(&v1::NodeService::Stub::ReportWorkersStarted,
+                                                   request, timeout)
+        .status();
   }
 
   absl::Status ReportWorkerExit(const v1::ReportWorkerExitRequest& request,
                                 absl::Duration timeout) override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout);
-    TrackedCall tracked(&calls_, &context);
-    v1::ReportWorkerExitResponse response;
-    return FromGrpcStatus(stub_->ReportWorkerExit(&context, request, &response));
+    return Unary<v1::ReportWorkerExitResponse>(&v1::NodeService::Stub::ReportWorkerExit, request,
+                                               timeout)
+        .status();
   }
 
   std::unique_ptr<AssignmentStream> WatchAssignments(
@@ -170,6 +155,24 @@ class GrpcNodeClient final : public NodeClient {
   void CancelAll() override { calls_.CancelAll(); }
 
  private:
+  // One unary call: the caller's timeout as deadline, cancelled by
+  // CancelAll, the status converted.
+  template <typename Response, typename Request>
+  absl::StatusOr<Response> Unary(grpc::Status (v1::NodeService::Stub::*method)(grpc::ClientContext*,
+                                                                               const Request&,
+                                                                               Response*),
+                                 const Request& request, absl::Duration timeout,
+                                 bool wait_for_ready = false) {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout);
+    context.set_wait_for_ready(wait_for_ready);
+    TrackedCall tracked(&calls_, &context);
+    Response response;
+    const grpc::Status status = (stub_.get()->*method)(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status);
+    return response;
+  }
+
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::NodeService::Stub> stub_;
   CallRegistry calls_;

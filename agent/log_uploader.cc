@@ -66,7 +66,6 @@ void LogUploader::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    changed_.SignalAll();
     uploads.swap(uploads_);
   }
   for (auto& upload : uploads) upload->thread.join();
@@ -79,10 +78,7 @@ bool LogUploader::stopping() const {
 
 bool LogUploader::SleepUnlessStopping(absl::Duration duration) {
   absl::MutexLock lock(&mu_);
-  const absl::Time deadline = absl::Now() + duration;
-  while (!stopping_) {
-    if (changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) break;
-  }
+  mu_.AwaitWithTimeout(absl::Condition(&stopping_), duration);
   return !stopping_;
 }
 

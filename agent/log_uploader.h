@@ -73,7 +73,6 @@ class LogUploader {
   const std::function<std::string()> session_id_;
 
   mutable absl::Mutex mu_;
-  absl::CondVar changed_;  // stopping_ changed
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::list<std::unique_ptr<Upload>> uploads_ ABSL_GUARDED_BY(mu_);
   int active_ ABSL_GUARDED_BY(mu_) = 0;

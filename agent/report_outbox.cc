@@ -102,10 +102,7 @@ size_t ReportOutbox::size() const {
 
 bool ReportOutbox::SleepUnlessStopping(absl::Duration duration) {
   absl::MutexLock lock(&mu_);
-  const absl::Time deadline = absl::Now() + duration;
-  while (!stopping_) {
-    if (changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) break;
-  }
+  mu_.AwaitWithTimeout(absl::Condition(&stopping_), duration);
   return !stopping_;
 }
 

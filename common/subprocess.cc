@@ -45,11 +45,6 @@ absl::Status AboveStdio(int& fd) {
   return absl::OkStatus();
 }
 
-bool IsExecutableFile(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
-}
-
 // Resolves argv[0] against the child's PATH (execvpe would search the
 // parent's, and is not async-signal-safe). Returns it unchanged when it
 // contains a '/'.
@@ -224,6 +219,11 @@ int ReapBlocking(pid_t pid) {
 }
 
 }  // namespace
+
+bool IsExecutableFile(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
+}
 
 std::string ExitStatus::ToString() const {
   if (exited()) return absl::StrCat("exit code ", exit_code);

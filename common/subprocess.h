@@ -131,6 +131,10 @@ struct SpawnOptions {
   std::function<int()> pre_exec;
 };
 
+// True for a regular file this process may execute: what Spawn looks for
+// in PATH.
+bool IsExecutableFile(const std::string& path);
+
 class Subprocess {
  public:
   // Starts `options.argv`. Returns once the child has exec'd.
