@@ -15,7 +15,7 @@ extern char** environ;
 
 namespace mesh::testing {
 
-absl::StatusOr<Subprocess> Subprocess::Start(SpawnOptions options) {
+absl::StatusOr<Subprocess> Subprocess::Spawn(SpawnOptions options) {
   options.stdout_to = Redirect::Pipe();
   if (options.group == SpawnOptions::Group::kInherit) {
     options.group = SpawnOptions::Group::kNewGroup;
@@ -32,7 +32,7 @@ absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& arg
   options.env.emplace();
   for (char** e = environ; *e != nullptr; ++e) options.env->emplace_back(*e);
   options.env->insert(options.env->end(), env.begin(), env.end());
-  return Start(std::move(options));
+  return Spawn(std::move(options));
 }
 
 absl::StatusOr<std::string> Subprocess::ReadLine(absl::Duration timeout) {
@@ -80,7 +80,7 @@ CommandOutput RunMerged(const std::vector<std::string>& argv, absl::Duration tim
   options.argv = argv;
   options.stderr_to = Redirect::Stdout();
   CommandOutput result;
-  absl::StatusOr<Subprocess> process = Subprocess::Start(std::move(options));
+  absl::StatusOr<Subprocess> process = Subprocess::Spawn(std::move(options));
   if (!process.ok()) {
     result.output = std::string(process.status().message());
     return result;

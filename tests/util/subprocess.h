@@ -29,7 +29,7 @@ class Subprocess {
                                           const std::vector<std::string>& env = {});
   // Starts `options` as they are, except that stdout is captured and the
   // child leads a new process group unless it gets a session.
-  static absl::StatusOr<Subprocess> Start(SpawnOptions options);
+  static absl::StatusOr<Subprocess> Spawn(SpawnOptions options);
 
   pid_t pid() const { return process_.pid(); }
   // The process itself, for what this wrapper does not cover.
