@@ -97,6 +97,7 @@ void Agent::Shutdown() {
     stopping_ = true;
     orders_changed_.SignalAll();
   }
+  metrics_.connected->Set(0);
   // Start failed before making the parts: there is nothing to stop.
   if (session_ == nullptr) return;
   // Every call in flight ends now, and every later one fails at once.
