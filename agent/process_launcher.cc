@@ -4,11 +4,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,9 +11,7 @@
 #include <cstring>
 #include <optional>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/check.h"
 
 namespace mesh::agent {
@@ -31,103 +24,7 @@ void CloseFd(int& fd) {
   fd = -1;
 }
 
-// Moves `fd` to a number >= 3 (keeping O_CLOEXEC), so that the child's
-// dup2 onto 0..3 can never clobber another fd it still has to copy. Only an
-// agent started with stdin/stdout/stderr closed gets fds below 3.
-absl::Status AboveStdio(int& fd) {
-  if (fd >= 3) return absl::OkStatus();
-  const int moved = fcntl(fd, F_DUPFD_CLOEXEC, 4);
-  if (moved < 0) return absl::InternalError(absl::StrCat("fcntl(F_DUPFD): ", ErrnoText(errno)));
-  close(fd);
-  fd = moved;
-  return absl::OkStatus();
-}
-
-bool IsExecutableFile(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
-}
-
-// Resolves argv[0] against the worker's PATH (not the agent's: execvpe would
-// search the agent's). Returns it unchanged when it contains a '/'.
-absl::StatusOr<std::string> ResolveProgram(const std::string& program,
-                                           const std::vector<std::string>& env,
-                                           const std::string& working_dir) {
-  if (absl::StrContains(program, '/')) return program;
-  std::string path = "/usr/local/bin:/usr/bin:/bin";  // glibc's default
-  for (const std::string& entry : env) {
-    if (absl::StartsWith(entry, "PATH=")) path = entry.substr(5);
-  }
-  bool exists_somewhere = false;
-  for (absl::string_view dir : absl::StrSplit(path, ':')) {
-    // A relative PATH entry is relative to where the worker starts.
-    std::string candidate = absl::StrCat(dir.empty() ? absl::string_view(".") : dir, "/", program);
-    if (candidate[0] != '/' && !working_dir.empty()) {
-      candidate = absl::StrCat(working_dir, "/", candidate);
-    }
-    if (IsExecutableFile(candidate)) return candidate;
-    if (access(candidate.c_str(), F_OK) == 0) exists_somewhere = true;
-  }
-  if (exists_somewhere) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "cannot execute '", program, "': found in the worker's PATH but not executable"));
-  }
-  return absl::NotFoundError(
-      absl::StrCat("cannot execute '", program, "': not found in the worker's PATH=", path));
-}
-
-// What the child reports through the CLOEXEC pipe when it fails before or
-// at execve. Nothing arrives when execve succeeds (the pipe closes on exec).
-enum class ChildStage : int { kChdir = 1, kExec = 2, kSetup = 3 };
-struct ChildError {
-  ChildStage stage;
-  int err;
-};
-
-absl::Status ChildErrorToStatus(const ChildError& e, const LaunchSpec& spec,
-                                const std::string& program) {
-  std::string what;
-  switch (e.stage) {
-    case ChildStage::kChdir:
-      what = absl::StrCat("cannot enter working_dir '", spec.working_dir, "'");
-      break;
-    case ChildStage::kExec:
-      what = absl::StrCat("cannot execute '", program, "'");
-      break;
-    case ChildStage::kSetup:
-      what = absl::StrCat("cannot set up the process for '", program, "'");
-      break;
-  }
-  const std::string message = absl::StrCat(what, ": ", ErrnoText(e.err));
-  switch (e.err) {
-    case ENOENT:
-    case ENOTDIR:
-      return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(message);
-    case ENOEXEC:
-      return absl::FailedPreconditionError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
-[[noreturn]] void ChildFail(int report_fd, ChildStage stage) {
-  const ChildError e{stage, errno};
-  // Nothing useful can be done if the parent is gone; ignore the result.
-  [[maybe_unused]] ssize_t n = write(report_fd, &e, sizeof(e));
-  _exit(127);
-}
-
 }  // namespace
-
-std::string ExitInfo::ToString() const {
-  if (exited()) return absl::StrCat("exit code ", exit_code);
-  const char* name = strsignal(signal);
-  return absl::StrCat("signal ", signal, " (", name != nullptr ? name : "?", ")",
-                      core_dumped ? ", core dumped" : "");
-}
 
 // One captured output stream: the read end of the worker's pipe and the log
 // file it is copied into. Touched only by the I/O thread after Launch (and
@@ -184,9 +81,9 @@ struct PosixProcessLauncher::LogStream {
 };
 
 struct PosixProcessLauncher::Worker {
-  pid_t pid = -1;
-  int pidfd = -1;  // -1 once the leader is reaped.
-  bool exited = false;
+  explicit Worker(Subprocess leader) : process(std::move(leader)) {}
+
+  Subprocess process;  // Reaped once the leader has exited.
   std::vector<LogStream> streams;
   std::optional<absl::Time> kill_at;  // pending SIGKILL of the group
   ExitCallback on_exit;
@@ -205,16 +102,12 @@ PosixProcessLauncher::~PosixProcessLauncher() {
   Wake();
   io_thread_.join();
   // Decision 7: nothing we started outlives us.
+  // Destroying a Worker reaps a leader that is still running.
   for (auto& [pid, worker] : workers_) {
-    kill(-pid, SIGKILL);
-    if (!worker->exited) {
-      int status = 0;
-      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-    }
-    if (worker->pidfd >= 0) close(worker->pidfd);
+    worker->process.SignalGroup(SIGKILL).IgnoreError();
     for (LogStream& stream : worker->streams) stream.Close();
   }
+  workers_.clear();
   close(wake_fd_);
 }
 
@@ -227,62 +120,32 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec, ExitC
   if (spec.argv.empty() || spec.argv[0].empty()) {
     return absl::InvalidArgumentError("LaunchSpec.argv is empty");
   }
-  for (const std::string& s : spec.argv) {
-    if (s.find('\0') != std::string::npos) {
-      return absl::InvalidArgumentError("LaunchSpec.argv contains a NUL byte");
-    }
-  }
-  for (const std::string& e : spec.env) {
-    const size_t eq = e.find('=');
-    if (eq == 0 || eq == std::string::npos || e.find('\0') != std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("LaunchSpec.env entry '", e, "' is not NAME=value"));
-    }
-  }
-  if (spec.working_dir.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError("LaunchSpec.working_dir contains a NUL byte");
-  }
-  absl::StatusOr<std::string> program = ResolveProgram(spec.argv[0], spec.env, spec.working_dir);
-  if (!program.ok()) return program.status();
-
-  // Everything the child needs is prepared before fork(): in a
-  // multi-threaded parent only async-signal-safe calls are allowed after it.
-  std::vector<char*> argv;
-  for (const std::string& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  std::vector<char*> envp;
-  for (const std::string& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  const char* working_dir = spec.working_dir.empty() ? nullptr : spec.working_dir.c_str();
-
-  auto worker = std::make_unique<Worker>();
-  // Child-side fds: stdin, stdout, stderr, exec-error report.
-  int child_in = -1, child_out = -1, child_err = -1, report_read = -1, report_write = -1;
-  auto cleanup = [&] {
-    CloseFd(child_in);
-    CloseFd(child_out);
-    CloseFd(child_err);
-    CloseFd(report_read);
-    CloseFd(report_write);
-    for (LogStream& s : worker->streams) s.Close();
-  };
-  auto fail = [&](absl::Status status) {
-    cleanup();
-    return status;
-  };
-
-  child_in = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (child_in < 0) return fail(absl::InternalError("open(/dev/null): " + ErrnoText(errno)));
+  SpawnOptions options;
+  options.argv = spec.argv;
+  options.env = spec.env;
+  options.working_dir = spec.working_dir;
+  options.stdin_to = Redirect::Null();
+  options.group = SpawnOptions::Group::kNewSession;
+  options.death_signal = SIGKILL;
 
   // One stream per distinct log file: stderr shares stdout's when not separate.
   const bool discard = spec.stdout_log.empty();
   const bool separate_stderr =
       !discard && !spec.stderr_log.empty() && spec.stderr_log != spec.stdout_log;
+  options.stdout_to = discard ? Redirect::Null() : Redirect::Pipe();
+  options.stderr_to = discard           ? Redirect::Null()
+                      : separate_stderr ? Redirect::Pipe()
+                                        : Redirect::Stdout();
   std::vector<std::string> paths;
   if (!discard) paths.push_back(spec.stdout_log);
   if (separate_stderr) paths.push_back(spec.stderr_log);
+  std::vector<LogStream> streams;
+  auto fail = [&](absl::Status status) {
+    for (LogStream& s : streams) s.Close();
+    return status;
+  };
   for (const std::string& path : paths) {
-    LogStream stream;
+    LogStream& stream = streams.emplace_back();
     stream.path = path;
     stream.cap = spec.max_log_bytes;
     stream.file_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -290,120 +153,16 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec, ExitC
       return fail(absl::FailedPreconditionError(
           absl::StrCat("cannot open log file '", path, "': ", ErrnoText(errno))));
     }
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) {
-      stream.Close();
-      return fail(absl::InternalError("pipe2: " + ErrnoText(errno)));
-    }
-    stream.pipe_fd = fds[0];
-    fcntl(stream.pipe_fd, F_SETFL, O_NONBLOCK);
-    worker->streams.push_back(std::move(stream));
-    (child_out < 0 ? child_out : child_err) = fds[1];
-  }
-  if (discard) {
-    child_out = open("/dev/null", O_WRONLY | O_CLOEXEC);
-    if (child_out < 0) return fail(absl::InternalError("open(/dev/null): " + ErrnoText(errno)));
-  }
-  if (child_err < 0) {
-    child_err = fcntl(child_out, F_DUPFD_CLOEXEC, 3);
-    if (child_err < 0) return fail(absl::InternalError("fcntl(F_DUPFD): " + ErrnoText(errno)));
-  }
-  {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) return fail(absl::InternalError("pipe2: " + ErrnoText(errno)));
-    report_read = fds[0];
-    report_write = fds[1];
-  }
-  for (int* fd : {&child_in, &child_out, &child_err, &report_write}) {
-    if (absl::Status s = AboveStdio(*fd); !s.ok()) return fail(s);
-  }
-  struct rlimit fd_limit;
-  const int max_fd = getrlimit(RLIMIT_NOFILE, &fd_limit) == 0 && fd_limit.rlim_cur != RLIM_INFINITY
-                         ? static_cast<int>(std::min<rlim_t>(fd_limit.rlim_cur, 1 << 20))
-                         : 65536;
-  const pid_t parent = getpid();
-
-  const pid_t pid = fork();
-  if (pid < 0) return fail(absl::InternalError("fork: " + ErrnoText(errno)));
-  if (pid == 0) {
-    // Child: async-signal-safe calls only.
-    if (setsid() < 0) ChildFail(report_write, ChildStage::kSetup);
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) ChildFail(report_write, ChildStage::kSetup);
-    // The parent may have died between fork and prctl; then no signal will
-    // ever come, and we would run as an orphan.
-    if (getppid() != parent) _exit(127);
-    // Undo what the agent's threads may have set: a blocked mask and ignored
-    // signals both survive execve.
-    sigset_t all;
-    sigemptyset(&all);
-    sigprocmask(SIG_SETMASK, &all, nullptr);
-    struct sigaction dfl;
-    std::memset(&dfl, 0, sizeof(dfl));
-    dfl.sa_handler = SIG_DFL;
-    for (int sig = 1; sig < NSIG; ++sig) {
-      if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, nullptr);
-    }
-    if (working_dir != nullptr && chdir(working_dir) != 0) {
-      ChildFail(report_write, ChildStage::kChdir);
-    }
-    if (dup2(child_in, 0) < 0 || dup2(child_out, 1) < 0 || dup2(child_err, 2) < 0) {
-      ChildFail(report_write, ChildStage::kSetup);
-    }
-    int report = report_write;
-    if (report != 3) {
-      report = dup3(report_write, 3, O_CLOEXEC);
-      if (report < 0) ChildFail(report_write, ChildStage::kSetup);
-    }
-    // Close everything else: the worker must not hold the agent's sockets
-    // or other workers' pipes (which would delay their EOF).
-    if (syscall(SYS_close_range, 4U, ~0U, 0U) != 0) {
-      for (int fd = 4; fd < max_fd; ++fd) close(fd);
-    }
-    execve(program->c_str(), argv.data(), envp.data());
-    ChildFail(report, ChildStage::kExec);
   }
 
-  // Parent.
-  CloseFd(child_in);
-  CloseFd(child_out);
-  CloseFd(child_err);
-  CloseFd(report_write);
-  ChildError child_error{};
-  ssize_t got;
-  do {
-    got = read(report_read, &child_error, sizeof(child_error));
-  } while (got < 0 && errno == EINTR);
-  CloseFd(report_read);
-  if (got == static_cast<ssize_t>(sizeof(child_error))) {
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    return fail(ChildErrorToStatus(child_error, spec, *program));
-  }
-  if (got != 0) {
-    // A short read means the child died mid-setup (e.g. SIGKILLed). Reap it.
-    kill(pid, SIGKILL);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    return fail(absl::InternalError(
-        absl::StrCat("launch of '", *program, "' failed: lost the child during setup")));
-  }
-
-  // The child is our unreaped child, so its pid cannot be reused: pidfd_open
-  // cannot race.
-  worker->pid = pid;
+  absl::StatusOr<Subprocess> process = Subprocess::Spawn(options);
+  if (!process.ok()) return fail(process.status());
+  const pid_t pid = process->pid();
+  if (!discard) streams[0].pipe_fd = process->ReleaseStdout();
+  if (separate_stderr) streams[1].pipe_fd = process->ReleaseStderr();
+  auto worker = std::make_unique<Worker>(*std::move(process));
+  worker->streams = std::move(streams);
   worker->on_exit = std::move(on_exit);
-  // Through syscall(): glibc 2.36's <sys/pidfd.h> lacks extern "C".
-  worker->pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-  if (worker->pidfd < 0) {
-    const int err = errno;
-    kill(-pid, SIGKILL);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    return fail(absl::InternalError("pidfd_open: " + ErrnoText(err)));
-  }
   {
     absl::MutexLock lock(&mu_);
     // A tracked pid is an unreaped child or the id of a live group, so the
@@ -416,14 +175,11 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec, ExitC
 
 absl::Status PosixProcessLauncher::Signal(pid_t pid, int signal) {
   absl::MutexLock lock(&mu_);
-  if (workers_.find(pid) == workers_.end()) {
+  auto it = workers_.find(pid);
+  if (it == workers_.end()) {
     return absl::NotFoundError(absl::StrCat("no launched process ", pid));
   }
-  if (kill(-pid, signal) != 0) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot signal process group ", pid, ": ", ErrnoText(errno)));
-  }
-  return absl::OkStatus();
+  return it->second->process.SignalGroup(signal);
 }
 
 absl::Status PosixProcessLauncher::Terminate(pid_t pid, absl::Duration grace) {
@@ -433,9 +189,9 @@ absl::Status PosixProcessLauncher::Terminate(pid_t pid, absl::Duration grace) {
     if (it == workers_.end()) {
       return absl::NotFoundError(absl::StrCat("no launched process ", pid));
     }
-    kill(-pid, SIGTERM);
-    const absl::Time at = absl::Now() + grace;
     Worker& worker = *it->second;
+    worker.process.SignalGroup(SIGTERM).IgnoreError();
+    const absl::Time at = absl::Now() + grace;
     if (!worker.kill_at.has_value() || at < *worker.kill_at) worker.kill_at = at;
   }
   Wake();
@@ -457,12 +213,12 @@ void PosixProcessLauncher::Run() {
       if (stopping_) return;
       const absl::Time now = absl::Now();
       for (auto& [pid, worker] : workers_) {
-        if (worker->pidfd >= 0) fds.push_back({worker->pidfd, POLLIN, 0});
+        if (worker->process.pidfd() >= 0) fds.push_back({worker->process.pidfd(), POLLIN, 0});
         for (LogStream& s : worker->streams) {
           if (s.pipe_fd >= 0) fds.push_back({s.pipe_fd, POLLIN, 0});
         }
         if (worker->kill_at.has_value()) timeout = std::min(timeout, *worker->kill_at - now);
-        if (worker->exited) timeout = std::min(timeout, kLingerCheck);
+        if (!worker->process.running()) timeout = std::min(timeout, kLingerCheck);
       }
     }
     const int timeout_ms =
@@ -487,37 +243,27 @@ void PosixProcessLauncher::Run() {
         for (LogStream& s : w.streams) {
           if (s.pipe_fd >= 0 && !s.Drain()) CloseFd(s.pipe_fd), CloseFd(s.file_fd);
         }
-        if (!w.exited) {
-          siginfo_t info;
-          std::memset(&info, 0, sizeof(info));
-          if (waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG) == 0 &&
-              info.si_pid == w.pid) {
+        if (w.process.running()) {
+          if (std::optional<ExitStatus> status = w.process.TryWait(); status.has_value()) {
             // Drain again: bytes written just before exit are in the pipe now.
             for (LogStream& s : w.streams) {
               if (s.pipe_fd >= 0 && !s.Drain()) CloseFd(s.pipe_fd), CloseFd(s.file_fd);
             }
             ExitInfo exit;
-            exit.pid = w.pid;
-            if (info.si_code == CLD_EXITED) {
-              exit.exit_code = info.si_status;
-            } else {
-              exit.signal = info.si_status;
-              exit.core_dumped = info.si_code == CLD_DUMPED;
-            }
+            static_cast<ExitStatus&>(exit) = *status;
+            exit.pid = w.process.pid();
             exits.emplace_back(std::move(w.on_exit), exit);
-            w.exited = true;
-            CloseFd(w.pidfd);
           }
         }
         if (w.kill_at.has_value() && *w.kill_at <= now) {
-          kill(-w.pid, SIGKILL);
+          w.process.SignalGroup(SIGKILL).IgnoreError();
           w.kill_at.reset();
         }
         bool streams_open = false;
         for (const LogStream& s : w.streams) streams_open |= s.pipe_fd >= 0;
-        // The group id cannot be reused while any member lives, so a failed
-        // kill(-pgid, 0) means the whole group is gone.
-        if (w.exited && !streams_open && kill(-w.pid, 0) != 0 && errno == ESRCH) {
+        // The group id cannot be reused while any member lives, so a group
+        // that cannot be signalled any more is gone as a whole.
+        if (!w.process.running() && !streams_open && absl::IsNotFound(w.process.SignalGroup(0))) {
           for (LogStream& s : w.streams) s.Close();
           it = workers_.erase(it);
         } else {

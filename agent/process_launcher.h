@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/subprocess.h"
 
 namespace mesh::agent {
 
@@ -53,18 +54,11 @@ struct LaunchSpec {
   int64_t max_log_bytes = 0;
 };
 
-// How a launched process ended.
-struct ExitInfo {
+// How a launched process ended: exit_code, signal, core_dumped and
+// ToString() ("exit code 3", "signal 9 (Killed)") of an ExitStatus, and the
+// pid it had.
+struct ExitInfo : ExitStatus {
   pid_t pid = -1;
-  // Exit status when it exited normally, else -1.
-  int exit_code = -1;
-  // Terminating signal when it was killed by one, else 0.
-  int signal = 0;
-  bool core_dumped = false;
-
-  bool exited() const { return signal == 0; }
-  // "exit code 3", "signal 9 (Killed)", "signal 11 (Segmentation fault), core dumped".
-  std::string ToString() const;
 };
 
 using ExitCallback = std::function<void(const ExitInfo&)>;
@@ -101,7 +95,9 @@ class ProcessLauncher {
   virtual absl::Status Terminate(pid_t pid, absl::Duration grace) = 0;
 };
 
-// The real launcher: fork + execve. One I/O thread serves every worker: it
+// The real launcher, over common/subprocess.h: each worker leads a session
+// of its own, gets /dev/null for stdin and dies with the launching thread
+// (PR_SET_PDEATHSIG, SIGKILL). One I/O thread serves every worker: it
 // watches each worker's pidfd for its exit and copies its stdout/stderr
 // pipes into the capped log files (no thread per worker).
 //

@@ -1,17 +1,15 @@
 #include "bench/bench_workers.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/types.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <utility>
 
@@ -20,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/subprocess.h"
 #include "coordinator/coordinator_server.h"
 #include "mesh/coordinator_store.h"
 #include "mesh/v1/worker.grpc.pb.h"
@@ -48,52 +47,17 @@ absl::Status JoinJob(const std::string& coordinator, const std::string& job, int
 }
 
 struct Child {
-  pid_t pid = -1;
   int rank = 0;
-  bool exited = false;
-  int wait_status = 0;
+  std::optional<Subprocess> process;  // Unset when it could not be started.
 };
 
 void KillAll(std::vector<Child>& children) {
   for (Child& c : children) {
-    if (!c.exited && c.pid > 0) kill(c.pid, SIGKILL);
+    if (c.process.has_value() && c.process->running()) c.process->Signal(SIGKILL).IgnoreError();
   }
   for (Child& c : children) {
-    if (!c.exited && c.pid > 0) {
-      waitpid(c.pid, &c.wait_status, 0);
-      c.exited = true;
-    }
+    if (c.process.has_value()) c.process->Wait().IgnoreError();
   }
-}
-
-std::string DescribeExit(int wait_status) {
-  if (WIFEXITED(wait_status)) return absl::StrCat("exit code ", WEXITSTATUS(wait_status));
-  if (WIFSIGNALED(wait_status)) {
-    return absl::StrCat("signal ", WTERMSIG(wait_status), " (", strsignal(WTERMSIG(wait_status)),
-                        ")");
-  }
-  return "unknown status";
-}
-
-// fork + exec with everything prepared before fork: the parent runs gRPC
-// threads, so the child may only make async-signal-safe calls.
-absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& args, int stdout_fd, pid_t parent) {
-  std::vector<char*> argv;
-  argv.reserve(args.size() + 1);
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) return absl::UnavailableError(absl::StrCat("fork: ", strerror(errno)));
-  if (pid == 0) {
-    // Workers never outlive the bench: SIGKILL when the parent dies, and
-    // the parent may already be gone by the time the flag is set.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    if (stdout_fd >= 0) dup2(stdout_fd, STDOUT_FILENO);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
 }
 
 }  // namespace
@@ -135,37 +99,36 @@ absl::Status RunBenchWorkers(const BenchWorkersOptions& options, const WorkerArg
     return created.status();
   }
 
-  int pipe_fds[2];
-  if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
-    return absl::UnavailableError(absl::StrCat("pipe: ", strerror(errno)));
-  }
-  const int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  // The parent runs gRPC threads: Subprocess only makes async-signal-safe
+  // calls between fork and exec. Workers never outlive the bench (SIGKILL
+  // when it dies); rank 0's stdout carries the rows, the others' is dropped.
   std::vector<Child> children(options.nproc);
-  const pid_t self = getpid();
   absl::Status spawn_status;
   for (int r = 0; r < options.nproc; ++r) {
-    auto pid = Spawn(args(r, (*server)->address(), job), r == 0 ? pipe_fds[1] : devnull, self);
-    if (!pid.ok()) {
-      spawn_status = pid.status();
+    SpawnOptions spawn;
+    spawn.argv = args(r, (*server)->address(), job);
+    spawn.stdout_to = r == 0 ? Redirect::Pipe() : Redirect::Null();
+    absl::StatusOr<Subprocess> process = Subprocess::Spawn(spawn);
+    if (!process.ok()) {
+      spawn_status = process.status();
       break;
     }
-    children[r].pid = *pid;
+    children[r].process.emplace(*std::move(process));
     children[r].rank = r;
   }
-  close(pipe_fds[1]);
-  if (devnull >= 0) close(devnull);
   if (!spawn_status.ok()) {
     KillAll(children);
-    close(pipe_fds[0]);
     return spawn_status;
   }
+  const int rows_fd = children[0].process->stdout_fd();
 
   absl::Status failure;
   std::string pending;
   bool eof = false;
   const absl::Time deadline = absl::Now() + options.deadline;
   auto all_exited = [&] {
-    return std::all_of(children.begin(), children.end(), [](const Child& c) { return c.exited; });
+    return std::all_of(children.begin(), children.end(),
+                       [](const Child& c) { return !c.process->running(); });
   };
   while (failure.ok() && !(eof && all_exited())) {
     if (absl::Now() > deadline) {
@@ -174,13 +137,14 @@ absl::Status RunBenchWorkers(const BenchWorkersOptions& options, const WorkerArg
       break;
     }
     if (!eof) {
-      struct pollfd pfd = {pipe_fds[0], POLLIN, 0};
+      struct pollfd pfd = {rows_fd, POLLIN, 0};
       if (poll(&pfd, 1, 100) > 0) {
         char buf[4096];
-        const ssize_t got = read(pipe_fds[0], buf, sizeof(buf));
-        if (got <= 0) {
+        const ssize_t got = read(rows_fd, buf, sizeof(buf));
+        // The pipe is non-blocking: EAGAIN and EINTR only mean "not now".
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
           eof = true;
-        } else {
+        } else if (got > 0) {
           pending.append(buf, static_cast<size_t>(got));
           for (size_t nl; failure.ok() && (nl = pending.find('\n')) != std::string::npos;) {
             const std::string line = pending.substr(0, nl);
@@ -200,18 +164,16 @@ absl::Status RunBenchWorkers(const BenchWorkersOptions& options, const WorkerArg
       absl::SleepFor(absl::Milliseconds(20));
     }
     for (Child& c : children) {
-      if (c.exited) continue;
-      if (waitpid(c.pid, &c.wait_status, WNOHANG) == c.pid) {
-        c.exited = true;
-        if (!WIFEXITED(c.wait_status) || WEXITSTATUS(c.wait_status) != 0) {
-          failure = absl::InternalError(absl::StrCat("worker rank ", c.rank, " (pid ", c.pid,
-                                                     ") failed: ", DescribeExit(c.wait_status),
-                                                     "; its stderr is above"));
+      if (!c.process->running()) continue;
+      if (std::optional<ExitStatus> exit = c.process->TryWait(); exit.has_value()) {
+        if (!exit->success()) {
+          failure = absl::InternalError(
+              absl::StrCat("worker rank ", c.rank, " (pid ", c.process->pid(),
+                           ") failed: ", exit->ToString(), "; its stderr is above"));
         }
       }
     }
   }
-  close(pipe_fds[0]);
   KillAll(children);
   (*server)->Shutdown(absl::Seconds(1));
   return failure;

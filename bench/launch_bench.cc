@@ -1,12 +1,8 @@
 #include "bench/launch_bench.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -17,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -32,6 +29,7 @@
 #include "cli/cluster.h"
 #include "common/check.h"
 #include "common/grpc_status.h"
+#include "common/subprocess.h"
 #include "mesh/v1/job.grpc.pb.h"
 
 namespace mesh::bench {
@@ -172,116 +170,51 @@ class LocalCluster {
 
 // A process in its own process group (so that a timeout can kill torchrun's
 // workers with it), with stdout and stderr to `log_path` ("" = /dev/null),
-// dying with this thread (PR_SET_PDEATHSIG). Thread safety: one owner.
+// dying with this thread (SIGTERM). Thread safety: one owner.
 class Spawned {
  public:
   ~Spawned() { Kill(); }
 
+  // Possible errors: those of Subprocess::Spawn.
   absl::Status Start(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                      const std::string& log_path) {
     MESH_CHECK(!argv.empty(), "empty argv");
-    const int out_fd = open(log_path.empty() ? "/dev/null" : log_path.c_str(),
-                            O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (out_fd < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot open ", log_path, ": ", ErrnoText(errno)));
-    }
-    const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    // Prepared before fork: after it, only async-signal-safe calls.
-    std::vector<char*> c_argv, c_env;
-    for (const std::string& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
-    c_argv.push_back(nullptr);
-    for (const std::string& e : env) c_env.push_back(const_cast<char*>(e.c_str()));
-    c_env.push_back(nullptr);
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
-    if (pid < 0) {
-      const int e = errno;
-      close(out_fd);
-      if (null_fd >= 0) close(null_fd);
-      return absl::InternalError("fork: " + ErrnoText(e));
-    }
-    if (pid == 0) {
-      setpgid(0, 0);
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (getppid() != parent) _exit(127);
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      if (null_fd >= 0) dup2(null_fd, 0);
-      dup2(out_fd, 1);
-      dup2(out_fd, 2);
-      syscall(SYS_close_range, 3U, ~0U, 0U);
-      execvpe(c_argv[0], c_argv.data(), c_env.data());
-      static const char kMsg[] = "mesh-bench launch: exec failed\n";
-      [[maybe_unused]] ssize_t n = write(2, kMsg, sizeof(kMsg) - 1);
-      _exit(127);
-    }
-    close(out_fd);
-    if (null_fd >= 0) close(null_fd);
-    // Also from the parent, so that a kill of the group cannot race the
-    // child's own setpgid.
-    setpgid(pid, pid);
-    pid_ = pid;
-    pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-    MESH_CHECK(pidfd_ >= 0, "pidfd_open failed (Linux >= 5.3 is required)");
+    SpawnOptions options;
+    options.argv = argv;
+    options.env = env;
+    options.stdin_to = Redirect::Null();
+    options.stdout_to = log_path.empty() ? Redirect::Null() : Redirect::File(log_path);
+    options.stderr_to = Redirect::Stdout();
+    options.group = SpawnOptions::Group::kNewGroup;
+    options.death_signal = SIGTERM;
+    absl::StatusOr<Subprocess> process = Subprocess::Spawn(options);
+    if (!process.ok()) return process.status();
+    process_.emplace(*std::move(process));
     return absl::OkStatus();
   }
 
-  // Waits until the process exits or `deadline`; true (with its wait
-  // status) when it exited.
-  bool Wait(absl::Time deadline, int* wait_status) {
-    while (pid_ > 0) {
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) return false;
-      pollfd fd = {pidfd_, POLLIN, 0};
-      const int n = poll(&fd, 1, static_cast<int>(absl::ToInt64Milliseconds(left) + 1));
-      if (n < 0 && errno != EINTR) return false;
-      if (n <= 0) continue;
-      int status = 0;
-      pid_t r;
-      do {
-        r = waitpid(pid_, &status, WNOHANG);
-      } while (r < 0 && errno == EINTR);
-      if (r == pid_) {
-        *wait_status = status;
-        Close();
-        // Workers that outlived their launcher would be a leak.
-        kill(-r, SIGKILL);
-        return true;
-      }
-    }
-    return false;
+  // Waits until the process exits or `deadline`; how it ended, when it did.
+  std::optional<ExitStatus> Wait(absl::Time deadline) {
+    if (!process_.has_value()) return std::nullopt;
+    absl::StatusOr<ExitStatus> exit = process_->Wait(deadline - absl::Now());
+    if (!exit.ok()) return std::nullopt;
+    // Workers that outlived their launcher would be a leak.
+    process_->SignalGroup(SIGKILL).IgnoreError();
+    process_.reset();
+    return *exit;
   }
 
   // SIGTERM to the whole group, SIGKILL after the grace; reaps. Idempotent.
   void Kill() {
-    if (pid_ <= 0) return;
-    kill(-pid_, SIGTERM);
-    int status = 0;
-    const pid_t pgid = pid_;
-    if (!Wait(absl::Now() + kGrace, &status)) {
-      kill(-pgid, SIGKILL);
-      Wait(absl::Now() + absl::Seconds(10), &status);
-    }
-    kill(-pgid, SIGKILL);  // Any worker left in the group.
+    if (!process_.has_value()) return;
+    process_->Terminate(kGrace).IgnoreError();
+    process_->SignalGroup(SIGKILL).IgnoreError();  // Any worker left in the group.
+    process_.reset();
   }
 
  private:
-  void Close() {
-    if (pidfd_ >= 0) close(pidfd_);
-    pidfd_ = -1;
-    pid_ = -1;
-  }
-  pid_t pid_ = -1;
-  int pidfd_ = -1;
+  std::optional<Subprocess> process_;
 };
-
-std::string WaitStatusText(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return absl::StrCat("signal ", WTERMSIG(status));
-  return absl::StrCat("wait status ", status);
-}
 
 // This process's environment with `overrides` ("NAME=value") replacing
 // variables of the same name: getenv finds the first of two entries.
@@ -503,8 +436,8 @@ absl::StatusOr<TorchLaunchRound> TorchRound(const LaunchBenchOptions& options,
   Spawned torchrun;
   const absl::Time t0 = absl::Now();
   if (absl::Status s = torchrun.Start(argv, env, log); !s.ok()) return s;
-  int status = 0;
-  if (!torchrun.Wait(t0 + options.round_timeout, &status)) {
+  const std::optional<ExitStatus> exit = torchrun.Wait(t0 + options.round_timeout);
+  if (!exit.has_value()) {
     torchrun.Kill();
     return absl::DeadlineExceededError(absl::StrCat(
         "torchrun round ", index, " did not finish within ",
@@ -512,9 +445,9 @@ absl::StatusOr<TorchLaunchRound> TorchRound(const LaunchBenchOptions& options,
   }
   TorchLaunchRound round;
   round.exited_s = Seconds(absl::Now() - t0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  if (!exit->success()) {
     return absl::InternalError(absl::StrCat("torchrun round ", index, " ended with ",
-                                            WaitStatusText(status), "; its log ", log, ":\n",
+                                            exit->ToString(), "; its log ", log, ":\n",
                                             LastLines(log, 15)));
   }
   auto times = ReadRankTimes(out_dir, options.nproc);
@@ -561,7 +494,7 @@ absl::StatusOr<std::string> Absolute(absl::StatusOr<std::string> path) {
 std::string TorchrunUnavailableReason(const std::string& path_env) {
   bool found = false;
   for (absl::string_view dir : absl::StrSplit(path_env, ':', absl::SkipEmpty())) {
-    if (cli::IsExecutableFile(absl::StrCat(dir, "/torchrun"))) {
+    if (IsExecutableFile(absl::StrCat(dir, "/torchrun"))) {
       found = true;
       break;
     }
@@ -571,13 +504,13 @@ std::string TorchrunUnavailableReason(const std::string& path_env) {
   if (!probe.Start({"python3", "-c", "import torch"}, CurrentEnvironment({}), "").ok()) {
     return "cannot run python3";
   }
-  int status = 0;
-  if (!probe.Wait(absl::Now() + kTorchProbeTimeout, &status)) {
+  const std::optional<ExitStatus> exit = probe.Wait(absl::Now() + kTorchProbeTimeout);
+  if (!exit.has_value()) {
     probe.Kill();
     return absl::StrCat("python3 -c 'import torch' did not finish within ",
                         absl::FormatDuration(kTorchProbeTimeout));
   }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  if (!exit->success()) {
     return "python3-torch not installed: python3 cannot import torch";
   }
   return "";
@@ -598,15 +531,15 @@ absl::StatusOr<LaunchBenchResult> RunLaunchBench(const LaunchBenchOptions& optio
   auto coordinator_bin = Absolute(
       cli::FindBinary(cli::kCoordinatorBinary, options.coordinator_bin, "--coordinator-bin",
                       cli::BinaryCandidates(cli::kCoordinatorBinary, "coordinator", self_dir, path),
-                      cli::IsExecutableFile));
+                      IsExecutableFile));
   if (!coordinator_bin.ok()) return coordinator_bin.status();
   auto agent_bin = Absolute(cli::FindBinary(
       cli::kAgentBinary, options.agent_bin, "--agent-bin",
-      cli::BinaryCandidates(cli::kAgentBinary, "agent", self_dir, path), cli::IsExecutableFile));
+      cli::BinaryCandidates(cli::kAgentBinary, "agent", self_dir, path), IsExecutableFile));
   if (!agent_bin.ok()) return agent_bin.status();
   auto worker_bin = Absolute(cli::FindBinary(
       kLaunchWorkerBinary, options.worker_bin, "--worker-bin",
-      cli::BinaryCandidates(kLaunchWorkerBinary, "bench", self_dir, path), cli::IsExecutableFile));
+      cli::BinaryCandidates(kLaunchWorkerBinary, "bench", self_dir, path), IsExecutableFile));
   if (!worker_bin.ok()) return worker_bin.status();
 
   LaunchBenchResult result;

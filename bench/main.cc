@@ -6,7 +6,6 @@
 // their peers (bench/peers/) and bench/report.py merges one table.
 #include <pthread.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +28,7 @@
 #include "bench/rendezvous_bench.h"
 #include "bench/waiters_bench.h"
 #include "common/logging.h"
+#include "common/subprocess.h"
 
 namespace {
 
@@ -131,19 +131,13 @@ int RunAllSmoke(const std::string& json_dir) {
     }
     std::printf("## mesh-bench %s --smoke\n", suite[0].c_str());
     std::fflush(stdout);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
-        WEXITSTATUS(status) != 0) {
-      std::fprintf(stderr, "mesh-bench --smoke: suite %s failed (status %d)\n", suite[0].c_str(),
-                   status);
+    mesh::SpawnOptions spawn;
+    spawn.argv = std::move(args);
+    absl::StatusOr<mesh::Subprocess> process = mesh::Subprocess::Spawn(spawn);
+    absl::StatusOr<mesh::ExitStatus> exit = process.ok() ? process->Wait() : process.status();
+    if (!exit.ok() || !exit->success()) {
+      std::fprintf(stderr, "mesh-bench --smoke: suite %s failed (%s)\n", suite[0].c_str(),
+                   exit.ok() ? exit->ToString().c_str() : exit.status().ToString().c_str());
       ++failed;
     }
   }

@@ -1,3 +1,8 @@
+// Over 800 lines on purpose: one Run* function per meshctl job command
+// (submit, list, show/describe, logs, cancel, wait, nodes), which share the
+// flag and output helpers at the top. Each command's flags are declared in
+// job_commands.h.
+
 #include "cli/job_commands.h"
 
 #include <algorithm>

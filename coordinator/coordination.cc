@@ -1,3 +1,11 @@
+// Over 800 lines on purpose: this is the one class that serializes every
+// coordination call under one mutex (jobs, fencing, rendezvous, the KV
+// store, barriers, unique IDs, liveness), and its methods share that lock
+// and the generation records. Each table's logic lives in its own file
+// (kv_table, barrier_table, rendezvous, unique_id_table, liveness); what is
+// left here is the locking, fencing and waking around them, one section per
+// concern.
+
 #include "coordinator/coordination.h"
 
 #include <algorithm>

@@ -47,21 +47,16 @@
 // stores its whole current state.
 //
 // Recovery (after a crash or restart): Recover() loads every stored job and
-// node. Live jobs that held nodes hold them again and are re-created in
-// Coordination at their stored generation; the ranks of a RUNNING job are
-// "unaccounted" until the agents register again and list them as running
-// (RegisterNodeRequest.running) or re-send their exits. A SCHEDULED job may
-// have lost a LAUNCH order with the old process: its ranks are "launching"
-// again, and each node gets its LAUNCH when it opens its assignment stream
-// (agents ignore a LAUNCH of a generation they already run). A rank still
-// unaccounted node_heartbeat_timeout + node_recovery_grace after Recover (or
-// node_heartbeat_timeout after its node re-registered without it) is a
-// failure of its job: "rank r on node n is gone". Recovered nodes count as
-// READY for that long, so their agents can reconnect without failing
-// anything, but take no new jobs until they have registered.
+// node. Placed live jobs hold their nodes again at their stored generation;
+// their ranks are accounted for as the agents re-register (RegisterNode) and
+// report, and a rank still unaccounted node_heartbeat_timeout +
+// node_recovery_grace after Recover fails its job. docs/failure-semantics.md,
+// section "Job recovery protocol", describes the whole protocol.
 //
 // Streams (WatchJobState, GetLogs, WatchAssignments) deliver to a
-// StreamSink. The manager calls a sink with its own mutex held, in order:
+// StreamSink (stream_sink.h); GetLogs goes through the manager's LogRelay
+// (log_relay.h), which it calls with its mutex held. The manager calls a
+// sink with its own mutex held, in order:
 // Send() any number of times, then End() exactly once, after which it never
 // touches the sink again. A sink must not block and must not call into the
 // manager from Send/End. Its owner calls the matching Unwatch/Cancel before
@@ -102,9 +97,11 @@
 #include "coordinator/job_spec.h"
 #include "coordinator/job_state.h"
 #include "coordinator/job_store.h"
+#include "coordinator/log_relay.h"
 #include "coordinator/rank_placement.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/service_discovery.h"
+#include "coordinator/stream_sink.h"
 #include "mesh/v1/job.pb.h"
 
 namespace mesh::coordinator {
@@ -145,27 +142,10 @@ struct JobManagerOptions {
 // Possible errors: INVALID_ARGUMENT naming the bad field.
 absl::Status ValidateJobManagerOptions(const JobManagerOptions& options);
 
-// Receives one stream's messages; see the file comment for the rules.
-template <typename Message>
-class StreamSink {
- public:
-  virtual ~StreamSink() = default;
-  virtual void Send(const Message& message) = 0;
-  virtual void End(const absl::Status& status) = 0;
-};
-
+// Stream sinks; see the file comment for the rules. LogSink and
+// UploadControl (GetLogs and UploadLogs) come from log_relay.h.
 using JobStateSink = StreamSink<mesh::v1::WatchJobStateResponse>;
-using LogSink = StreamSink<mesh::v1::LogChunk>;
 using AssignmentSink = StreamSink<mesh::v1::Assignment>;
-
-// The agent side of one UploadLogs call, so the manager can end it early
-// (its reader went away). Abort is called with the manager's mutex held, at
-// most once; it must not block or call into the manager.
-class UploadControl {
- public:
-  virtual ~UploadControl() = default;
-  virtual void Abort(const absl::Status& status) = 0;
-};
 
 // Counters for metrics and tests.
 struct JobManagerStats {
@@ -319,8 +299,6 @@ class JobManager {
  private:
   struct Job;
   struct Node;
-  struct LogRequest;
-  struct Upload;
   struct Waiter;
   class Effects;
   struct Metrics {
@@ -373,8 +351,9 @@ class JobManager {
   void FinishJobLocked(Job& job, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NodeLostLocked(Node& node, const std::string& why, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EndLogRequestLocked(LogRequest& request, const absl::Status& status)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tick's parts: silent nodes are lost; late WaitJob calls time out.
+  void ExpireSilentNodesLocked(absl::Time now, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireWaitersLocked(absl::Time now, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyWatchersLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock* const clock_;
@@ -394,8 +373,8 @@ class JobManager {
   // Handles of streams and waits, to find their owner.
   std::map<uint64_t, std::string> state_watch_jobs_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> assignment_streams_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, std::unique_ptr<LogRequest>> log_requests_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, std::unique_ptr<Upload>> uploads_ ABSL_GUARDED_BY(mu_);
+  // GetLogs requests and the agents' uploads for them.
+  LogRelay log_relay_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(mu_);
   JobManagerStats stats_ ABSL_GUARDED_BY(mu_);
 };

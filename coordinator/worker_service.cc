@@ -43,7 +43,7 @@ std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::stri
 // after Finish; Finish is called only once the Coordination callback has run
 // or can no longer run (Unwatch succeeded or Watch failed), so the callback
 // never outlives the reactor.
-class WatchReactor final : public grpc::ServerWriteReactor<JobEvent> {
+class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
  public:
   WatchReactor(Coordination* coordination, const WatchJobRequest& request)
       : coordination_(coordination) {
@@ -60,7 +60,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<JobEvent> {
     }
     handle_ = *handle;
     started_ = true;
-    watching_.set_kind(JobEvent::WATCHING);
+    watching_.set_kind(v1::JobEvent::WATCHING);
     writing_ = true;
     StartWrite(&watching_);
   }
@@ -91,7 +91,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<JobEvent> {
     callback_done_ = true;
     if (!finish_status_) {
       if (result.ok()) {
-        error_.set_kind(JobEvent::ERROR);
+        error_.set_kind(v1::JobEvent::ERROR);
         FillJobError(*result, error_.mutable_error());
         error_pending_ = true;
         finish_status_ = grpc::Status::OK;
@@ -123,8 +123,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<JobEvent> {
 
   Coordination* const coordination_;
   absl::Mutex mu_;
-  JobEvent watching_;
-  JobEvent error_ ABSL_GUARDED_BY(mu_);
+  v1::JobEvent watching_;
+  v1::JobEvent error_ ABSL_GUARDED_BY(mu_);
   uint64_t handle_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -396,10 +396,10 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Leave(Ctx* ctx, const LeaveRequest*
   return FinishUnary(ctx, coordination_->Leave(ToCaller(request->context())));
 }
 
-grpc::ServerWriteReactor<JobEvent>* WorkerServiceImpl::WatchJob(Ctx* ctx,
-                                                                const WatchJobRequest* request) {
+grpc::ServerWriteReactor<v1::JobEvent>* WorkerServiceImpl::WatchJob(
+    Ctx* ctx, const WatchJobRequest* request) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
-    return RejectedStream<JobEvent>(denied);
+    return RejectedStream<v1::JobEvent>(denied);
   }
   return new WatchReactor(coordination_, *request);
 }

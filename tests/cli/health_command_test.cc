@@ -24,6 +24,7 @@
 #include "cli/meshctl.h"
 #include "coordinator/coordinator_server.h"
 #include "tests/cli/run_meshctl.h"
+#include "tests/util/in_process_coordinator.h"
 
 namespace mesh::cli {
 namespace health_command_test {
@@ -129,9 +130,7 @@ class HealthCommandTest : public ::testing::Test {
 };
 
 TEST_F(HealthCommandTest, ServingCoordinatorIsExit0) {
-  coordinator::CoordinatorConfig config;
-  config.port = 0;
-  auto server = coordinator::CoordinatorServer::Start(config);
+  auto server = mesh::testing::InProcessCoordinator::Start();
   ASSERT_TRUE(server.ok()) << server.status();
   const Result r =
       Meshctl({"--coordinator", (*server)->address(), "--timeout", "5", "health", "-o", "json"});
@@ -146,7 +145,7 @@ TEST_F(HealthCommandTest, ServingCoordinatorIsExit0) {
       kExitOk);
   // Once it is shut down the probe fails: unreachable.
   const std::string address = (*server)->address();
-  (*server)->Shutdown(absl::ZeroDuration());
+  (*server)->Stop(absl::ZeroDuration());
   EXPECT_EQ(Meshctl({"--coordinator", address, "--timeout", "1", "health"}).code, kExitUnreachable);
 }
 

@@ -14,6 +14,7 @@
 #include "common/version.h"
 #include "coordinator/coordinator_server.h"
 #include "tests/cli/run_meshctl.h"
+#include "tests/util/in_process_coordinator.h"
 
 namespace mesh::cli {
 namespace meshctl_test {
@@ -24,14 +25,12 @@ class MeshctlTest : public ::testing::Test {
  protected:
   void SetUp() override {
     unsetenv("MESH_COORDINATOR");
-    coordinator::CoordinatorConfig config;
-    config.port = 0;
-    auto server = coordinator::CoordinatorServer::Start(config);
+    auto server = mesh::testing::InProcessCoordinator::Start();
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
 
-  std::unique_ptr<coordinator::CoordinatorServer> server_;
+  std::unique_ptr<mesh::testing::InProcessCoordinator> server_;
 };
 
 TEST_F(MeshctlTest, VersionShowsClientAndServerAsJson) {
@@ -90,7 +89,7 @@ TEST_F(MeshctlTest, HealthOfAnUnknownServiceIsRefused) {
 
 TEST_F(MeshctlTest, UnreachableCoordinatorIsExit3WithTheAddress) {
   const std::string address = server_->address();
-  server_->Shutdown(absl::ZeroDuration());
+  server_->Stop(absl::ZeroDuration());
   const Result r = Meshctl({"--coordinator", address, "--timeout", "1", "health"});
   EXPECT_EQ(r.code, kExitUnreachable);
   EXPECT_THAT(r.err, HasSubstr(address));

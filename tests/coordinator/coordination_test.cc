@@ -1,3 +1,8 @@
+// Over 800 lines on purpose: Coordination's behaviour, one section per
+// concern (jobs, join, the KV store and its limits, fencing, barriers,
+// ranks exiting without Leave, unique IDs, liveness), all on one fixture
+// with a fake clock and callback capture defined at the top.
+
 #include "coordinator/coordination.h"
 
 #include <cstdint>

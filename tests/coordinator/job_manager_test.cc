@@ -1,3 +1,9 @@
+// Over 800 lines on purpose: JobManager's behaviour, one section per
+// concern (options, submit, scheduling and launch, failures and restarts,
+// cancel, WaitJob, WatchJobState, node loss, nodes and sessions, recovery),
+// all on one fixture of recording fakes, a FakeClock and a JobStore defined
+// at the top.
+
 // Unit tests for JobManager (coordinator/job_manager.h), written against its
 // header contract. Everything runs on one thread with a FakeClock: time moves
 // only through clock_.Advance() followed by Tick(), agents are played by the

@@ -21,6 +21,7 @@
 #include "mesh/v1/admin.grpc.pb.h"
 #include "mesh/v1/job.grpc.pb.h"
 #include "mesh/v1/worker.grpc.pb.h"
+#include "tests/util/in_process_coordinator.h"
 
 namespace mesh::coordinator {
 namespace limits_test {
@@ -70,9 +71,7 @@ class LimitsTest : public ::testing::Test {
  protected:
   // Starts the server with the small limits, after `tweak` has adjusted them.
   void Start(const std::function<void(CoordinatorConfig&)>& tweak = {}) {
-    CoordinatorConfig config;
-    config.listen_host = "127.0.0.1";
-    config.port = 0;
+    CoordinatorConfig config = mesh::testing::InProcessCoordinator::DefaultConfig();
     config.max_message_bytes = kMaxMessageBytes;
     CoordinationOptions& c = config.coordination;
     c.kv.max_key_bytes = kMaxKeyBytes;
@@ -92,7 +91,7 @@ class LimitsTest : public ::testing::Test {
     spec.max_idempotency_key_bytes = kMaxIdempotencyKeyBytes;
     config.jobs.max_pending_jobs = 100;
     if (tweak) tweak(config);
-    auto server = CoordinatorServer::Start(config);
+    auto server = mesh::testing::InProcessCoordinator::Start(config);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     // The client sends whatever it is given; the server's limit is what is
@@ -217,7 +216,7 @@ class LimitsTest : public ::testing::Test {
     return {response.jobs().begin(), response.jobs().end()};
   }
 
-  std::unique_ptr<CoordinatorServer> server_;
+  std::unique_ptr<mesh::testing::InProcessCoordinator> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<WorkerService::Stub> workers_;
   std::unique_ptr<AdminService::Stub> admin_;

@@ -20,7 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "coordinator/coordinator_server.h"
+#include "tests/util/in_process_coordinator.h"
 #include "tests/util/subprocess.h"
 
 namespace mesh {
@@ -37,33 +37,25 @@ constexpr absl::Duration kExitTimeout = absl::Seconds(30);
 class DTensorExampleTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    coordinator::CoordinatorConfig config;
-    config.port = 0;
-    config.coordination.heartbeat_interval = absl::Milliseconds(100);
-    config.coordination.heartbeat_timeout = absl::Seconds(5);
-    auto server = coordinator::CoordinatorServer::Start(config);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
+    auto coordinator =
+        ::mesh::testing::InProcessCoordinator::Start(absl::Milliseconds(100), absl::Seconds(5));
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    coordinator_ = *std::move(coordinator);
   }
 
   // Runs the example as a 4-rank job `job` with `args`; returns each rank's
   // stdout lines after asserting that every rank exited 0.
   std::vector<std::vector<std::string>> RunExample(const std::string& job,
                                                    const std::vector<std::string>& args) {
-    coordinator::JobLayout layout;
-    layout.job_id = job;
-    layout.world_size = kWorld;
-    layout.mesh_shape = {2, 2};
-    layout.mesh_dim_names = {"dp", "tp"};
-    EXPECT_TRUE(server_->coordination().CreateJob(layout).ok());
+    EXPECT_TRUE(coordinator_->CreateJob(job, kWorld, {2, 2}, {"dp", "tp"}).ok());
     std::vector<::mesh::testing::Subprocess> workers;
     for (int r = 0; r < kWorld; ++r) {
       std::vector<std::string> argv = {MESH_DTENSOR_EXAMPLE_BIN, "--gloo-host", "127.0.0.1"};
       argv.insert(argv.end(), args.begin(), args.end());
       auto worker = ::mesh::testing::Subprocess::Start(
           argv,
-          {absl::StrCat("MESH_COORDINATOR=", server_->address()), absl::StrCat("MESH_JOB_ID=", job),
-           "MESH_GENERATION=0", absl::StrCat("MESH_RANK=", r),
+          {absl::StrCat("MESH_COORDINATOR=", coordinator_->address()),
+           absl::StrCat("MESH_JOB_ID=", job), "MESH_GENERATION=0", absl::StrCat("MESH_RANK=", r),
            absl::StrCat("MESH_WORLD_SIZE=", kWorld), absl::StrCat("MESH_LOCAL_RANK=", r % 2),
            "MESH_LOCAL_WORLD_SIZE=2", absl::StrCat("MESH_NODE_RANK=", r / 2),
            // Two nodes on this one machine, as two agents would say: the
@@ -91,11 +83,11 @@ class DTensorExampleTest : public ::testing::Test {
       }
       EXPECT_THAT(lines[r], Contains(absl::StrCat("rank ", r, ": ok")));
     }
-    EXPECT_FALSE(server_->coordination().GetJob(job)->failed);
+    EXPECT_FALSE(coordinator_->JobFailed(job));
     return lines;
   }
 
-  std::unique_ptr<coordinator::CoordinatorServer> server_;
+  std::unique_ptr<::mesh::testing::InProcessCoordinator> coordinator_;
 };
 
 std::string Joined(const std::vector<std::string>& lines) {

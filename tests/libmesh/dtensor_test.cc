@@ -306,7 +306,7 @@ TEST(DTensorTest, VerifyCatchesADivergingReplicaOnEveryRank) {
 }
 
 // ---- Large tensors: the executor's segmented point-to-point and split
-// all-reduce paths (dtensor.cc), which small shapes never reach: pieces of
+// all-reduce paths (libmesh/src/sharding/), which small shapes never reach: pieces of
 // more than one 1 MiB segment, packed and unpacked, even and uneven.
 
 const std::vector<std::vector<int64_t>> kLargeShapes = {{2050, 1030}, {2051, 1031}};

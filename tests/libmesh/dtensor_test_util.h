@@ -34,7 +34,7 @@ struct MeshWorld {
 };
 
 // `options`: shared_memory false forces TCP, which the executor's
-// point-to-point paths need (dtensor.cc).
+// point-to-point paths need (libmesh/src/sharding/exchange.h).
 inline absl::StatusOr<std::unique_ptr<MeshWorld>> MakeMeshWorld(
     std::vector<int64_t> shape, GlooOptions options = gloo_test::TestOptions()) {
   int n = 1;

@@ -15,7 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "coordinator/coordinator_server.h"
+#include "tests/util/in_process_coordinator.h"
 #include "tests/util/subprocess.h"
 
 namespace mesh {
@@ -27,23 +27,16 @@ class GlooPeerDeathTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(GlooPeerDeathTest, SurvivorFailsPromptlyNotAtTheTimeout) {
   const bool shm = GetParam();
-  coordinator::CoordinatorConfig config;
-  config.port = 0;
-  config.coordination.heartbeat_interval = absl::Seconds(1);
-  config.coordination.heartbeat_timeout = absl::Seconds(60);
-  auto server = coordinator::CoordinatorServer::Start(config);
-  ASSERT_TRUE(server.ok()) << server.status();
-  coordinator::JobLayout layout;
-  layout.job_id = "death";
-  layout.world_size = 2;
-  ASSERT_TRUE((*server)->coordination().CreateJob(layout).ok());
+  auto coordinator = testing::InProcessCoordinator::Start(absl::Seconds(1), absl::Seconds(60));
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  ASSERT_TRUE((*coordinator)->CreateJob("death", 2).ok());
 
   std::vector<testing::Subprocess> ranks;
   for (int r = 0; r < 2; ++r) {
     std::vector<std::string> argv = {GLOO_PEER_DEATH_WORKER_BIN};
     if (shm) argv.push_back("--shm");
     auto worker = testing::Subprocess::Start(
-        argv, {absl::StrCat("MESH_COORDINATOR=", (*server)->address()), "MESH_JOB_ID=death",
+        argv, {absl::StrCat("MESH_COORDINATOR=", (*coordinator)->address()), "MESH_JOB_ID=death",
                "MESH_GENERATION=0", absl::StrCat("MESH_RANK=", r), "MESH_WORLD_SIZE=2"});
     ASSERT_TRUE(worker.ok()) << worker.status();
     ranks.push_back(*std::move(worker));
@@ -66,7 +59,7 @@ TEST_P(GlooPeerDeathTest, SurvivorFailsPromptlyNotAtTheTimeout) {
   int64_t ms = 0;
   ASSERT_TRUE(absl::SimpleAtoi(line->substr(at, line->find(" ms") - at), &ms)) << *line;
   EXPECT_LT(ms, 10'000) << *line;
-  (*server)->Shutdown(absl::ZeroDuration());
+  (*coordinator)->Stop();
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, GlooPeerDeathTest, ::testing::Values(false, true),

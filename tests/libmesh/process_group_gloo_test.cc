@@ -1,3 +1,8 @@
+// Over 800 lines on purpose: every collective of ProcessGroupGloo, each
+// dtype and size against one reference implementation, on worlds of ranks
+// as threads shared by all cases (set up once at the top), one section per
+// family of operations.
+
 // ProcessGroupGloo against a single-process reference: N ranks as threads,
 // an InMemoryStore, real Gloo TCP on 127.0.0.1. Every output is filled with
 // garbage before the call, so elements an op fails to write show up.

@@ -24,9 +24,9 @@
 #include "absl/synchronization/barrier.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
-#include "coordinator/coordinator_server.h"
 #include "mesh/runtime.h"
 #include "mesh/tensor.h"
+#include "tests/util/in_process_coordinator.h"
 #include "tests/util/subprocess.h"
 
 namespace mesh {
@@ -43,25 +43,16 @@ constexpr absl::Duration kPrompt = absl::Seconds(10);
 class RuntimeE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    coordinator::CoordinatorConfig config;
-    config.port = 0;
-    config.coordination.heartbeat_interval = kInterval;
-    config.coordination.heartbeat_timeout = kHeartbeatTimeout;
-    auto server = coordinator::CoordinatorServer::Start(config);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    coordinator::JobLayout layout;
-    layout.job_id = "e2e";
-    layout.world_size = kWorld;
-    layout.mesh_shape = {2, 2};
-    layout.mesh_dim_names = {"dp", "tp"};
-    ASSERT_TRUE(server_->coordination().CreateJob(layout).ok());
+    auto coordinator = testing::InProcessCoordinator::Start(kInterval, kHeartbeatTimeout);
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    coordinator_ = *std::move(coordinator);
+    ASSERT_TRUE(coordinator_->CreateJob("e2e", kWorld, {2, 2}, {"dp", "tp"}).ok());
   }
 
   RuntimeOptions Options(int rank) {
     RuntimeOptions options;
     options.env = nullptr;
-    options.coordinator = server_->address();
+    options.coordinator = coordinator_->address();
     options.job_id = "e2e";
     options.generation = 0;
     options.rank = rank;
@@ -91,7 +82,7 @@ class RuntimeE2eTest : public ::testing::Test {
     for (auto& t : threads) t.join();
   }
 
-  std::unique_ptr<coordinator::CoordinatorServer> server_;
+  std::unique_ptr<testing::InProcessCoordinator> coordinator_;
 };
 
 // Element i of rank r's input.
@@ -146,7 +137,7 @@ TEST_F(RuntimeE2eTest, TwoByTwoMeshAllReducesAlongEachDim) {
     ASSERT_TRUE((*barrier)->Wait().ok());
     EXPECT_TRUE(runtime.Shutdown().ok());
   });
-  EXPECT_FALSE(server_->coordination().GetJob("e2e")->failed);
+  EXPECT_FALSE(coordinator_->JobFailed("e2e"));
 }
 
 // Ranks 0..2 issue collectives that need rank 3; rank 3 hangs instead (its
@@ -250,7 +241,7 @@ TEST_F(RuntimeE2eTest, ExampleWorkersRunFromTheEnvironment) {
   for (int r = 0; r < kWorld; ++r) {
     auto worker = ::mesh::testing::Subprocess::Start(
         {MESH_ALLREDUCE_2D_BIN, "--gloo-host", "127.0.0.1", "--elements", "4096"},
-        {absl::StrCat("MESH_COORDINATOR=", server_->address()), "MESH_JOB_ID=e2e",
+        {absl::StrCat("MESH_COORDINATOR=", coordinator_->address()), "MESH_JOB_ID=e2e",
          "MESH_GENERATION=0", absl::StrCat("MESH_RANK=", r),
          // Two nodes on this one machine, as two agents would say: the node
          // name, not the host name, is what the coordinator groups ranks by
@@ -280,7 +271,7 @@ TEST_F(RuntimeE2eTest, ExampleWorkersRunFromTheEnvironment) {
     EXPECT_THAT(lines, ::testing::Contains(
                            absl::StrCat("rank ", r, ": dp group [", dp, "] all-reduce on cpu ok")));
   }
-  EXPECT_FALSE(server_->coordination().GetJob("e2e")->failed);
+  EXPECT_FALSE(coordinator_->JobFailed("e2e"));
 }
 
 }  // namespace runtime_e2e_test

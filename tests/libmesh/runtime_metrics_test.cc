@@ -17,10 +17,10 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/coordinator_server.h"
 #include "mesh/runtime.h"
 #include "mesh/tensor.h"
 #include "tests/common/http_get.h"
+#include "tests/util/in_process_coordinator.h"
 
 namespace mesh {
 namespace runtime_metrics_test {
@@ -30,20 +30,14 @@ using ::testing::HasSubstr;
 class RuntimeMetricsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    coordinator::CoordinatorConfig config;
-    config.port = 0;
-    config.coordination.heartbeat_interval = absl::Milliseconds(100);
-    config.coordination.heartbeat_timeout = absl::Seconds(5);
-    auto server = coordinator::CoordinatorServer::Start(config);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
+    auto coordinator =
+        testing::InProcessCoordinator::Start(absl::Milliseconds(100), absl::Seconds(5));
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    coordinator_ = *std::move(coordinator);
   }
 
   void CreateJob(const std::string& id, int world) {
-    coordinator::JobLayout layout;
-    layout.job_id = id;
-    layout.world_size = world;
-    ASSERT_TRUE(server_->coordination().CreateJob(layout).ok());
+    ASSERT_TRUE(coordinator_->CreateJob(id, world).ok());
   }
 
   // Options for `rank` whose environment holds only `env`.
@@ -55,7 +49,7 @@ class RuntimeMetricsTest : public ::testing::Test {
       if (it == env.end()) return std::nullopt;
       return it->second;
     };
-    options.coordinator = server_->address();
+    options.coordinator = coordinator_->address();
     options.job_id = job;
     options.generation = 0;
     options.rank = rank;
@@ -71,7 +65,7 @@ class RuntimeMetricsTest : public ::testing::Test {
     return options;
   }
 
-  std::unique_ptr<coordinator::CoordinatorServer> server_;
+  std::unique_ptr<testing::InProcessCoordinator> coordinator_;
 };
 
 TEST_F(RuntimeMetricsTest, ServesCollectiveMetricsAfterAnAllReduce) {

@@ -9,10 +9,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "coordinator/coordinator_server.h"
 #include "mesh/build_info.h"
 #include "mesh/runtime.h"
 #include "mesh/tensor.h"
+#include "tests/util/in_process_coordinator.h"
 
 namespace mesh {
 namespace runtime_nccl_test {
@@ -20,21 +20,19 @@ namespace runtime_nccl_test {
 class RuntimeNcclTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    coordinator::CoordinatorConfig config;
-    config.port = 0;
-    auto server = coordinator::CoordinatorServer::Start(config);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    coordinator::JobLayout layout;
-    layout.job_id = "job";
-    layout.world_size = 1;
-    ASSERT_TRUE(server_->coordination().CreateJob(layout).ok());
+    coordinator::CoordinatorConfig config = testing::InProcessCoordinator::DefaultConfig();
+    // The service's own heartbeat defaults (1 s, 10 s).
+    config.coordination = coordinator::CoordinationOptions();
+    auto coordinator = testing::InProcessCoordinator::Start(config);
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    coordinator_ = *std::move(coordinator);
+    ASSERT_TRUE(coordinator_->CreateJob("job", 1).ok());
   }
 
   RuntimeOptions Options() {
     RuntimeOptions options;
     options.env = nullptr;
-    options.coordinator = server_->address();
+    options.coordinator = coordinator_->address();
     options.job_id = "job";
     options.generation = 0;
     options.rank = 0;
@@ -48,7 +46,7 @@ class RuntimeNcclTest : public ::testing::Test {
     return options;
   }
 
-  std::unique_ptr<coordinator::CoordinatorServer> server_;
+  std::unique_ptr<testing::InProcessCoordinator> coordinator_;
 };
 
 TEST_F(RuntimeNcclTest, WithoutADeviceInitFailsWithAClearError) {

@@ -4,6 +4,12 @@
 // shutdown, failure propagation (hang, ReportError, lost coordinator).
 #include "mesh/runtime.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <filesystem>
 #include <functional>
@@ -19,9 +25,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "coordinator/coordinator_server.h"
+#include "common/clock.h"
 #include "libmesh/src/coordinator_client.h"
 #include "mesh/store.h"
+#include "tests/common/test_metrics.h"
+#include "tests/util/in_process_coordinator.h"
 #include "tests/util/test_pki.h"
 
 namespace mesh {
@@ -270,33 +278,90 @@ bool WaitFor(const std::function<bool()>& done, absl::Duration limit) {
   return true;
 }
 
+// A TCP listener on 127.0.0.1 at a port the kernel picks, standing where a
+// coordinator will listen. Not thread-safe.
+class PlaceHolder {
+ public:
+  PlaceHolder() {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) return;
+    const int one = 1;
+    setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof(addr);
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd_, 8) != 0 ||
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      Close();
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+  }
+  ~PlaceHolder() { Close(); }
+  PlaceHolder(const PlaceHolder&) = delete;
+  PlaceHolder& operator=(const PlaceHolder&) = delete;
+
+  bool ok() const { return port_ > 0; }
+  int port() const { return port_; }
+
+  // Waits up to `limit` for a client to connect, then closes that
+  // connection at once. Returns whether one came.
+  bool AcceptAndDrop(absl::Duration limit) {
+    pollfd pfd{fd_, POLLIN, 0};
+    if (poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(limit))) != 1) return false;
+    const int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn < 0) return false;
+    close(conn);
+    return true;
+  }
+
+  // Stops listening, so the port is free for the coordinator. Idempotent.
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
 class RuntimeTest : public ::testing::Test {
  protected:
   static constexpr absl::Duration kInterval = absl::Milliseconds(50);
   static constexpr absl::Duration kTimeout = absl::Milliseconds(300);
 
-  void StartCoordinator(int world_size, absl::Duration interval = kInterval,
-                        absl::Duration timeout = kTimeout) {
-    coordinator::CoordinatorConfig config;
-    config.port = 0;
+  static coordinator::CoordinatorConfig Config(absl::Duration interval = kInterval,
+                                               absl::Duration timeout = kTimeout) {
+    coordinator::CoordinatorConfig config = testing::InProcessCoordinator::DefaultConfig();
     config.coordination.heartbeat_interval = interval;
     config.coordination.heartbeat_timeout = timeout;
-    auto server = coordinator::CoordinatorServer::Start(config);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    coordinator::JobLayout layout;
-    layout.job_id = "job";
-    layout.world_size = world_size;
-    layout.mesh_shape = {world_size};
-    layout.mesh_dim_names = {"dp"};
-    ASSERT_TRUE(server_->coordination().CreateJob(layout).ok());
-    factories_.resize(world_size);
+    return config;
+  }
+
+  void StartCoordinator(int world_size, absl::Duration interval = kInterval,
+                        absl::Duration timeout = kTimeout) {
+    StartCoordinator(world_size, Config(interval, timeout));
+  }
+
+  // A coordinator serving job "job" of `world_size` ranks on a 1-D mesh "dp".
+  void StartCoordinator(int world_size, const coordinator::CoordinatorConfig& config) {
+    {
+      absl::MutexLock lock(&mu_);
+      factories_.resize(world_size);
+    }
+    auto coordinator = testing::InProcessCoordinator::Start(config);
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    coordinator_ = *std::move(coordinator);
+    ASSERT_TRUE(coordinator_->CreateJob("job", world_size, {world_size}, {"dp"}).ok());
   }
 
   RuntimeOptions Options(int rank, int world_size) {
     RuntimeOptions options;
     options.env = nullptr;
-    options.coordinator = server_->address();
+    if (coordinator_ != nullptr) options.coordinator = coordinator_->address();
     options.job_id = "job";
     options.generation = 0;
     options.rank = rank;
@@ -344,9 +409,41 @@ class RuntimeTest : public ::testing::Test {
     return factories_[rank];
   }
 
-  bool JobFailed() { return server_->coordination().GetJob("job")->failed; }
+  bool JobFailed() { return coordinator_->JobFailed("job"); }
 
-  std::unique_ptr<coordinator::CoordinatorServer> server_;
+  // Successful heartbeats the coordinator has answered (its RPC metrics):
+  // only for a coordinator configured with `metrics = &registry_`.
+  uint64_t HeartbeatsAnswered() const {
+    return registry_.HistogramCount("mesh_coordinator_rpc_duration_seconds",
+                                    {"mesh.v1.WorkerService", "Heartbeat", "OK"});
+  }
+
+  // Moves the coordinator's FakeClock `clock_` forward by `total` in steps
+  // of a quarter of `timeout`, running its liveness check (Tick) after each.
+  // Before each step, waits until the coordinator has answered at least two
+  // more heartbeats per rank in `live` than before the previous step. A rank
+  // is declared dead only after silence longer than `timeout` of coordinator
+  // time, i.e. only if it sends nothing through four steps in a row, however
+  // slowly this machine runs. Returns false when the heartbeats stop coming
+  // (30 s of real time for one step).
+  bool AdvanceWhileHeartbeating(absl::Duration total, absl::Duration timeout, int live) {
+    const absl::Duration step = timeout / 4;
+    for (absl::Duration moved; moved < total; moved += step) {
+      const uint64_t before = HeartbeatsAnswered();
+      if (!WaitFor([&] { return HeartbeatsAnswered() >= before + 2 * live; }, absl::Seconds(30))) {
+        return false;
+      }
+      clock_.Advance(step);
+      coordinator_->coordination().Tick();
+    }
+    return true;
+  }
+
+  // For a coordinator on a FakeClock with its ticker off; both outlive
+  // coordinator_ (declared before it).
+  FakeClock clock_;
+  metrics::testing::TestRegistry registry_;
+  std::unique_ptr<testing::InProcessCoordinator> coordinator_;
   absl::Mutex mu_;
   std::vector<std::shared_ptr<RecordingFactory>> factories_ ABSL_GUARDED_BY(mu_);
 };
@@ -382,12 +479,23 @@ TEST_F(RuntimeTest, JoinInfoComesFromTheCoordinator) {
 }
 
 TEST_F(RuntimeTest, HeartbeatsKeepRanksAliveAndShutdownLeavesCleanly) {
-  StartCoordinator(2);
+  // The coordinator's time is a FakeClock that moves only once the ranks'
+  // heartbeats have reached it (AdvanceWhileHeartbeating), so its liveness
+  // check sees what the heartbeats do, not how busy this machine is. The
+  // timeout is long in real time too: the runtimes bound their heartbeat
+  // calls by it.
+  constexpr absl::Duration kLongTimeout = absl::Seconds(10);
+  coordinator::CoordinatorConfig config = Config(kInterval, kLongTimeout);
+  config.clock = &clock_;
+  config.run_ticker = false;
+  config.metrics = &registry_;
+  StartCoordinator(2, config);
   auto runtimes = InitWorld(2);
   ASSERT_EQ(runtimes.size(), 2u);
   // Six heartbeat timeouts with nothing else going on: without heartbeats
   // the coordinator would declare both ranks dead.
-  absl::SleepFor(6 * kTimeout);
+  ASSERT_TRUE(AdvanceWhileHeartbeating(6 * kLongTimeout, kLongTimeout, /*live=*/2))
+      << "the ranks stopped heartbeating";
   EXPECT_FALSE(JobFailed());
   for (auto& runtime : runtimes) EXPECT_TRUE(runtime->health().ok()) << runtime->health();
 
@@ -395,7 +503,8 @@ TEST_F(RuntimeTest, HeartbeatsKeepRanksAliveAndShutdownLeavesCleanly) {
   EXPECT_TRUE(runtimes[0]->Shutdown().ok());
   EXPECT_TRUE(runtimes[0]->Shutdown().ok());  // Idempotent.
   EXPECT_EQ(runtimes[0]->health().code(), absl::StatusCode::kFailedPrecondition);
-  absl::SleepFor(3 * kTimeout);
+  ASSERT_TRUE(AdvanceWhileHeartbeating(3 * kLongTimeout, kLongTimeout, /*live=*/1))
+      << "rank 1 stopped heartbeating";
   EXPECT_FALSE(JobFailed());
   EXPECT_TRUE(runtimes[1]->health().ok()) << runtimes[1]->health();
   EXPECT_TRUE(runtimes[1]->Shutdown().ok());
@@ -483,7 +592,7 @@ TEST_F(RuntimeTest, LosingTheCoordinatorFailsRanksWithUnavailable) {
   StartCoordinator(2);
   auto runtimes = InitWorld(2);
   ASSERT_EQ(runtimes.size(), 2u);
-  server_->Shutdown(absl::Milliseconds(100));
+  coordinator_->Stop(absl::Milliseconds(100));
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(WaitFor([&] { return !runtimes[r]->health().ok(); }, absl::Seconds(15)));
     const absl::Status error = runtimes[r]->health();
@@ -574,32 +683,37 @@ TEST_F(RuntimeTest, JoinTimesOutNamingTheMissingRank) {
 }
 
 TEST_F(RuntimeTest, JoinWaitsForACoordinatorThatComesUpLate) {
-  // Learn a free port, then free it again.
-  StartCoordinator(1);
-  const int port = server_->port();
+  // A bare listener holds a free port until the worker has dialed it: that
+  // first attempt is accepted and dropped, finding no coordinator, so the
+  // worker is retrying when the coordinator comes up on the port.
+  PlaceHolder holder;
+  ASSERT_TRUE(holder.ok()) << "cannot listen on 127.0.0.1";
   RuntimeOptions options = Options(0, 1);
+  options.coordinator = absl::StrCat("127.0.0.1:", holder.port());
   options.join_timeout = absl::Seconds(30);
-  server_->Shutdown(absl::ZeroDuration());
-  server_.reset();
 
   absl::StatusOr<std::unique_ptr<Runtime>> runtime = absl::UnknownError("not run");
   std::thread worker([&] { runtime = Runtime::Init(options); });
-  absl::SleepFor(absl::Milliseconds(300));  // The worker is retrying by now.
-
-  coordinator::CoordinatorConfig config;
-  config.port = port;
-  config.coordination.heartbeat_interval = kInterval;
-  config.coordination.heartbeat_timeout = kTimeout;
-  auto server = coordinator::CoordinatorServer::Start(config);
-  if (!server.ok()) {
+  const bool dialed = holder.AcceptAndDrop(absl::Seconds(30));
+  holder.Close();
+  if (!dialed) {
     worker.join();
-    GTEST_SKIP() << "port " << port << " was taken meanwhile: " << server.status();
+    FAIL() << "the worker never dialed the coordinator's address; Init: " << runtime.status();
   }
-  server_ = *std::move(server);
-  coordinator::JobLayout layout;
-  layout.job_id = "job";
-  layout.world_size = 1;
-  ASSERT_TRUE(server_->coordination().CreateJob(layout).ok());
+
+  coordinator::CoordinatorConfig config = Config();
+  config.port = holder.port();
+  {
+    absl::MutexLock lock(&mu_);
+    factories_.resize(1);
+  }
+  auto coordinator = testing::InProcessCoordinator::Start(config);
+  if (!coordinator.ok()) {
+    worker.join();
+    GTEST_SKIP() << "port " << holder.port() << " was taken meanwhile: " << coordinator.status();
+  }
+  coordinator_ = *std::move(coordinator);
+  ASSERT_TRUE(coordinator_->CreateJob("job", 1, {1}, {"dp"}).ok());
   worker.join();
   ASSERT_TRUE(runtime.ok()) << runtime.status();
   EXPECT_TRUE((*runtime)->health().ok());
@@ -607,8 +721,8 @@ TEST_F(RuntimeTest, JoinWaitsForACoordinatorThatComesUpLate) {
 
 TEST_F(RuntimeTest, AnUnreachableCoordinatorIsUnavailableAtTheJoinDeadline) {
   StartCoordinator(1);
-  const std::string address = server_->address();
-  server_->Shutdown(absl::ZeroDuration());
+  const std::string address = coordinator_->address();
+  coordinator_->Stop();
   RuntimeOptions options = Options(0, 1);
   options.coordinator = address;
   options.join_timeout = absl::Milliseconds(500);
@@ -627,9 +741,9 @@ TEST_F(RuntimeTest, ClientPublishesAndFetchesUniqueIdsInOneCallEach) {
     RankIdentity identity{"job", 0, r, 1000u + r};
     internal::CoordinatorClientOptions options;
     options.auth_token = "token";  // Sent as metadata; this coordinator ignores it.
-    clients.push_back(
-        internal::NewGrpcCoordinatorClient(*internal::NewCoordinatorChannel(server_->address()),
-                                           server_->address(), identity, options));
+    clients.push_back(internal::NewGrpcCoordinatorClient(
+        *internal::NewCoordinatorChannel(coordinator_->address()), coordinator_->address(),
+        identity, options));
   }
   std::vector<absl::StatusOr<internal::JoinResult>> joined(2);
   std::vector<std::thread> threads;

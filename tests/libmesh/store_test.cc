@@ -22,13 +22,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "coordinator/coordinator_server.h"
 #include "libmesh/src/coordinator_client.h"
 #include "mesh/coordinator_store.h"
 #include "mesh/in_memory_store.h"
 #include "mesh/prefix_store.h"
 #include "mesh/store.h"
 #include "mesh/v1/worker.grpc.pb.h"
+#include "tests/util/in_process_coordinator.h"
 #include "tests/util/status_matchers.h"
 
 namespace mesh {
@@ -136,21 +136,16 @@ class CoordinatorHarness : public Harness {
   // A coordinator with `world_size`-rank job kJob; rank 0 joined when the
   // world is 1.
   static absl::StatusOr<std::unique_ptr<CoordinatorHarness>> Start(int world_size = 1) {
-    coordinator::CoordinatorConfig config;
-    config.port = 0;
+    coordinator::CoordinatorConfig config = ::mesh::testing::InProcessCoordinator::DefaultConfig();
     // No test here heartbeats; keep joined ranks alive throughout.
     config.coordination.heartbeat_interval = absl::Seconds(1);
     config.coordination.heartbeat_timeout = absl::Minutes(10);
     config.coordination.kv.max_value_bytes = kMaxValueBytes;
-    auto server = coordinator::CoordinatorServer::Start(config);
-    if (!server.ok()) return server.status();
-    auto harness = std::unique_ptr<CoordinatorHarness>(new CoordinatorHarness(*std::move(server)));
-    coordinator::JobLayout layout;
-    layout.job_id = kJob;
-    layout.world_size = world_size;
-    if (auto job = harness->server_->coordination().CreateJob(layout); !job.ok()) {
-      return job.status();
-    }
+    auto coordinator = ::mesh::testing::InProcessCoordinator::Start(config);
+    if (!coordinator.ok()) return coordinator.status();
+    auto harness =
+        std::unique_ptr<CoordinatorHarness>(new CoordinatorHarness(*std::move(coordinator)));
+    if (absl::Status s = harness->coordinator_->CreateJob(kJob, world_size); !s.ok()) return s;
     if (world_size == 1) {
       if (absl::Status s = JoinRank(harness->address(), kJob, 0, kIncarnation); !s.ok()) return s;
       auto store = harness->NewStore(RankIdentity{kJob, 0, 0, kIncarnation});
@@ -170,18 +165,20 @@ class CoordinatorHarness : public Harness {
     return std::shared_ptr<Store>(*std::move(store));
   }
 
-  std::string address() const { return server_->address(); }
-  coordinator::CoordinatorServer& server() { return *server_; }
+  std::string address() const { return coordinator_->address(); }
+  coordinator::CoordinatorServer& server() { return coordinator_->server(); }
 
   std::shared_ptr<Store> store() override { return store_; }
-  void Shutdown() override { server_->Shutdown(absl::Seconds(1)); }
-  int NumBlocked() override { return static_cast<int>(server_->coordination().PendingWaits()); }
+  void Shutdown() override { coordinator_->Stop(absl::Seconds(1)); }
+  int NumBlocked() override {
+    return static_cast<int>(coordinator_->coordination().PendingWaits());
+  }
 
  private:
-  explicit CoordinatorHarness(std::unique_ptr<coordinator::CoordinatorServer> server)
-      : server_(std::move(server)) {}
+  explicit CoordinatorHarness(std::unique_ptr<::mesh::testing::InProcessCoordinator> coordinator)
+      : coordinator_(std::move(coordinator)) {}
 
-  std::unique_ptr<coordinator::CoordinatorServer> server_;
+  std::unique_ptr<::mesh::testing::InProcessCoordinator> coordinator_;
   std::shared_ptr<Store> store_;
 };
 

@@ -1,7 +1,8 @@
-// Subprocess: start a real binary for an integration test, read its stdout
-// line by line with a deadline, signal it, and reap it.
+// Subprocess for integration tests: common/subprocess.h's Subprocess with
+// its stdout captured and read line by line with a deadline, and a wait
+// that returns the raw wait status (for WIFEXITED and friends).
 //
-// The child is put in its own process group and gets PR_SET_PDEATHSIG
+// The child leads a process group of its own and gets PR_SET_PDEATHSIG
 // (SIGKILL), so it dies with the test even when the test crashes; the
 // destructor SIGKILLs the group and reaps it, so no process outlives a test.
 #pragma once
@@ -13,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/subprocess.h"
 
 namespace mesh::testing {
 
@@ -22,22 +24,22 @@ class Subprocess {
   // Starts argv[0] (a path) with argv. `env` entries "K=V" are added to this
   // process's environment. stdout is captured; stderr is inherited so that
   // ctest --output-on-failure shows it.
-  // Possible errors: INTERNAL when pipe/fork fails.
+  // Possible errors: those of mesh::Subprocess::Spawn.
   static absl::StatusOr<Subprocess> Start(const std::vector<std::string>& argv,
                                           const std::vector<std::string>& env = {});
+  // Starts `options` as they are, except that stdout is captured and the
+  // child leads a new process group unless it gets a session.
+  static absl::StatusOr<Subprocess> Spawn(SpawnOptions options);
 
-  Subprocess(Subprocess&& other) noexcept;
-  Subprocess& operator=(Subprocess&&) = delete;
-  Subprocess(const Subprocess&) = delete;
-  ~Subprocess();
-
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_.pid(); }
+  // The process itself, for what this wrapper does not cover.
+  ::mesh::Subprocess& process() { return process_; }
 
   // Next line of stdout without its newline.
   // Possible errors: DEADLINE_EXCEEDED; OUT_OF_RANGE at end of stream.
   absl::StatusOr<std::string> ReadLine(absl::Duration timeout);
 
-  // Sends `signal` to the child.
+  // Sends `signal` to the child (not its group); a no-op once reaped.
   void Signal(int signal);
 
   // Waits for exit and returns the raw wait status (use WIFEXITED etc.).
@@ -45,11 +47,9 @@ class Subprocess {
   absl::StatusOr<int> Wait(absl::Duration timeout);
 
  private:
-  Subprocess(pid_t pid, int stdout_fd) : pid_(pid), stdout_fd_(stdout_fd) {}
+  explicit Subprocess(::mesh::Subprocess process) : process_(std::move(process)) {}
 
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
-  bool reaped_ = false;
+  ::mesh::Subprocess process_;
   std::string buffer_;
 };
 

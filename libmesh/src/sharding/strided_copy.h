@@ -1,6 +1,7 @@
 // Copies between a contiguous buffer and a "box" of a contiguous tensor (a
 // view narrowed along one dim), on CPU and CUDA alike. Private to libmesh;
-// dtensor.cc packs and unpacks shards with it.
+// the sharding executor (plan_steps.cc, exchange.cc) packs and unpacks
+// shards with it.
 //
 // CopyTensor already copies any strides CPU -> CPU, but on CUDA it needs
 // both sides contiguous, and a Shard(d) block of a contiguous tensor is not

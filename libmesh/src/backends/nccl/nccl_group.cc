@@ -1,3 +1,9 @@
+// Over 800 lines on purpose: the event pool, the pending-op records, the
+// group core (communicator, streams, retirement), NcclWork and NcclGroup
+// share one set of private types and invariants about a communicator's
+// lifetime (docs/nccl.md). Splitting them would turn those invariants into
+// cross-file friend declarations; each has a section of its own below.
+
 #include "backends/nccl/nccl_group.h"
 
 #include <thread>

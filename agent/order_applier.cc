@@ -1,0 +1,529 @@
+#include "agent/order_applier.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <system_error>
+#include <utility>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "agent/job_paths.h"
+#include "agent/worker_env.h"
+#include "common/duration_format.h"
+
+namespace mesh::agent {
+namespace {
+
+// Extra time, beyond the grace, that stopping a generation may take.
+constexpr absl::Duration kStopMargin = absl::Seconds(5);
+
+}  // namespace
+
+// Not in the anonymous namespace: OrderApplier::Generation holds one, and
+// GCC rejects (-Wsubobject-linkage) a class with external linkage holding a
+// member of an anonymous-namespace type once the class is not in the main
+// file, as in a unity build.
+namespace order_applier_internal {
+
+// Wraps the agent's launcher for one generation: records the pid of each
+// launch in order (WorkerSupervisor::Start launches its ranks in the order
+// given, so pid i belongs to rank i), and lets a KILL order override the
+// grace the supervisor was built with.
+class RecordingLauncher final : public ProcessLauncher {
+ public:
+  explicit RecordingLauncher(ProcessLauncher* inner) : inner_(inner) {}
+
+  absl::StatusOr<pid_t> Launch(const LaunchSpec& spec, ExitCallback on_exit) override {
+    absl::StatusOr<pid_t> pid = inner_->Launch(spec, std::move(on_exit));
+    if (pid.ok()) {
+      absl::MutexLock lock(&mu_);
+      pids_.push_back(*pid);
+    }
+    return pid;
+  }
+  absl::Status Signal(pid_t pid, int signal) override { return inner_->Signal(pid, signal); }
+  absl::Status Terminate(pid_t pid, absl::Duration grace) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (grace_override_.has_value()) grace = *grace_override_;
+    }
+    return inner_->Terminate(pid, grace);
+  }
+
+  std::vector<pid_t> pids() const {
+    absl::MutexLock lock(&mu_);
+    return pids_;
+  }
+  void OverrideGrace(absl::Duration grace) {
+    absl::MutexLock lock(&mu_);
+    grace_override_ = grace;
+  }
+
+ private:
+  ProcessLauncher* const inner_;
+  mutable absl::Mutex mu_;
+  std::vector<pid_t> pids_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Duration> grace_override_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace order_applier_internal
+
+using order_applier_internal::RecordingLauncher;
+
+// The workers of one (job, generation). The maps are guarded by
+// OrderApplier::mu_; recorder and supervisor are set before the record is
+// shared and are thread-safe themselves. Destroyed only outside
+// OrderApplier::mu_ (the supervisor's destructor waits for exit callbacks,
+// which take mu_).
+struct OrderApplier::Generation {
+  int64_t generation = 0;
+  std::set<int> ranks;           // every rank of the LAUNCH
+  std::map<int, pid_t> running;  // launched, exit not yet seen
+  std::set<int> exited;
+  // MESH_METRICS_PORT of each rank given one, until its exit is seen.
+  std::map<int, int> metrics_ports;
+  bool launching = true;  // Start() in progress: exits are held back
+  bool stopped = false;   // killed or replaced: collected once empty
+  // Exit reports that arrived while launching; sent after the started one.
+  std::vector<v1::ReportWorkerExitRequest> held;
+  std::unique_ptr<RecordingLauncher> recorder;   // outlives supervisor
+  std::unique_ptr<WorkerSupervisor> supervisor;  // declared last: destroyed first
+};
+
+struct OrderApplier::JobRecord {
+  // Highest generation launched or killed; LAUNCH at or below it is a no-op.
+  int64_t highest = -1;
+  std::map<int64_t, std::shared_ptr<Generation>> generations;
+  // Exit records of the current generation, kept until a KILL, re-sent
+  // after every re-registration.
+  int64_t exits_generation = -1;
+  std::vector<v1::ReportWorkerExitRequest> exits;
+};
+
+OrderApplier::OrderApplier(const AgentConfig* config, ProcessLauncher* launcher,
+                           ReportOutbox* outbox, AgentMetrics* metrics, StrayKiller* strays)
+    : config_(*config),
+      launcher_(launcher),
+      outbox_(outbox),
+      metrics_(metrics),
+      strays_(strays),
+      next_worker_port_(config->worker_metrics_port_first) {}
+
+OrderApplier::~OrderApplier() {
+  std::vector<std::shared_ptr<Generation>> generations;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, job] : jobs_) {
+      for (auto& [g, rec] : job->generations) generations.push_back(std::move(rec));
+      job->generations.clear();
+    }
+  }
+  generations.clear();  // destroys the supervisors, outside mu_
+}
+
+void OrderApplier::BeginShutdown() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+}
+
+void OrderApplier::Shutdown() {
+  std::vector<std::shared_ptr<Generation>> generations;
+  std::vector<std::pair<std::string, int64_t>> ended;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (auto& [id, job] : jobs_) {
+      for (auto& [g, rec] : job->generations) {
+        rec->stopped = true;
+        generations.push_back(rec);
+        ended.emplace_back(id, g);
+      }
+    }
+    UpdateWorkerGaugesLocked();
+  }
+  for (auto& rec : generations) rec->supervisor->Stop();
+  for (auto& rec : generations) {
+    if (absl::Status s = rec->supervisor->WaitAllExited(config_.grace + kStopMargin); !s.ok()) {
+      spdlog::warn("shutdown: {}", std::string(s.message()));
+    }
+  }
+  KillStrays(ended);
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, job] : jobs_) job->generations.clear();
+    UpdateWorkerGaugesLocked();
+  }
+  generations.clear();  // destroys the supervisors, outside mu_
+}
+
+std::vector<v1::RunningWorker> OrderApplier::RunningWorkers() const {
+  absl::MutexLock lock(&mu_);
+  return RunningWorkersLocked();
+}
+
+std::vector<v1::RunningWorker> OrderApplier::RunningWorkersLocked() const {
+  std::vector<v1::RunningWorker> running;
+  for (const auto& [id, job] : jobs_) {
+    for (const auto& [g, rec] : job->generations) {
+      for (const auto& [rank, pid] : rec->running) {
+        v1::RunningWorker& w = running.emplace_back();
+        w.set_job_id(id);
+        w.set_generation(g);
+        w.set_rank(rank);
+        w.set_pid(pid);
+        if (auto port = rec->metrics_ports.find(rank); port != rec->metrics_ports.end()) {
+          w.set_metrics_port(port->second);
+        }
+      }
+    }
+  }
+  return running;
+}
+
+std::vector<v1::ReportWorkerExitRequest> OrderApplier::ExitRecords() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::ReportWorkerExitRequest> records;
+  for (const auto& [id, job] : jobs_) {
+    records.insert(records.end(), job->exits.begin(), job->exits.end());
+  }
+  return records;
+}
+
+std::set<int> OrderApplier::GenerationRanks(const std::string& job_id, int64_t generation) const {
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return {};
+  auto gen = job->second->generations.find(generation);
+  if (gen == job->second->generations.end()) return {};
+  return gen->second->ranks;
+}
+
+bool OrderApplier::RankFinished(const std::string& job_id, int64_t generation, int rank) const {
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return true;
+  auto gen = job->second->generations.find(generation);
+  if (gen == job->second->generations.end()) return true;
+  const Generation& rec = *gen->second;
+  if (rec.ranks.count(rank) == 0) return true;
+  if (rec.launching) return false;
+  return rec.running.count(rank) == 0;
+}
+
+void OrderApplier::UpdateWorkerGaugesLocked() {
+  size_t running = 0;
+  size_t stopping = 0;
+  for (const auto& [id, job] : jobs_) {
+    for (const auto& [g, rec] : job->generations) {
+      (rec->stopped ? stopping : running) += rec->running.size();
+    }
+  }
+  metrics_->workers_running->Set(static_cast<double>(running));
+  metrics_->workers_stopping->Set(static_cast<double>(stopping));
+}
+
+int OrderApplier::AcquireWorkerMetricsPortLocked() {
+  const int first = config_.worker_metrics_port_first;
+  const int last = config_.worker_metrics_port_last;
+  if (first == 0) return 0;
+  const int count = last - first + 1;
+  for (int i = 0; i < count; ++i) {
+    const int port = first + (next_worker_port_ - first + i) % count;
+    if (worker_ports_in_use_.insert(port).second) {
+      next_worker_port_ = port == last ? first : port + 1;
+      return port;
+    }
+  }
+  return 0;
+}
+
+void OrderApplier::ReleaseWorkerMetricsPortLocked(int port) { worker_ports_in_use_.erase(port); }
+
+void OrderApplier::CollectFinishedGenerations() {
+  std::vector<std::shared_ptr<Generation>> finished;
+  std::vector<std::pair<std::string, int64_t>> ended;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, job] : jobs_) {
+      for (auto it = job->generations.begin(); it != job->generations.end();) {
+        const Generation& rec = *it->second;
+        if (rec.stopped && !rec.launching && rec.running.empty()) {
+          ended.emplace_back(id, it->first);
+          finished.push_back(std::move(it->second));
+          it = job->generations.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+  KillStrays(ended);
+  // `finished` goes out of scope here, outside mu_.
+}
+
+void OrderApplier::KillStrays(const std::vector<std::pair<std::string, int64_t>>& generations) {
+  if (strays_ == nullptr) return;
+  for (const auto& [job_id, generation] : generations) {
+    if (const int killed = strays_->KillStrays(job_id, generation); killed > 0) {
+      spdlog::warn(
+          "job {} generation {}: killed {} process(es) that had left their worker's "
+          "process group",
+          job_id, generation, killed);
+    }
+  }
+}
+
+void OrderApplier::ApplyLaunch(const v1::Assignment& order, absl::Time received) {
+  const std::string& job_id = order.job_id();
+  const int64_t generation = order.generation();
+  std::vector<std::shared_ptr<Generation>> older;
+  {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<JobRecord>& job = jobs_[job_id];
+    if (job == nullptr) job = std::make_unique<JobRecord>();
+    if (generation <= job->highest) {
+      spdlog::debug("LAUNCH of job {} generation {}: already applied (highest {})", job_id,
+                    generation, job->highest);
+      return;
+    }
+    job->highest = generation;
+    for (auto& [g, rec] : job->generations) {
+      rec->stopped = true;
+      older.push_back(rec);
+    }
+    job->exits.clear();
+    job->exits_generation = generation;
+    UpdateWorkerGaugesLocked();
+  }
+  spdlog::info("LAUNCH job {} generation {}: {} rank(s){}{}", job_id, generation,
+               order.ranks_size(), order.reason().empty() ? "" : "; ", order.reason());
+  // A restart: the old generation goes first, so two generations never
+  // hold the same GPUs or ports.
+  for (auto& rec : older) rec->supervisor->Stop();
+  for (auto& rec : older) {
+    if (absl::Status s = rec->supervisor->WaitAllExited(config_.grace + kStopMargin); !s.ok()) {
+      spdlog::warn("launching job {} generation {} anyway: {}", job_id, generation,
+                   std::string(s.message()));
+    }
+  }
+  older.clear();
+  CollectFinishedGenerations();
+
+  std::vector<int> ranks;
+  for (const v1::RankLaunch& r : order.ranks()) ranks.push_back(r.rank());
+  // MESH_METRICS_PORT of each rank, held until the rank's exit is seen (or
+  // the launch fails).
+  std::map<int, int> metrics_ports;
+  auto fail_all = [&](const std::string& why) {
+    spdlog::error("cannot launch job {} generation {}: {}", job_id, generation, why);
+    absl::MutexLock lock(&mu_);
+    for (const auto& [rank, port] : metrics_ports) ReleaseWorkerMetricsPortLocked(port);
+    metrics_ports.clear();
+    JobRecord& job = *jobs_[job_id];
+    for (int rank : ranks) {
+      metrics_->worker_exits->WithLabels({kLaunchErrorReason})->Increment();
+      v1::ReportWorkerExitRequest exit;
+      exit.set_job_id(job_id);
+      exit.set_generation(generation);
+      exit.set_rank(rank);
+      exit.set_launch_error(why);
+      exit.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
+      if (job.exits_generation == generation) job.exits.push_back(exit);
+      outbox_->Enqueue(std::move(exit));
+    }
+  };
+  if (ranks.empty()) {
+    spdlog::warn("LAUNCH of job {} generation {} lists no ranks; nothing to do", job_id,
+                 generation);
+    return;
+  }
+  if (!IsSafeJobId(job_id)) return fail_all(absl::StrCat("job id '", job_id, "' is not valid"));
+  if (order.command().empty()) return fail_all("the command is empty");
+  const std::string dir = GenerationDir(config_.work_dir, job_id, generation);
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) return fail_all(absl::StrCat("cannot create ", dir, ": ", error.message()));
+
+  std::vector<std::pair<std::string, std::string>> user_env(order.env().begin(), order.env().end());
+  std::sort(user_env.begin(), user_env.end());
+  std::vector<RankLaunch> launches;
+  for (const v1::RankLaunch& r : order.ranks()) {
+    WorkerAssignment assignment;
+    assignment.coordinator = config_.coordinator;
+    assignment.security = config_.security;
+    assignment.security.token = order.worker_token();
+    assignment.job_id = job_id;
+    assignment.generation = generation;
+    assignment.rank = r.rank();
+    assignment.world_size = order.world_size();
+    assignment.local_rank = r.local_rank();
+    assignment.local_world_size = order.local_world_size();
+    assignment.node_rank = order.node_rank();
+    assignment.num_nodes = order.num_nodes();
+    assignment.node_name = config_.name;
+    assignment.master_addr = order.master_addr();
+    assignment.master_port = order.master_port();
+    assignment.restart_count = order.restart_count();
+    assignment.max_restarts = order.max_restarts();
+    assignment.gpu_job = order.gpu_job();
+    assignment.gpus.assign(r.gpus().begin(), r.gpus().end());
+    assignment.agent_instance = config_.instance;
+    assignment.user_env = user_env;
+    {
+      absl::MutexLock lock(&mu_);
+      assignment.metrics_port = AcquireWorkerMetricsPortLocked();
+    }
+    if (assignment.metrics_port != 0) {
+      metrics_ports[r.rank()] = assignment.metrics_port;
+    } else if (config_.worker_metrics_port_first != 0) {
+      spdlog::warn(
+          "job {} generation {} rank {}: every worker metrics port ({}-{}) is taken; "
+          "launching it without one",
+          job_id, generation, r.rank(), config_.worker_metrics_port_first,
+          config_.worker_metrics_port_last);
+    }
+    absl::StatusOr<std::vector<std::string>> env = BuildWorkerEnv(assignment, config_.base_env);
+    if (!env.ok()) return fail_all(absl::StrCat("rank ", r.rank(), ": ", env.status().message()));
+    RankLaunch launch;
+    launch.rank = r.rank();
+    launch.spec.argv.assign(order.command().begin(), order.command().end());
+    launch.spec.env = std::move(*env);
+    launch.spec.working_dir = order.working_dir().empty() ? dir : order.working_dir();
+    launch.spec.stdout_log = RankLogPath(config_.work_dir, job_id, generation, r.rank());
+    launch.spec.max_log_bytes = config_.log_max_bytes;
+    launches.push_back(std::move(launch));
+  }
+
+  auto rec = std::make_shared<Generation>();
+  rec->generation = generation;
+  rec->ranks.insert(ranks.begin(), ranks.end());
+  rec->metrics_ports = metrics_ports;
+  rec->recorder = std::make_unique<RecordingLauncher>(launcher_);
+  SupervisorOptions options;
+  options.grace = config_.grace;
+  rec->supervisor =
+      std::make_unique<WorkerSupervisor>(rec->recorder.get(), job_id, generation, options,
+                                         [this](const RankExit& exit) { OnRankExit(exit); });
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      for (const auto& [rank, port] : metrics_ports) ReleaseWorkerMetricsPortLocked(port);
+      return;
+    }
+    jobs_[job_id]->generations[generation] = rec;
+  }
+  // From here the ports belong to `rec`: OnRankExit releases each.
+  metrics_ports.clear();
+  const absl::Status started = rec->supervisor->Start(std::move(launches));
+  if (!started.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      rec->launching = false;
+      rec->stopped = true;
+      rec->held.clear();  // every rank is reported as a launch error instead
+      // Ranks whose exit was not seen (never started) give their ports back.
+      for (const auto& [rank, port] : rec->metrics_ports) ReleaseWorkerMetricsPortLocked(port);
+      rec->metrics_ports.clear();
+      UpdateWorkerGaugesLocked();
+    }
+    return fail_all(std::string(started.message()));
+  }
+  const std::vector<pid_t> pids = rec->recorder->pids();
+  absl::MutexLock lock(&mu_);
+  rec->launching = false;
+  v1::ReportWorkersStartedRequest report;
+  report.set_job_id(job_id);
+  report.set_generation(generation);
+  for (size_t i = 0; i < ranks.size() && i < pids.size(); ++i) {
+    if (rec->exited.count(ranks[i]) == 0) rec->running[ranks[i]] = pids[i];
+    v1::RunningWorker* w = report.add_workers();
+    w->set_job_id(job_id);
+    w->set_generation(generation);
+    w->set_rank(ranks[i]);
+    w->set_pid(pids[i]);
+    if (auto port = rec->metrics_ports.find(ranks[i]); port != rec->metrics_ports.end()) {
+      w->set_metrics_port(port->second);
+    }
+  }
+  metrics_->launches->Increment(static_cast<double>(pids.size()));
+  if (generation > 0) metrics_->restarts->Increment(static_cast<double>(pids.size()));
+  metrics_->launch_duration->Observe(absl::ToDoubleSeconds(absl::Now() - received));
+  UpdateWorkerGaugesLocked();
+  spdlog::info("job {} generation {}: started {} worker(s)", job_id, generation, pids.size());
+  outbox_->Enqueue(std::move(report));
+  for (v1::ReportWorkerExitRequest& held : rec->held) outbox_->Enqueue(std::move(held));
+  rec->held.clear();
+}
+
+void OrderApplier::ApplyKill(const v1::Assignment& order) {
+  const std::string& job_id = order.job_id();
+  std::vector<std::shared_ptr<Generation>> victims;
+  {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<JobRecord>& job = jobs_[job_id];
+    if (job == nullptr) job = std::make_unique<JobRecord>();
+    job->highest = std::max(job->highest, order.generation());
+    for (auto& [g, rec] : job->generations) {
+      if (g > order.generation()) continue;
+      rec->stopped = true;
+      victims.push_back(rec);
+    }
+    if (job->exits_generation <= order.generation()) job->exits.clear();
+    UpdateWorkerGaugesLocked();
+  }
+  const absl::Duration grace = order.grace_period_seconds() > 0
+                                   ? absl::Seconds(order.grace_period_seconds())
+                                   : config_.grace;
+  spdlog::info("KILL job {} generations <= {} ({} on this node, grace {}){}{}", job_id,
+               order.generation(), victims.size(), FormatDurationShort(grace),
+               order.reason().empty() ? "" : ": ", order.reason());
+  for (auto& rec : victims) {
+    rec->recorder->OverrideGrace(grace);
+    rec->supervisor->Stop();
+  }
+}
+
+void OrderApplier::OnRankExit(const RankExit& exit) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = nullptr;
+  Generation* rec = nullptr;
+  if (auto it = jobs_.find(exit.job_id); it != jobs_.end()) {
+    job = it->second.get();
+    if (auto g = job->generations.find(exit.generation); g != job->generations.end()) {
+      rec = g->second.get();
+    }
+  }
+  if (rec != nullptr) {
+    rec->running.erase(exit.rank);
+    rec->exited.insert(exit.rank);
+    if (auto port = rec->metrics_ports.find(exit.rank); port != rec->metrics_ports.end()) {
+      ReleaseWorkerMetricsPortLocked(port->second);
+      rec->metrics_ports.erase(port);
+    }
+  }
+  metrics_->worker_exits->WithLabels({WorkerExitReason(exit.exit)})->Increment();
+  UpdateWorkerGaugesLocked();
+  if (exit.stopped) return;  // the agent's doing, not the job's failure
+  spdlog::info("job {} generation {} rank {} (pid {}) ended: {}", exit.job_id, exit.generation,
+               exit.rank, exit.exit.pid, exit.exit.ToString());
+  v1::ReportWorkerExitRequest request;
+  request.set_job_id(exit.job_id);
+  request.set_generation(exit.generation);
+  request.set_rank(exit.rank);
+  if (exit.exit.exited()) {
+    request.set_exit_code(exit.exit.exit_code);
+  } else {
+    request.set_signal(exit.exit.signal);
+  }
+  request.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
+  if (job != nullptr && job->exits_generation == exit.generation) job->exits.push_back(request);
+  if (rec != nullptr && rec->launching) {
+    rec->held.push_back(std::move(request));
+  } else {
+    outbox_->Enqueue(std::move(request));
+  }
+}
+
+}  // namespace mesh::agent

@@ -1,0 +1,136 @@
+// OrderApplier: carries out the coordinator's LAUNCH and KILL orders on
+// this host, one WorkerSupervisor per (job, generation), and turns what
+// happens to the workers into reports for the ReportOutbox.
+//
+// Orders are applied in stream order by one thread (the Agent's order
+// thread), which is also the thread that calls ProcessLauncher::Launch
+// (PR_SET_PDEATHSIG is per thread). An order for a (job, generation) at or
+// below one already launched or killed is a no-op. LAUNCH of a newer
+// generation first stops the older ones and waits for their workers to exit
+// (at most grace + 5 s), so two generations never hold the same GPUs or
+// ports. Once a stopped generation's workers have all exited, what is left
+// of it outside their process groups (setsid grandchildren) is killed
+// through the StrayKiller.
+//
+// A generation's life on this host:
+//
+//   LAUNCHING ──all ranks started──▶ RUNNING ──KILL / newer LAUNCH──▶ STOPPED
+//       │ a rank failed to launch      │ every rank exited             │
+//       ▼                              ▼ (stays until stopped)         │
+//   STOPPED: every rank reported    (exits reported)     every worker exited
+//   as a launch error                                                  ▼
+//                                                        collected, strays killed
+//
+// Reports: one ReportWorkersStarted per launched generation, then one
+// ReportWorkerExit per worker exit that was not the agent's doing (exits
+// seen while the generation is still launching are held back until after
+// the started report). The exit records of each job's current generation
+// are kept (until a KILL or the next LAUNCH) so that they can be sent again
+// to a coordinator that may have lost them (ExitRecords).
+//
+// Worker metrics ports: with a range configured, each launched rank gets a
+// port of it that no other live worker holds, as MESH_METRICS_PORT, handed
+// out round-robin so a port just freed is reused last; when every port is
+// taken the rank is launched without one (logged).
+//
+// Thread safety: thread-safe. ApplyLaunch, ApplyKill and
+// CollectFinishedGenerations are meant for one thread (they may block for
+// grace + 5 s); the queries may be called from any thread. Worker exits
+// arrive on the launcher's callback thread.
+// Ownership: config, launcher, outbox and metrics are borrowed and must
+// outlive the applier; `strays` may be null (nothing is looked for).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "agent/agent_config.h"
+#include "agent/agent_metrics.h"
+#include "agent/process_launcher.h"
+#include "agent/report_outbox.h"
+#include "agent/stray_killer.h"
+#include "agent/worker_supervisor.h"
+#include "mesh/v1/job.pb.h"
+
+namespace mesh::agent {
+
+class OrderApplier {
+ public:
+  OrderApplier(const AgentConfig* config, ProcessLauncher* launcher, ReportOutbox* outbox,
+               AgentMetrics* metrics, StrayKiller* strays);
+  // Destroys the supervisors, which stop any worker still running; call
+  // Shutdown first to wait for them.
+  ~OrderApplier();
+
+  OrderApplier(const OrderApplier&) = delete;
+  OrderApplier& operator=(const OrderApplier&) = delete;
+
+  // LAUNCH: stops older generations of the job, then starts every rank of
+  // the order. `received` is when the order arrived (launch duration
+  // metric). A failure to launch is reported as a launch error for every
+  // rank of the order, not returned.
+  void ApplyLaunch(const v1::Assignment& order, absl::Time received);
+  // KILL: stops every generation of the job at or below the order's, with
+  // the order's grace (AgentConfig.grace when it gives none).
+  void ApplyKill(const v1::Assignment& order);
+  // Forgets stopped generations whose workers have all exited, and kills
+  // their strays.
+  void CollectFinishedGenerations();
+
+  // After this, a LAUNCH (one in progress included) starts nothing.
+  void BeginShutdown();
+  // Stops every worker (SIGTERM, SIGKILL after the grace), waits for them
+  // (grace + 5 s at most), kills their strays and forgets every
+  // generation. Call once no order is being applied any more.
+  void Shutdown();
+
+  // Workers supervised now (launched, exit not yet seen).
+  std::vector<v1::RunningWorker> RunningWorkers() const;
+  // The exit records of each job's current generation.
+  std::vector<v1::ReportWorkerExitRequest> ExitRecords() const;
+  // The ranks of a generation this agent still knows; empty when none.
+  std::set<int> GenerationRanks(const std::string& job_id, int64_t generation) const;
+  // Whether a rank has ended, will not start, or is unknown here: its log
+  // will not grow any more. False while its generation is launching.
+  bool RankFinished(const std::string& job_id, int64_t generation, int rank) const;
+
+ private:
+  struct Generation;
+  struct JobRecord;
+
+  void OnRankExit(const RankExit& exit);
+  // Kills what is left of each (job, generation) outside its workers'
+  // process groups; call without mu_.
+  void KillStrays(const std::vector<std::pair<std::string, int64_t>>& generations);
+  std::vector<v1::RunningWorker> RunningWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateWorkerGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A free port of the worker metrics range (marked used), or 0 when the
+  // range is off or every port is held by a live worker.
+  int AcquireWorkerMetricsPortLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseWorkerMetricsPortLocked(int port) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const AgentConfig& config_;
+  ProcessLauncher* const launcher_;
+  ReportOutbox* const outbox_;
+  AgentMetrics* const metrics_;
+  StrayKiller* const strays_;  // May be null.
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Jobs this agent has seen, by id.
+  std::map<std::string, std::unique_ptr<JobRecord>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Worker metrics ports held by live workers, and where the round-robin
+  // search for the next one starts.
+  std::set<int> worker_ports_in_use_ ABSL_GUARDED_BY(mu_);
+  int next_worker_port_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace mesh::agent

@@ -1,0 +1,178 @@
+// JobManager's handling of what agents report about their workers:
+// ReportWorkersStarted (SCHEDULED → RUNNING) and ReportWorkerExit (a rank
+// done, the job succeeded, or a failure with its root cause; job_manager.h).
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/job_manager.h"
+#include "coordinator/job_manager_internal.h"
+
+namespace mesh::coordinator {
+
+using ::mesh::v1::JOB_STATE_SCHEDULED;
+using ::mesh::v1::RootCause;
+
+namespace {
+
+const char* SignalName(int signal) {
+  switch (signal) {
+    case 1:
+      return "SIGHUP";
+    case 2:
+      return "SIGINT";
+    case 3:
+      return "SIGQUIT";
+    case 4:
+      return "SIGILL";
+    case 6:
+      return "SIGABRT";
+    case 7:
+      return "SIGBUS";
+    case 8:
+      return "SIGFPE";
+    case 9:
+      return "SIGKILL";
+    case 11:
+      return "SIGSEGV";
+    case 13:
+      return "SIGPIPE";
+    case 14:
+      return "SIGALRM";
+    case 15:
+      return "SIGTERM";
+    default:
+      return "";
+  }
+}
+
+std::string DescribeSignal(int signal) {
+  const char* name = SignalName(signal);
+  return *name ? absl::StrCat(signal, " (", name, ")") : absl::StrCat(signal);
+}
+
+}  // namespace
+
+absl::Status JobManager::ReportWorkersStarted(
+    const mesh::v1::ReportWorkersStartedRequest& request) {
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Node*> node = SessionNodeLocked(request.name(), request.session_id());
+    if (!node.ok()) return node.status();
+    SeenLocked(**node, clock_->Now());
+    Job* job = FindJobLocked(request.job_id());
+    if (job == nullptr || !job->holds || request.generation() != job->generation()) {
+      if (job != nullptr && request.generation() < job->generation()) ++stats_.stale_reports;
+      return absl::OkStatus();
+    }
+    for (const auto& worker : request.workers()) {
+      if (worker.rank() < 0 || worker.rank() >= static_cast<int>(job->ranks.size()) ||
+          job->placement->ranks[worker.rank()].node != request.name()) {
+        return absl::InvalidArgumentError(absl::StrCat("job ", job->id, ": rank ", worker.rank(),
+                                                       " is not placed on node ", request.name()));
+      }
+    }
+    for (const auto& worker : request.workers()) {
+      Job::Rank& status = job->ranks[worker.rank()];
+      if (status != Job::Rank::kSucceeded) status = Job::Rank::kRunning;
+      if (discovery_ != nullptr && worker.metrics_port() > 0) {
+        discovery_->SetWorker(job->id, worker.rank(), request.name(),
+                              ServiceDiscovery::Target((*node)->address, worker.metrics_port()));
+        FlushDiscoveryLater(effects);
+      }
+    }
+    MaybeStartLocked(*job, effects);
+    while (effects.TakeReschedule()) ScheduleLocked(effects);
+  }
+  effects.Run();
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::ReportWorkerExit(const mesh::v1::ReportWorkerExitRequest& request) {
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Node*> found = SessionNodeLocked(request.name(), request.session_id());
+    if (!found.ok()) return found.status();
+    Node& node = **found;
+    SeenLocked(node, clock_->Now());
+    Job* job = FindJobLocked(request.job_id());
+    if (job == nullptr || !job->holds || request.generation() != job->generation()) {
+      if (job != nullptr && request.generation() < job->generation()) ++stats_.stale_reports;
+      return absl::OkStatus();
+    }
+    const int rank = request.rank();
+    if (rank < 0 || rank >= static_cast<int>(job->ranks.size()) ||
+        job->placement->ranks[rank].node != node.name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job ", job->id, ": rank ", rank, " is not placed on node ", node.name));
+    }
+    using Termination = mesh::v1::ReportWorkerExitRequest::TerminationCase;
+    const Termination how = request.termination_case();
+    if (discovery_ != nullptr) {
+      discovery_->RemoveWorker(job->id, rank);
+      FlushDiscoveryLater(effects);
+    }
+    if (how == Termination::kExitCode && request.exit_code() == 0) {
+      job->ranks[rank] = Job::Rank::kSucceeded;
+      const bool all = std::all_of(job->ranks.begin(), job->ranks.end(),
+                                   [](Job::Rank r) { return r == Job::Rank::kSucceeded; });
+      if (all) {
+        if (job->state() == JOB_STATE_SCHEDULED) {
+          (void)job->machine->Start("every rank ran");
+          (void)PersistLocked(*job);
+          NotifyWatchersLocked(*job);
+        }
+        (void)job->machine->Succeed(absl::StrCat("all ", job->ranks.size(), " ranks exited 0"));
+        spdlog::info("job {} succeeded", job->id);
+        AfterTransitionLocked(*job, effects);
+      } else {
+        // Peers still run and may be waiting for this rank (a barrier, a
+        // key): unless it left its rendezvous cleanly, Coordination ends
+        // their waits now, naming it, instead of at their deadlines. After
+        // unlock: the failure listener calls back into this manager.
+        effects.Call(
+            [coordination = coordination_, id = job->id, generation = request.generation(), rank] {
+              (void)coordination->RankExited(
+                  id, generation, rank,
+                  "exited with code 0 before the job finished (without leaving: no "
+                  "Runtime::Shutdown)");
+            });
+      }
+    } else {
+      RootCause cause;
+      cause.set_rank(rank);
+      cause.set_node(node.name);
+      cause.set_host(node.address);
+      cause.set_generation(request.generation());
+      const std::string who = absl::StrCat("rank ", rank, " (node ", node.name, ")");
+      switch (how) {
+        case Termination::kExitCode:
+          cause.set_exit_code(request.exit_code());
+          cause.set_message(absl::StrCat(who, " exited with code ", request.exit_code()));
+          break;
+        case Termination::kSignal:
+          cause.set_signal(request.signal());
+          cause.set_message(
+              absl::StrCat(who, " was killed by signal ", DescribeSignal(request.signal())));
+          break;
+        case Termination::kLaunchError:
+          cause.set_message(absl::StrCat(who, " could not be started: ", request.launch_error()));
+          break;
+        default:
+          return absl::InvalidArgumentError(
+              "ReportWorkerExit needs an exit_code, a signal or a launch_error");
+      }
+      FailJobLocked(*job, std::move(cause), effects);
+    }
+    while (effects.TakeReschedule()) ScheduleLocked(effects);
+  }
+  effects.Run();
+  return absl::OkStatus();
+}
+
+}  // namespace mesh::coordinator
