@@ -13,13 +13,14 @@
 #   make lint    clang-tidy over our sources
 #
 # Knobs: BUILD_DIR=build BUILD_TYPE=RelWithDebInfo SANITIZE=address,undefined
-#        UNITY=ON (compile each target's files in batches; OFF for quicker
-#        incremental rebuilds of one file, docs/build.md)
+#        UNITY=ON UNITY_BATCH=16 (compile each target's files in batches of
+#        up to 16; UNITY=OFF for quicker incremental rebuilds, docs/build.md)
 #        CMAKE_ARGS="-DMESH_WITH_CUDA=OFF" CTEST_ARGS="-L unit"
 BUILD_DIR ?= build
 BUILD_TYPE ?= RelWithDebInfo
 SANITIZE ?=
 UNITY ?= ON
+UNITY_BATCH ?= 16
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
@@ -37,7 +38,7 @@ configure: deps
 	cmake -S . -B $(BUILD_DIR) -G Ninja \
 	  -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
 	  -DMESH_SANITIZE="$(SANITIZE)" \
-	  -DCMAKE_UNITY_BUILD=$(UNITY) \
+	  -DCMAKE_UNITY_BUILD=$(UNITY) -DCMAKE_UNITY_BUILD_BATCH_SIZE=$(UNITY_BATCH) \
 	  $(CMAKE_ARGS)
 
 build: configure

@@ -129,11 +129,21 @@ function(mesh_cc_test name)
     set_property(GLOBAL APPEND PROPERTY MESH_GPU_TESTS ${name})
   endif()
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
+  # ctest -j starts the tests of highest COST first. A fresh build has no
+  # timings of its own yet, so the process-level tests (integration, fault),
+  # which take seconds where a unit test takes milliseconds, go first, by
+  # their timeout, and the short ones fill the gaps instead of leaving a
+  # long test to run alone at the end.
+  set(cost 0)
+  if("integration" IN_LIST ARG_LABELS OR "fault" IN_LIST ARG_LABELS)
+    set(cost ${ARG_TIMEOUT})
+  endif()
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
     DISCOVERY_TIMEOUT 30
     PROPERTIES
       LABELS "${labels}"
       TIMEOUT ${ARG_TIMEOUT}
+      COST ${cost}
       SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
 endfunction()

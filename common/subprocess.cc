@@ -320,7 +320,16 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const SpawnOptions& options) {
     std::memset(&dfl, 0, sizeof(dfl));
     dfl.sa_handler = SIG_DFL;
     for (int sig = 1; sig < NSIG; ++sig) {
-      if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, nullptr);
+      if (sig == SIGKILL || sig == SIGSTOP) continue;
+      if (sigaction(sig, &dfl, nullptr) != 0 && errno == EINVAL) {
+        // glibc keeps its own signals below SIGRTMIN (32 and 33) from
+        // sigaction(); one the parent inherited as ignored would stay
+        // ignored across execve and break the new program's glibc. The
+        // kernel call takes an all-zero action as SIG_DFL with no flags and
+        // an empty mask, whatever the architecture's field order.
+        const unsigned long zero_action[8] = {};
+        syscall(SYS_rt_sigaction, sig, zero_action, nullptr, (NSIG - 1) / 8);
+      }
     }
     if (pre_exec != nullptr) {
       if (const int err = (*pre_exec)(); err != 0) {

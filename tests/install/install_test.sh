@@ -109,9 +109,11 @@ export PKG_CONFIG_PATH=$libdir/pkgconfig
 mkdir -p "$work/pc-build"
 for example in allreduce_2d dtensor_redistribute; do
   # shellcheck disable=SC2046
-  c++ -std=c++20 -o "$work/pc-build/$example" "$consumer/$example.cc" \
-    $(pkg-config --cflags --libs meshrt) -Wl,-rpath,"$libdir" ||
-    fail "build of $example with pkg-config meshrt"
+  c++ -std=c++20 -c -o "$work/pc-build/$example.o" "$consumer/$example.cc" \
+    $(pkg-config --cflags meshrt) || fail "compile of $example with pkg-config meshrt"
+  # shellcheck disable=SC2046
+  c++ -o "$work/pc-build/$example" "$work/pc-build/$example.o" $(pkg-config --libs meshrt) \
+    -Wl,-rpath,"$libdir" || fail "link of $example with pkg-config meshrt"
 done
 step "pkg-config --static meshrt: allreduce_2d against libmeshrt.a"
 # meshrt.pc names the CUDA runtime and NCCL (when the build has them) without
@@ -122,11 +124,12 @@ for var in CUDAToolkit_LIBRARY_DIR NCCL_LIBRARY; do
   [[ -f "$value" ]] && value=$(dirname "$value")
   export LIBRARY_PATH=$value${LIBRARY_PATH:+:$LIBRARY_PATH}
 done
+# The same object as above, linked against the archive.
 # shellcheck disable=SC2046
-c++ -std=c++20 -o "$work/pc-build/allreduce_2d_static" "$consumer/allreduce_2d.cc" \
-  $(pkg-config --cflags meshrt) -L"$libdir" -Wl,-Bstatic -lmeshrt -Wl,-Bdynamic \
+c++ -o "$work/pc-build/allreduce_2d_static" "$work/pc-build/allreduce_2d.o" \
+  -L"$libdir" -Wl,-Bstatic -lmeshrt -Wl,-Bdynamic \
   $(pkg-config --static --libs meshrt | sed 's/-lmeshrt//') ||
-  fail "static build of allreduce_2d with pkg-config --static meshrt"
+  fail "static link of allreduce_2d with pkg-config --static meshrt"
 if ldd "$work/pc-build/allreduce_2d_static" | grep -q libmeshrt; then
   fail "the static build still needs libmeshrt.so"
 fi
