@@ -10,11 +10,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/errno_text.h"
 
 namespace mesh::agent {
 namespace {
-
-std::string ErrnoText(int err) { return std::strerror(err); }
 
 // Reads up to `size` bytes at `offset`, retrying on EINTR. Returns the
 // count, or -1 with errno set.

@@ -13,11 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/errno_text.h"
 
 namespace mesh::agent {
 namespace {
-
-std::string ErrnoText(int err) { return std::strerror(err); }
 
 void CloseFd(int& fd) {
   if (fd >= 0) close(fd);

@@ -28,6 +28,7 @@
 #include "cli/admin_client.h"
 #include "cli/cluster.h"
 #include "common/check.h"
+#include "common/errno_text.h"
 #include "common/grpc_status.h"
 #include "common/subprocess.h"
 #include "mesh/v1/job.grpc.pb.h"
@@ -54,8 +55,6 @@ double Median(std::vector<double> values) {
   const size_t n = values.size();
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
-
-std::string ErrnoText(int err) { return std::strerror(err); }
 
 // ---- Temp dir ---------------------------------------------------------------
 

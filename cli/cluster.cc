@@ -24,14 +24,13 @@
 #include "cli/meshctl.h"
 #include "common/check.h"
 #include "common/duration_format.h"
+#include "common/errno_text.h"
 #include "common/subprocess.h"
 
 namespace mesh::cli {
 namespace {
 
 constexpr int kLogTailLines = 15;
-
-std::string ErrnoText(int err) { return std::strerror(err); }
 
 // The last `lines` lines of the file at `path` (at most 8 KiB of it).
 std::string LogTail(const std::string& path, int lines) {

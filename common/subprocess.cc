@@ -19,13 +19,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/errno_text.h"
 
 extern char** environ;
 
 namespace mesh {
 namespace {
-
-std::string ErrnoText(int err) { return std::strerror(err); }
 
 void CloseFd(int& fd) {
   if (fd >= 0) close(fd);
@@ -311,11 +310,9 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const SpawnOptions& options) {
       // will ever come, and the child would run as an orphan.
       if (getppid() != parent) _exit(127);
     }
-    // Undo what the parent's threads may have set: a blocked mask and
-    // ignored signals both survive execve.
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
+    // Undo what the parent's threads may have set: ignored signals and a
+    // blocked mask both survive execve. The dispositions first, so that no
+    // signal unblocked here runs one of the parent's handlers in the child.
     struct sigaction dfl;
     std::memset(&dfl, 0, sizeof(dfl));
     dfl.sa_handler = SIG_DFL;
@@ -331,6 +328,9 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const SpawnOptions& options) {
         syscall(SYS_rt_sigaction, sig, zero_action, nullptr, (NSIG - 1) / 8);
       }
     }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     if (pre_exec != nullptr) {
       if (const int err = (*pre_exec)(); err != 0) {
         ChildFail(report_write, ChildStage::kPreExec, err);

@@ -42,7 +42,10 @@ std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::stri
 // watch ended with). Lifetime: deletes itself in OnDone, which gRPC calls only
 // after Finish; Finish is called only once the Coordination callback has run
 // or can no longer run (Unwatch succeeded or Watch failed), so the callback
-// never outlives the reactor.
+// never outlives the reactor. Finish is called after mu_ is released and
+// nothing of the reactor is touched after it: OnResult runs on a
+// Coordination thread, which gRPC does not hold OnDone back for, so the
+// reactor may be deleted as soon as Finish is called.
 class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
  public:
   WatchReactor(Coordination* coordination, const WatchJobRequest& request)
@@ -51,13 +54,16 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
     // has already failed), and it takes mu_. Until started_, it only records.
     auto handle = coordination_->Watch(ToCaller(request.context()),
                                        [this](absl::StatusOr<JobError> r) { OnResult(r); });
-    absl::MutexLock lock(&mu_);
     if (!handle.ok()) {
       // Nothing was registered, so the callback never runs.
-      finished_ = true;
+      {
+        absl::MutexLock lock(&mu_);
+        finished_ = true;
+      }
       Finish(ToGrpcStatus(handle.status()));
       return;
     }
+    absl::MutexLock lock(&mu_);
     handle_ = *handle;
     started_ = true;
     watching_.set_kind(v1::JobEvent::WATCHING);
@@ -66,59 +72,73 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
   }
 
   void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) {
-      // The client is gone; stop watching and end the call.
-      if (!finish_status_) finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "");
-      error_pending_ = false;
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) {
+        // The client is gone; stop watching and end the call.
+        if (!finish_status_) finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "");
+        error_pending_ = false;
+      }
+      finish = StepLocked();
     }
-    StepLocked();
+    if (finish) Finish(*finish);
   }
 
   void OnCancel() override {
-    absl::MutexLock lock(&mu_);
-    if (!finish_status_) finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "");
-    error_pending_ = false;
-    StepLocked();
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!finish_status_) finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "");
+      error_pending_ = false;
+      finish = StepLocked();
+    }
+    if (finish) Finish(*finish);
   }
 
   void OnDone() override { delete this; }
 
  private:
   void OnResult(const absl::StatusOr<JobError>& result) {
-    absl::MutexLock lock(&mu_);
-    callback_done_ = true;
-    if (!finish_status_) {
-      if (result.ok()) {
-        error_.set_kind(v1::JobEvent::ERROR);
-        FillJobError(*result, error_.mutable_error());
-        error_pending_ = true;
-        finish_status_ = grpc::Status::OK;
-      } else {
-        finish_status_ = ToGrpcStatus(result.status());
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      callback_done_ = true;
+      if (!finish_status_) {
+        if (result.ok()) {
+          error_.set_kind(v1::JobEvent::ERROR);
+          FillJobError(*result, error_.mutable_error());
+          error_pending_ = true;
+          finish_status_ = grpc::Status::OK;
+        } else {
+          finish_status_ = ToGrpcStatus(result.status());
+        }
       }
+      finish = StepLocked();
     }
-    StepLocked();
+    if (finish) Finish(*finish);
   }
 
-  // Advances the state machine: one write at a time, then Finish once the
-  // callback can no longer run.
-  void StepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!started_ || finished_ || writing_) return;
+  // Advances the state machine: one write at a time, then, once the callback
+  // can no longer run, returns the status to Finish with, which the caller
+  // does after releasing mu_ (and touching nothing of the reactor after).
+  std::optional<grpc::Status> StepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!started_ || finished_ || writing_) return std::nullopt;
     if (error_pending_) {
       error_pending_ = false;
       writing_ = true;
       StartWrite(&error_);
-      return;
+      return std::nullopt;
     }
-    if (!finish_status_) return;
+    if (!finish_status_) return std::nullopt;
     if (!callback_done_) {
-      if (!coordination_->Unwatch(handle_)) return;  // It is running; it will step us.
+      // It is running; it will step us.
+      if (!coordination_->Unwatch(handle_)) return std::nullopt;
       callback_done_ = true;
     }
     finished_ = true;
-    Finish(*finish_status_);
+    return *finish_status_;
   }
 
   Coordination* const coordination_;
