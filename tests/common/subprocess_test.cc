@@ -126,7 +126,7 @@ TEST_F(SubprocessTest, ExecFailuresAreReportedAsErrors) {
 
   // Executable, but no #! and not ELF: execve itself fails (ENOEXEC).
   const std::string garbage = dir_ + "/garbage";
-  std::ofstream(garbage) << std::string("\x7f\x01\x02\x03 not a program", 20);
+  std::ofstream(garbage) << "\x7f\x01\x02\x03 not a program";
   ASSERT_EQ(chmod(garbage.c_str(), 0755), 0);
   options.argv = {garbage};
   EXPECT_THAT(Subprocess::Spawn(options),
