@@ -60,6 +60,8 @@ struct JobCommands::Options {
   std::string dim_names;
   int max_restarts = 0;
   std::string deadline;
+  std::string hang_timeout;
+  std::string on_hang;
   std::string idempotency_key;
   bool no_wait = false;
   bool parsable = false;
@@ -74,6 +76,8 @@ struct JobCommands::Options {
   CLI::Option* dims_opt = nullptr;
   CLI::Option* restarts_opt = nullptr;
   CLI::Option* deadline_opt = nullptr;
+  CLI::Option* hang_timeout_opt = nullptr;
+  CLI::Option* on_hang_opt = nullptr;
   CLI::Option* key_opt = nullptr;
 
   // list
@@ -227,6 +231,8 @@ void RenderJobTable(const Job& job, bool detail, std::ostream& out) {
     rows.push_back({"Deadline:", spec.deadline_seconds() == 0
                                      ? std::string("none")
                                      : absl::StrCat(spec.deadline_seconds(), "s")});
+    rows.push_back({"Hang timeout:", absl::StrCat(HangTimeoutSeconds(spec), "s (on hang: ",
+                                                  HangPolicyName(spec.on_hang()), ")")});
     rows.push_back({"Idempotency key:", OrDash(spec.idempotency_key())});
   }
   RenderRows(rows, out);
@@ -534,6 +540,20 @@ absl::StatusOr<JobSpec> BuildSpec(const Options& o) {
     if (!seconds.ok()) return flag_error("--deadline", seconds.status());
     spec.set_deadline_seconds(*seconds);
   }
+  if (o.hang_timeout_opt->count() > 0) {
+    auto seconds = ParseDurationSeconds(o.hang_timeout);
+    if (!seconds.ok()) return flag_error("--hang-timeout", seconds.status());
+    if (*seconds == 0) {
+      return flag_error("--hang-timeout",
+                        absl::InvalidArgumentError("must be positive, e.g. 5m (the default)"));
+    }
+    spec.set_hang_timeout_seconds(*seconds);
+  }
+  if (o.on_hang_opt->count() > 0) {
+    auto policy = ParseHangPolicy(o.on_hang);
+    if (!policy.ok()) return flag_error("--on-hang", policy.status());
+    spec.set_on_hang(*policy);
+  }
   if (o.key_opt->count() > 0) spec.set_idempotency_key(o.idempotency_key);
   if (!o.command.empty()) {
     spec.clear_command();
@@ -786,6 +806,13 @@ JobCommands::JobCommands(CLI::App& app) : options_(std::make_unique<Options>()) 
       s->add_option("--max-restarts", o.max_restarts, "Restarts after a failure before FAILED");
   o.deadline_opt =
       s->add_option("--deadline", o.deadline, "Fail the job after this long: 90s, 10m, 2h");
+  o.hang_timeout_opt = s->add_option(
+      "--hang-timeout", o.hang_timeout,
+      "Diagnose a hang once a rank has waited this long in a collective that another rank never "
+      "entered (default 5m; docs/hangs.md)");
+  o.on_hang_opt = s->add_option("--on-hang", o.on_hang,
+                                "What a diagnosed hang does: restart (default; counts against "
+                                "--max-restarts) or fail");
   o.key_opt = s->add_option("--idempotency-key", o.idempotency_key,
                             "Submitting the same key again returns the first job");
   s->add_flag("--no-wait", o.no_wait, "Print the job id once it is stored, and exit 0");

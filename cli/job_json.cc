@@ -39,6 +39,26 @@ std::string JobStateName(mesh::v1::JobState state) {
   return EnumName(mesh::v1::JobState_Name(state), "JOB_STATE_", state);
 }
 
+std::string HangPolicyName(mesh::v1::HangPolicy policy) {
+  if (policy == mesh::v1::HANG_POLICY_UNSPECIFIED) policy = mesh::v1::HANG_POLICY_RESTART;
+  return EnumName(mesh::v1::HangPolicy_Name(policy), "HANG_POLICY_", policy);
+}
+
+absl::StatusOr<mesh::v1::HangPolicy> ParseHangPolicy(absl::string_view text) {
+  std::string upper = absl::AsciiStrToUpper(text);
+  if (!absl::StartsWith(upper, "HANG_POLICY_")) upper = "HANG_POLICY_" + upper;
+  mesh::v1::HangPolicy policy;
+  if (!mesh::v1::HangPolicy_Parse(upper, &policy) || policy == mesh::v1::HANG_POLICY_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' is not a hang policy: restart or fail"));
+  }
+  return policy;
+}
+
+int64_t HangTimeoutSeconds(const mesh::v1::JobSpec& spec) {
+  return spec.hang_timeout_seconds() > 0 ? spec.hang_timeout_seconds() : 300;
+}
+
 std::string NodeStateName(mesh::v1::NodeState state) {
   return EnumName(mesh::v1::NodeState_Name(state), "NODE_STATE_", state);
 }
@@ -110,6 +130,8 @@ nlohmann::json JobSpecToJson(const mesh::v1::JobSpec& spec) {
       {"mesh_dim_names", Array(spec.mesh_dim_names())},
       {"max_restarts", spec.max_restarts()},
       {"deadline_seconds", spec.deadline_seconds()},
+      {"hang_timeout_seconds", HangTimeoutSeconds(spec)},
+      {"on_hang", HangPolicyName(spec.on_hang())},
       {"idempotency_key", spec.idempotency_key()},
   };
 }
@@ -132,6 +154,7 @@ nlohmann::json RootCauseToJson(const mesh::v1::RootCause& cause) {
       {"signal", nullptr},
       {"signal_name", nullptr},
       {"message", RootCauseLine(cause)},
+      {"hang", cause.hang()},
   };
   if (cause.has_exit_code()) json["exit_code"] = cause.exit_code();
   if (cause.has_signal()) {

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "mesh/v1/job.pb.h"
@@ -32,6 +33,16 @@ std::string NodeStateName(mesh::v1::NodeState state);
 std::optional<mesh::v1::JobState> ParseJobState(absl::string_view text);
 
 bool IsTerminal(mesh::v1::JobState state);
+
+// "RESTART" for HANG_POLICY_RESTART; UNSPECIFIED (a server older than the
+// field) reads as RESTART, what such a server does.
+std::string HangPolicyName(mesh::v1::HangPolicy policy);
+// Accepts "restart", "FAIL" or "HANG_POLICY_FAIL". Errors: INVALID_ARGUMENT
+// (without a field name: the caller adds it).
+absl::StatusOr<mesh::v1::HangPolicy> ParseHangPolicy(absl::string_view text);
+// The spec's hang timeout in seconds; 0 (unset, or a server older than the
+// field) reads as the coordinator's default, 300.
+int64_t HangTimeoutSeconds(const mesh::v1::JobSpec& spec);
 
 // RFC 3339 UTC with milliseconds; null for 0.
 nlohmann::json TimeToJson(int64_t unix_ms);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "cli/job_json.h"
 #include "common/worker_env_policy.h"
 
 namespace mesh::cli {
@@ -190,6 +191,26 @@ absl::Status ParseField(const FileErrors& errors, const std::string& key, const 
     *spec.mutable_nodes() = *count;
     return absl::OkStatus();
   }
+  if (key == "hang_timeout") {
+    if (!value.IsScalar()) {
+      return errors.At(
+          value.Mark(), key,
+          absl::StrCat("expected a duration such as \"5m\" or seconds, got ", Describe(value)));
+    }
+    auto seconds = ParseDurationSeconds(value.Scalar());
+    if (!seconds.ok()) return errors.At(value.Mark(), key, seconds.status().message());
+    if (*seconds == 0) return errors.At(value.Mark(), key, "must be positive, e.g. 5m");
+    spec.set_hang_timeout_seconds(*seconds);
+    return absl::OkStatus();
+  }
+  if (key == "on_hang") {
+    auto text = String(errors, key, value);
+    if (!text.ok()) return text.status();
+    auto policy = ParseHangPolicy(*text);
+    if (!policy.ok()) return errors.At(value.Mark(), key, policy.status().message());
+    spec.set_on_hang(*policy);
+    return absl::OkStatus();
+  }
   if (key == "deadline") {
     if (!value.IsScalar()) {
       return errors.At(value.Mark(), key,
@@ -205,9 +226,9 @@ absl::Status ParseField(const FileErrors& errors, const std::string& key, const 
 }
 
 constexpr const char* kKnownKeys[] = {
-    "name",         "labels",         "command",        "env",        "working_dir",
-    "nodes",        "nproc_per_node", "gpus_per_proc",  "mesh_shape", "mesh_dim_names",
-    "max_restarts", "deadline",       "idempotency_key"};
+    "name",         "labels",         "command",         "env",          "working_dir",
+    "nodes",        "nproc_per_node", "gpus_per_proc",   "mesh_shape",   "mesh_dim_names",
+    "max_restarts", "deadline",       "idempotency_key", "hang_timeout", "on_hang"};
 
 }  // namespace
 

@@ -116,6 +116,7 @@ struct Coordination::Generation {
         layout(&job_layout),
         rendezvous(job_layout.world_size),
         liveness(job_layout.world_size, options.heartbeat_timeout),
+        hangs(job_layout.world_size, job_layout.hang_timeout),
         kv(options.kv),
         ids(options.kv.max_key_bytes, options.max_unique_ids),
         barriers(job_layout.world_size) {}
@@ -126,6 +127,7 @@ struct Coordination::Generation {
   const JobLayout* layout;  // Owned by the Job, which outlives it.
   Rendezvous rendezvous;
   LivenessTracker liveness;  // Started when the rendezvous completes.
+  HangDetector hangs;
   KvTable kv;
   UniqueIdTable ids;
   BarrierTable barriers;
@@ -237,7 +239,13 @@ Coordination::Metrics::Metrics(metrics::Registry& registry)
                         .AddGauge("mesh_coordinator_pending_waits",
                                   "Worker calls waiting (joins, gets, barriers, ID waits, "
                                   "watches).")
-                        ->Get()) {}
+                        ->Get()),
+      hangs(registry
+                .AddCounter("mesh_coordinator_hangs_total",
+                            "Job generations failed because their collectives hung (a rank "
+                            "waited past the hang timeout in a collective another rank never "
+                            "entered).")
+                ->Get()) {}
 
 Coordination::Coordination(const Clock* clock, CoordinationOptions options,
                            metrics::Registry* metrics)
@@ -888,13 +896,31 @@ void Coordination::SetFailureListener(FailureListener listener) {
 }
 
 absl::StatusOr<std::optional<JobError>> Coordination::Heartbeat(const Caller& caller) {
+  absl::StatusOr<HeartbeatReply> reply = Heartbeat(caller, {});
+  if (!reply.ok()) return reply.status();
+  return std::move(reply->error);
+}
+
+absl::StatusOr<HeartbeatReply> Coordination::Heartbeat(
+    const Caller& caller, const std::vector<GroupProgressReport>& groups) {
+  if (groups.size() > static_cast<size_t>(HangDetector::kMaxGroupsPerReport)) {
+    return absl::InvalidArgumentError(absl::StrCat("a heartbeat reports ", groups.size(),
+                                                   " groups; at most ",
+                                                   HangDetector::kMaxGroupsPerReport));
+  }
   absl::MutexLock lock(&mu_);
   auto resolved = ResolveLocked(caller, true, /*allow_failed=*/true);
   if (!resolved.ok()) return resolved.status();
   Generation& gen = **resolved;
-  if (gen.error.has_value()) return gen.error;
-  gen.liveness.Heartbeat(caller.rank, clock_->Now());
-  return std::optional<JobError>();
+  HeartbeatReply reply;
+  if (gen.error.has_value()) {
+    reply.error = gen.error;
+    return reply;
+  }
+  const absl::Time now = clock_->Now();
+  gen.liveness.Heartbeat(caller.rank, now);
+  if (!groups.empty()) reply.send_members = gen.hangs.Report(caller.rank, groups, now);
+  return reply;
 }
 
 absl::Status Coordination::ReportError(const Caller& caller, const std::string& reason) {
@@ -1053,6 +1079,22 @@ void Coordination::CheckLivenessLocked(absl::Time now, Completions& done) {
   }
 }
 
+void Coordination::CheckHangsLocked(absl::Time now, Completions& done) {
+  for (auto& [job_id, job] : jobs_) {
+    Generation& gen = *job->current;
+    if (gen.error.has_value()) continue;
+    std::optional<HangDiagnosis> hang = gen.hangs.Diagnose(now);
+    if (!hang.has_value()) continue;
+    metrics_.hangs->Increment();
+    JobError error;
+    error.rank = hang->culprit;
+    error.host = gen.rendezvous.host(hang->culprit);
+    error.reason = hang->message;
+    error.hang = true;
+    FailGenerationLocked(gen, std::move(error), done);
+  }
+}
+
 void Coordination::Tick() {
   Completions done;
   absl::MutexLock lock(&mu_);
@@ -1066,6 +1108,11 @@ void Coordination::Tick() {
     // Checking a quarter interval apart detects a silent rank within a
     // quarter interval of its timeout.
     next_liveness_check_ = now + std::max(options_.heartbeat_interval / 4, kTickInterval);
+  }
+  if (now >= next_hang_check_) {
+    // Hang timeouts are minutes: a check a second is plenty.
+    CheckHangsLocked(now, done);
+    next_hang_check_ = now + absl::Seconds(1);
   }
   if (now >= next_gauge_update_) {
     UpdateGaugesLocked();

@@ -81,9 +81,10 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/metrics.h"
-#include "coordinator/job_layout.h"  // JobLayout
-#include "coordinator/kv_table.h"    // KvLimits, CompareSetResult, KvListResult, KvStats
-#include "coordinator/rendezvous.h"  // DeviceInfo, RankDescription
+#include "coordinator/hang_detector.h"  // GroupProgressReport
+#include "coordinator/job_layout.h"     // JobLayout
+#include "coordinator/kv_table.h"       // KvLimits, CompareSetResult, KvListResult, KvStats
+#include "coordinator/rendezvous.h"     // DeviceInfo, RankDescription
 #include "coordinator/waiter_registry.h"
 
 namespace mesh::coordinator {
@@ -158,6 +159,18 @@ struct JobError {
   int64_t generation = 0;
   // "job j1 generation 0: rank 3 (host-b) failed: missed heartbeats ..."
   std::string message;
+  // A diagnosed hang (hang_detector.h): `rank` never entered the collective
+  // its peers wait in; `reason` is the diagnosis.
+  bool hang = false;
+};
+
+// What a heartbeat returns.
+struct HeartbeatReply {
+  // The generation's error once it has failed.
+  std::optional<JobError> error;
+  // The caller reported a group whose members the coordinator lacks; it
+  // should send members with every group next time.
+  bool send_members = false;
 };
 
 template <typename T>
@@ -305,6 +318,13 @@ class Coordination {
   // Records that the caller is alive. Returns the generation's JobError when
   // it has failed (the call itself succeeds then).
   absl::StatusOr<std::optional<JobError>> Heartbeat(const Caller& caller);
+  // The same, with the caller's collective progress for hang diagnosis
+  // (hang_detector.h). When a rank has waited for the job's hang_timeout in
+  // a collective that another member of its group has not entered, Tick
+  // fails the generation naming that member (JobError::hang). Extra errors:
+  // INVALID_ARGUMENT for more than HangDetector::kMaxGroupsPerReport groups.
+  absl::StatusOr<HeartbeatReply> Heartbeat(const Caller& caller,
+                                           const std::vector<GroupProgressReport>& groups);
 
   // Fails the caller's generation, naming the caller and `reason`. A no-op
   // when the generation has already failed.
@@ -383,6 +403,7 @@ class Coordination {
     metrics::Counter* barrier_timeouts;
     metrics::Counter* unique_ids;
     metrics::Gauge* pending_waits;
+    metrics::Counter* hangs;
   };
   struct Waiter;
   class Completions;
@@ -452,6 +473,7 @@ class Coordination {
   void ExpireLocked(uint64_t id, Waiter waiter, Completions& done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckLivenessLocked(absl::Time now, Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckHangsLocked(absl::Time now, Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock* const clock_;
   const CoordinationOptions options_;
@@ -473,6 +495,7 @@ class Coordination {
   absl::flat_hash_map<std::string, JobError> failed_removed_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> failed_removed_order_ ABSL_GUARDED_BY(mu_);
   absl::Time next_liveness_check_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_hang_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time next_gauge_update_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 

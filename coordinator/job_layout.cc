@@ -21,6 +21,9 @@ absl::Status NormalizeJobLayout(JobLayout& layout) {
     return absl::InvalidArgumentError(
         absl::StrCat("world_size ", layout.world_size, " is outside 1..", kMaxWorldSize));
   }
+  if (layout.hang_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("hang_timeout must be positive");
+  }
   if (layout.mesh_shape.empty()) layout.mesh_shape = {layout.world_size};
   int64_t product = 1;
   for (int64_t dim : layout.mesh_shape) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 
 namespace mesh::coordinator {
 
@@ -25,6 +26,10 @@ struct JobLayout {
   std::vector<int64_t> mesh_shape;
   // One unique non-empty name per dim; empty means "dim0", "dim1", ...
   std::vector<std::string> mesh_dim_names;
+  // How long a rank may wait in a collective that another member of its
+  // group has not entered before the generation fails as hung
+  // (hang_detector.h); > 0.
+  absl::Duration hang_timeout = absl::Minutes(5);
 };
 
 // Whether `id` is 1..128 characters of [A-Za-z0-9._-].

@@ -181,10 +181,14 @@ void JobManager::GenerationFailed(const std::string& job_id, const JobError& err
     }
     cause.set_host(error.host);
     cause.set_generation(error.generation);
-    cause.set_message(error.rank >= 0 ? absl::StrCat("rank ", error.rank, " (node ", cause.node(),
-                                                     ") failed: ", error.reason)
-                                      : error.message);
-    FailJobLocked(*job, std::move(cause), effects);
+    cause.set_hang(error.hang);
+    cause.set_message(error.rank < 0 ? error.message
+                      : error.hang   ? absl::StrCat("rank ", error.rank, " (node ", cause.node(),
+                                                    ") hung: ", error.reason)
+                                     : absl::StrCat("rank ", error.rank, " (node ", cause.node(),
+                                                    ") failed: ", error.reason));
+    const bool fail_now = error.hang && job->spec.on_hang() == v1::HANG_POLICY_FAIL;
+    FailJobLocked(*job, std::move(cause), effects, fail_now ? "on_hang is FAIL" : "");
     while (effects.TakeReschedule()) ScheduleLocked(effects);
   }
   effects.Run();
@@ -366,6 +370,7 @@ void JobManager::LaunchLocked(Job& job, Effects& effects) {
     layout.world_size = placement.world_size;
     layout.mesh_shape = placement.mesh_shape;
     layout.mesh_dim_names = placement.mesh_dim_names;
+    layout.hang_timeout = HangTimeout(job.spec);
     if (auto created = coordination_->CreateJob(layout, job.generation()); !created.ok()) {
       spdlog::error("job {}: cannot create its rendezvous: {}", job.id,
                     created.status().ToString());
@@ -425,9 +430,10 @@ void JobManager::FinishJobLocked(Job& job, Effects& effects) {
 }
 
 // A worker or node of the job failed: restart or fail.
-void JobManager::FailJobLocked(Job& job, RootCause cause, Effects& effects) {
+void JobManager::FailJobLocked(Job& job, RootCause cause, Effects& effects,
+                               absl::string_view no_restart) {
   const std::string message = cause.message();
-  absl::StatusOr<JobState> next = job.machine->WorkerFailed(std::move(cause));
+  absl::StatusOr<JobState> next = job.machine->WorkerFailed(std::move(cause), no_restart);
   if (!next.ok()) {
     if (absl::IsAborted(next.status())) ++stats_.stale_reports;
     spdlog::info("job {}: ignoring a failure: {}", job.id, next.status().ToString());

@@ -346,8 +346,9 @@ class JobManager {
   void SendKillLocked(const Job& job, const std::string& node, int64_t generation,
                       const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendLocked(Node& node, const mesh::v1::Assignment& order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailJobLocked(Job& job, mesh::v1::RootCause cause, Effects& effects)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `no_restart`: a reason to fail the job even with restarts left.
+  void FailJobLocked(Job& job, mesh::v1::RootCause cause, Effects& effects,
+                     absl::string_view no_restart = "") ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishJobLocked(Job& job, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NodeLostLocked(Node& node, const std::string& why, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

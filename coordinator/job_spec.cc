@@ -261,6 +261,16 @@ absl::Status ValidateRest(const JobSpec& spec, const JobSpecLimits& limits) {
   if (spec.deadline_seconds() < 0) {
     return Invalid("spec.deadline_seconds", absl::StrCat(spec.deadline_seconds(), " is negative"));
   }
+  if (spec.hang_timeout_seconds() < 0 || spec.hang_timeout_seconds() > kMaxHangTimeoutSeconds) {
+    return Invalid(
+        "spec.hang_timeout_seconds",
+        absl::StrCat(spec.hang_timeout_seconds(), " is outside 0..", kMaxHangTimeoutSeconds,
+                     " (0: the default, ", kDefaultHangTimeoutSeconds, ")"));
+  }
+  if (!mesh::v1::HangPolicy_IsValid(spec.on_hang())) {
+    return Invalid("spec.on_hang", absl::StrCat(static_cast<int>(spec.on_hang()),
+                                                " is not a HangPolicy (RESTART or FAIL)"));
+  }
   const std::string& key = spec.idempotency_key();
   if (key.size() > static_cast<size_t>(limits.max_idempotency_key_bytes)) {
     return Invalid("spec.idempotency_key", absl::StrCat(key.size(), " bytes, over the limit of ",
@@ -331,6 +341,15 @@ void NormalizeJobSpec(const JobSpecLimits& limits, JobSpec& spec) {
   if (!spec.working_dir().empty()) {
     spec.set_working_dir(NormalizeAbsolutePath(spec.working_dir()).value());
   }
+  if (spec.hang_timeout_seconds() == 0) spec.set_hang_timeout_seconds(kDefaultHangTimeoutSeconds);
+  if (spec.on_hang() == mesh::v1::HANG_POLICY_UNSPECIFIED) {
+    spec.set_on_hang(mesh::v1::HANG_POLICY_RESTART);
+  }
+}
+
+absl::Duration HangTimeout(const JobSpec& spec) {
+  return absl::Seconds(spec.hang_timeout_seconds() > 0 ? spec.hang_timeout_seconds()
+                                                       : kDefaultHangTimeoutSeconds);
 }
 
 absl::StatusOr<std::vector<int64_t>> ResolveMeshShape(const JobSpec& spec, int num_nodes) {

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "mesh/v1/job.pb.h"
 
 namespace mesh::coordinator {
@@ -67,6 +68,13 @@ absl::Status ValidateJobSpec(const mesh::v1::JobSpec& spec, const JobSpecLimits&
 // form. Precondition: ValidateJobSpec(spec, limits) is OK (programmer error
 // otherwise; checked).
 void NormalizeJobSpec(const JobSpecLimits& limits, mesh::v1::JobSpec& spec);
+
+// JobSpec.hang_timeout_seconds: 0 means this default; at most the maximum.
+inline constexpr int64_t kDefaultHangTimeoutSeconds = 300;
+inline constexpr int64_t kMaxHangTimeoutSeconds = 7 * 24 * 3600;
+// The hang timeout in force for `spec` (the default for 0, which a spec
+// stored before the field existed has).
+absl::Duration HangTimeout(const mesh::v1::JobSpec& spec);
 
 // The concrete mesh shape of a valid spec placed on `num_nodes` nodes: the
 // -1 dimension, if any, becomes world / (product of the others).

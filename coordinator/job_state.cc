@@ -169,7 +169,8 @@ absl::Status JobStateMachine::Succeed(std::string reason) {
   return Transition(JOB_STATE_SUCCEEDED, std::move(reason));
 }
 
-absl::StatusOr<JobState> JobStateMachine::WorkerFailed(mesh::v1::RootCause cause) {
+absl::StatusOr<JobState> JobStateMachine::WorkerFailed(mesh::v1::RootCause cause,
+                                                       absl::string_view no_restart) {
   if (cause.generation() < generation_) {
     return absl::AbortedError(absl::StrCat("job ", job_id_, ": failure of generation ",
                                            cause.generation(), " is stale; the job is at ",
@@ -184,10 +185,11 @@ absl::StatusOr<JobState> JobStateMachine::WorkerFailed(mesh::v1::RootCause cause
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id_, ": a worker failure in state ", JobStateName(state_)));
   }
-  const bool restart = restarts_ < max_restarts_;
+  const bool restart = no_restart.empty() && restarts_ < max_restarts_;
   std::string reason =
-      restart
-          ? absl::StrCat(cause.message(), "; restart ", restarts_ + 1, " of ", max_restarts_)
+      restart ? absl::StrCat(cause.message(), "; restart ", restarts_ + 1, " of ", max_restarts_)
+      : !no_restart.empty()
+          ? absl::StrCat(cause.message(), "; not restarted: ", no_restart)
           : absl::StrCat(cause.message(), "; no restarts left (max_restarts ", max_restarts_, ")");
   if (restart) {
     // Bump first, so the RESTARTING event carries the new generation.

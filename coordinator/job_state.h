@@ -127,12 +127,14 @@ class JobStateMachine {
   // A worker (or its node) failed. `cause.generation()` names the failed
   // generation; `cause.message()` becomes the event's reason. With restarts
   // left: SCHEDULED or RUNNING → RESTARTING, generation+1, restarts+1.
-  // Without: → FAILED. Either way root_cause() becomes `cause`.
-  // Returns the new state.
+  // Without, or when `no_restart` gives a reason not to (a hang under
+  // on_hang FAIL; it ends the event's reason): → FAILED. Either way
+  // root_cause() becomes `cause`. Returns the new state.
   // Possible errors: ABORTED when cause.generation() is older than the
   // current one (a stale report: ignore it); INVALID_ARGUMENT when newer;
   // FAILED_PRECONDITION from any other state (PENDING, RESTARTING, terminal).
-  absl::StatusOr<JobState> WorkerFailed(::mesh::v1::RootCause cause);
+  absl::StatusOr<JobState> WorkerFailed(::mesh::v1::RootCause cause,
+                                        absl::string_view no_restart = "");
 
   // Any non-terminal state → FAILED without a restart (e.g. the job can
   // never be placed). root_cause() becomes `cause`, stamped with the current

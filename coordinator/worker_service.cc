@@ -25,6 +25,7 @@ void FillJobError(const JobError& error, mesh::v1::JobError* out) {
   out->set_reason(error.reason);
   out->set_generation(error.generation);
   out->set_message(error.message);
+  out->set_hang(error.hang);
 }
 
 void FillDevice(const DeviceInfo& device, mesh::v1::DeviceInfo* out) {
@@ -393,9 +394,25 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(Ctx* ctx, const Heartbeat
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return FinishUnary(ctx, denied);
   }
-  auto error = coordination_->Heartbeat(ToCaller(request->context()));
-  if (error.ok() && error->has_value()) FillJobError(**error, response->mutable_error());
-  return FinishUnary(ctx, error.status());
+  std::vector<GroupProgressReport> groups;
+  groups.reserve(request->groups_size());
+  for (const v1::GroupProgress& g : request->groups()) {
+    GroupProgressReport& report = groups.emplace_back();
+    report.name = g.name();
+    report.members.assign(g.members().begin(), g.members().end());
+    report.entered = g.entered();
+    report.completed = g.completed();
+    report.pending_kind = g.pending_kind();
+    report.completed_kind = g.completed_kind();
+    report.waiting = absl::Milliseconds(g.waiting_ms());
+    report.since_completed = absl::Milliseconds(g.since_completed_ms());
+  }
+  auto reply = coordination_->Heartbeat(ToCaller(request->context()), groups);
+  if (reply.ok()) {
+    if (reply->error.has_value()) FillJobError(*reply->error, response->mutable_error());
+    response->set_send_members(reply->send_members);
+  }
+  return FinishUnary(ctx, reply.status());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportError(Ctx* ctx,

@@ -47,6 +47,18 @@ template <typename Request, typename Response>
 using SyncMethod = grpc::Status (v1::WorkerService::Stub::*)(grpc::ClientContext*, const Request&,
                                                              Response*);
 
+// Heartbeats send mesh::CollectiveKind as the proto enum, value for value.
+static_assert(static_cast<int>(CollectiveKind::kAllReduce) == v1::COLLECTIVE_KIND_ALL_REDUCE &&
+              static_cast<int>(CollectiveKind::kBroadcast) == v1::COLLECTIVE_KIND_BROADCAST &&
+              static_cast<int>(CollectiveKind::kReduce) == v1::COLLECTIVE_KIND_REDUCE &&
+              static_cast<int>(CollectiveKind::kAllGather) == v1::COLLECTIVE_KIND_ALL_GATHER &&
+              static_cast<int>(CollectiveKind::kReduceScatter) ==
+                  v1::COLLECTIVE_KIND_REDUCE_SCATTER &&
+              static_cast<int>(CollectiveKind::kAllToAll) == v1::COLLECTIVE_KIND_ALL_TO_ALL &&
+              static_cast<int>(CollectiveKind::kBarrier) == v1::COLLECTIVE_KIND_BARRIER &&
+              static_cast<int>(CollectiveKind::kOther) == v1::COLLECTIVE_KIND_OTHER &&
+              kNumCollectiveKinds == 9);
+
 JobErrorInfo FromProto(const v1::JobError& error) {
   JobErrorInfo info;
   info.rank = error.rank();
@@ -54,6 +66,7 @@ JobErrorInfo FromProto(const v1::JobError& error) {
   info.reason = error.reason();
   info.generation = error.generation();
   info.message = error.message();
+  info.hang = error.hang();
   return info;
 }
 
@@ -277,14 +290,29 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return result;
   }
 
-  absl::StatusOr<std::optional<JobErrorInfo>> Heartbeat(absl::Duration timeout) override {
+  absl::StatusOr<HeartbeatReplyInfo> Heartbeat(absl::Span<const GroupProgressReport> groups,
+                                               absl::Duration timeout) override {
     v1::HeartbeatRequest request;
+    request.mutable_groups()->Reserve(static_cast<int>(groups.size()));
+    for (const GroupProgressReport& group : groups) {
+      v1::GroupProgress* g = request.add_groups();
+      g->set_name(group.name);
+      g->mutable_members()->Add(group.members.begin(), group.members.end());
+      g->set_entered(group.progress.entered);
+      g->set_completed(group.progress.completed);
+      g->set_pending_kind(static_cast<v1::CollectiveKind>(group.progress.pending_kind));
+      g->set_completed_kind(static_cast<v1::CollectiveKind>(group.progress.completed_kind));
+      g->set_waiting_ms(absl::ToInt64Milliseconds(group.progress.waiting));
+      g->set_since_completed_ms(absl::ToInt64Milliseconds(group.progress.since_completed));
+    }
     v1::HeartbeatResponse response;
     absl::Status s =
         Call("Heartbeat", &v1::WorkerService::Stub::Heartbeat, request, &response, timeout);
     if (!s.ok()) return s;
-    if (!response.has_error()) return std::optional<JobErrorInfo>();
-    return std::optional<JobErrorInfo>(FromProto(response.error()));
+    HeartbeatReplyInfo reply;
+    if (response.has_error()) reply.error = FromProto(response.error());
+    reply.send_members = response.send_members();
+    return reply;
   }
 
   absl::Status ReportError(absl::string_view reason, absl::Duration timeout) override {
@@ -383,7 +411,8 @@ absl::Status NotImplemented(absl::string_view rpc) {
 absl::StatusOr<JoinResult> CoordinatorClient::Join(const JoinParams&) {
   return NotImplemented("Join");
 }
-absl::StatusOr<std::optional<JobErrorInfo>> CoordinatorClient::Heartbeat(absl::Duration) {
+absl::StatusOr<HeartbeatReplyInfo> CoordinatorClient::Heartbeat(
+    absl::Span<const GroupProgressReport>, absl::Duration) {
   return NotImplemented("Heartbeat");
 }
 absl::Status CoordinatorClient::ReportError(absl::string_view, absl::Duration) {

@@ -111,6 +111,17 @@ struct JobErrorInfo {
   int64_t generation = 0;
   // One line for people, naming the job, generation, rank and host.
   std::string message;
+  // The coordinator diagnosed a hang (docs/hangs.md).
+  bool hang = false;
+};
+
+// What a heartbeat returns.
+struct HeartbeatReplyInfo {
+  // Set once the caller's generation has failed.
+  std::optional<JobErrorInfo> error;
+  // The coordinator lacks the members of a group sent without them: send
+  // every group's members next time.
+  bool send_members = false;
 };
 
 struct JobEventInfo {
@@ -179,8 +190,11 @@ class CoordinatorClient {
 
   // Registers the caller and waits up to params.timeout for the world.
   virtual absl::StatusOr<JoinResult> Join(const JoinParams& params);
-  // The job's error when the caller's generation has failed, else nullopt.
-  virtual absl::StatusOr<std::optional<JobErrorInfo>> Heartbeat(absl::Duration timeout);
+  // Sends the caller's collective progress (a group's members only where
+  // the report has them). The reply carries the job's error when the
+  // caller's generation has failed.
+  virtual absl::StatusOr<HeartbeatReplyInfo> Heartbeat(absl::Span<const GroupProgressReport> groups,
+                                                       absl::Duration timeout);
   virtual absl::Status ReportError(absl::string_view reason, absl::Duration timeout);
   virtual absl::Status Leave(absl::Duration timeout);
   // Opens the stream; its first event is WATCHING once it is live. The call

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/algorithm/container.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -19,6 +20,7 @@
 #include "common/check.h"
 #include "common/duration_format.h"
 #include "libmesh/src/coordinator_client.h"
+#include "libmesh/src/progress_group.h"
 #include "libmesh/src/worker_metrics.h"
 #include "mesh/coordinator_store.h"
 #include "mesh/process_group_gloo.h"
@@ -281,8 +283,10 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const RuntimeOptions& options) 
 class Runtime::Monitor {
  public:
   Monitor(std::shared_ptr<CoordinatorClient> client, const JoinInfo& info,
-          absl::Duration rpc_timeout, std::function<void(const absl::Status&)> on_failure)
+          absl::Duration rpc_timeout, std::function<void(const absl::Status&)> on_failure,
+          std::shared_ptr<ProgressRegistry> progress)
       : client_(std::move(client)),
+        progress_(std::move(progress)),
         rank_(info.rank),
         interval_(info.heartbeat_interval),
         timeout_(info.heartbeat_timeout),
@@ -388,11 +392,22 @@ class Runtime::Monitor {
       next = std::max(next + interval_, absl::Now());
       // Bounded by the liveness window: a call slower than that is as good
       // as lost.
-      absl::StatusOr<std::optional<internal::JobErrorInfo>> reply =
-          client_->Heartbeat(std::min(timeout_, rpc_timeout_));
+      std::vector<GroupProgressReport> groups = progress_->Snapshot();
+      // Members go once per group (and again when the coordinator asks):
+      // a heartbeat stays O(groups) bytes.
+      for (GroupProgressReport& group : groups) {
+        if (announced_.contains(group.name)) group.members.clear();
+      }
+      absl::StatusOr<internal::HeartbeatReplyInfo> reply =
+          client_->Heartbeat(groups, std::min(timeout_, rpc_timeout_));
       if (stopping()) return;
       if (reply.ok()) {
-        if (reply->has_value()) return Fail(absl::AbortedError((*reply)->message));
+        if (reply->error.has_value()) return Fail(absl::AbortedError(reply->error->message));
+        if (reply->send_members) {
+          announced_.clear();
+        } else {
+          for (const GroupProgressReport& group : groups) announced_.insert(group.name);
+        }
         last_ok = absl::Now();
         continue;
       }
@@ -459,6 +474,7 @@ class Runtime::Monitor {
   }
 
   const std::shared_ptr<CoordinatorClient> client_;
+  const std::shared_ptr<ProgressRegistry> progress_;
   const int rank_;
   const absl::Duration interval_;
   const absl::Duration timeout_;
@@ -476,6 +492,9 @@ class Runtime::Monitor {
   bool watch_live_ ABSL_GUARDED_BY(mu_) = false;
   // Why the watch could not start.
   absl::Status watch_status_ ABSL_GUARDED_BY(mu_);
+
+  // Groups whose members the coordinator has; the heartbeat thread's own.
+  absl::flat_hash_set<std::string> announced_;
 
   std::thread heartbeat_thread_;
   std::thread watch_thread_;
@@ -610,7 +629,8 @@ absl::Status Runtime::Start() {
         absl::StrCat(who, ": the join reply has no heartbeat interval or timeout")));
   }
 
-  monitor_ = std::make_unique<Monitor>(client_, info_, options_.rpc_timeout, options_.on_failure);
+  monitor_ = std::make_unique<Monitor>(client_, info_, options_.rpc_timeout, options_.on_failure,
+                                       progress_);
   monitor_->StartHeartbeats();
   if (absl::Status s = monitor_->StartWatch(); !s.ok()) {
     return AbandonAfterJoin(Annotate(s, absl::StrCat(who, ": could not watch the job")));
@@ -630,6 +650,8 @@ absl::Status Runtime::Start() {
     std::fprintf(stderr, "mesh: %s: running without metrics: %s\n", who.c_str(),
                  s.ToString().c_str());
   }
+  // Outermost, so that an op counts as entered before anything else runs.
+  factory_ = std::make_shared<internal::ProgressProcessGroupFactory>(factory_, progress_);
   // A failure that arrived during Init fails Init.
   return monitor_->Arm(factory_);
 }
@@ -669,7 +691,7 @@ absl::Status Runtime::AbandonAfterJoin(absl::Status error) {
   // timeout. The local failure also makes Shutdown skip Leave.
   (void)client_->ReportError(error.message(), options_.rpc_timeout);
   if (monitor_ == nullptr) {
-    monitor_ = std::make_unique<Monitor>(client_, info_, options_.rpc_timeout, nullptr);
+    monitor_ = std::make_unique<Monitor>(client_, info_, options_.rpc_timeout, nullptr, progress_);
   }
   monitor_->Fail(error);
   return error;

@@ -91,6 +91,7 @@ class MeteredProcessGroup final : public ProcessGroup {
   const std::shared_ptr<ProcessGroup>& inner() const { return inner_; }
 
   absl::string_view backend() const override { return inner_->backend(); }
+  const ProcessGroup& Underlying() const override { return inner_->Underlying(); }
   absl::StatusOr<WorkPtr> AllReduce(Tensor tensor, ReduceOp op) override;
   absl::StatusOr<WorkPtr> AllReduce(Tensor input, Tensor output, ReduceOp op) override;
   absl::StatusOr<WorkPtr> Broadcast(Tensor tensor, int root) override;

@@ -1812,6 +1812,81 @@ TEST_F(CoordinationTest, HeartbeatsWithinTheTimeoutNeverCauseAFalsePositive) {
   EXPECT_FALSE(info->failed);
 }
 
+// ---- Hang diagnosis ------------------------------------------------------------------
+
+TEST_F(CoordinationTest, ARankThatNeverEntersTheCollectiveFailsTheGenerationAsAHang) {
+  JobLayout layout;
+  layout.job_id = "job";
+  layout.world_size = 2;
+  layout.hang_timeout = absl::Seconds(30);
+  ASSERT_THAT(coord().CreateJob(layout), IsOk());
+  JoinAll("job", {"host-a", "host-b"});
+  Captured<absl::StatusOr<JobError>> watch;
+  ASSERT_THAT(coord().Watch(Rank("job", 0), watch.Callback()), IsOk());
+
+  // Rank 0 waits in all_reduce #6; rank 1 is alive (it heartbeats) but
+  // stays after #5.
+  GroupProgressReport waiting;
+  waiting.name = "world";
+  waiting.members = {0, 1};
+  waiting.entered = 6;
+  waiting.completed = 5;
+  waiting.pending_kind = v1::COLLECTIVE_KIND_ALL_REDUCE;
+  waiting.completed_kind = v1::COLLECTIVE_KIND_ALL_REDUCE;
+  GroupProgressReport idle = waiting;
+  idle.entered = 5;
+  idle.pending_kind = v1::COLLECTIVE_KIND_UNSPECIFIED;
+
+  absl::Duration waited = absl::ZeroDuration();
+  for (int second = 1; second <= 40 && !watch.fired(); ++second) {
+    clock_.Advance(absl::Seconds(1));
+    waited += absl::Seconds(1);
+    waiting.waiting = waited;
+    idle.since_completed = waited;
+    ASSERT_THAT(coord().Heartbeat(Rank("job", 0), {waiting}), IsOk());
+    ASSERT_THAT(coord().Heartbeat(Rank("job", 1), {idle}), IsOk());
+    // Members go once; later reports leave them out.
+    waiting.members.clear();
+    idle.members.clear();
+    coord().Tick();
+    if (second < 30) {
+      ASSERT_FALSE(watch.fired()) << "diagnosed after only " << second << " s";
+    }
+  }
+  ASSERT_TRUE(watch.fired());
+  ASSERT_THAT(watch.result(), IsOk());
+  const JobError& error = *watch.result();
+  EXPECT_TRUE(error.hang);
+  EXPECT_EQ(error.rank, 1);
+  EXPECT_EQ(error.host, "host-b");
+  EXPECT_THAT(error.message, HasSubstr("rank 1 (host-b) failed: hang in group 'world'"));
+  EXPECT_THAT(error.message, HasSubstr("rank 0 has waited 30 s in all_reduce #6"));
+  EXPECT_THAT(error.message, HasSubstr("last: all_reduce #5"));
+
+  // The failed generation's heartbeats now carry the error.
+  const absl::StatusOr<HeartbeatReply> beat = coord().Heartbeat(Rank("job", 1), {});
+  ASSERT_THAT(beat, IsOk());
+  ASSERT_TRUE(beat->error.has_value());
+  EXPECT_TRUE(beat->error->hang);
+}
+
+TEST_F(CoordinationTest, HeartbeatProgressWithoutKnownMembersAsksForThem) {
+  StartJob("job", {"host-a", "host-b"});
+  GroupProgressReport report;
+  report.name = "world";
+  absl::StatusOr<HeartbeatReply> beat = coord().Heartbeat(Rank("job", 0), {report});
+  ASSERT_THAT(beat, IsOk());
+  EXPECT_TRUE(beat->send_members);
+  report.members = {0, 1};
+  beat = coord().Heartbeat(Rank("job", 0), {report});
+  ASSERT_THAT(beat, IsOk());
+  EXPECT_FALSE(beat->send_members);
+
+  std::vector<GroupProgressReport> too_many(HangDetector::kMaxGroupsPerReport + 1, report);
+  EXPECT_THAT(coord().Heartbeat(Rank("job", 0), too_many),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("groups")));
+}
+
 TEST_F(CoordinationTest, LivenessStartsOnceTheWorldIsComplete) {
   ASSERT_THAT(Create("job", 2), IsOk());
   CapturedOr<JoinResult> j0, j1;

@@ -136,6 +136,12 @@ class ProcessGroup {
   // OK, or the reason the group was aborted.
   virtual absl::Status health() const = 0;
 
+  // The group that runs the ops: this one, or, for a decorator that the
+  // Runtime wraps around every group (metrics, collective progress), the
+  // backend's group underneath. For code that needs the backend's own type
+  // (dynamic_cast<const ProcessGroupNccl*>(&group.Underlying())).
+  virtual const ProcessGroup& Underlying() const { return *this; }
+
  protected:
   ProcessGroup(int rank, std::vector<int> global_ranks, std::string name,
                ProcessGroupOptions options)

@@ -82,6 +82,7 @@
 #include "mesh/process_group.h"
 #include "mesh/process_group_gloo.h"
 #include "mesh/process_group_nccl.h"
+#include "mesh/progress.h"
 
 namespace mesh {
 
@@ -283,6 +284,13 @@ class Runtime {
   // all of its groups when the job fails.
   const std::shared_ptr<ProcessGroupFactory>& process_group_factory() const { return factory_; }
 
+  // The collective progress of this Runtime's groups, sent with every
+  // heartbeat for hang diagnosis (mesh/progress.h, docs/hangs.md). Every
+  // group made through process_group_factory() is tracked already; a
+  // caller that runs collectives through another library (the torch hook
+  // of the Python package) adds its own groups here.
+  const std::shared_ptr<ProgressRegistry>& progress() const { return progress_; }
+
   // The port this process serves /metrics on (see MESH_METRICS_PORT); 0
   // when it serves none.
   int metrics_port() const;
@@ -354,6 +362,7 @@ class Runtime {
   std::shared_ptr<internal::CoordinatorClient> client_;
   std::shared_ptr<Store> store_;
   std::shared_ptr<ProcessGroupFactory> factory_;
+  const std::shared_ptr<ProgressRegistry> progress_ = std::make_shared<ProgressRegistry>();
   // Shared with the process's other Runtimes; null without metrics.
   std::shared_ptr<internal::WorkerMetricsServer> metrics_server_;
 

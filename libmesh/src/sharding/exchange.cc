@@ -64,7 +64,7 @@ absl::Status Finish(absl::StatusOr<WorkPtr> work, const ProcessGroup& group, abs
 
 bool CpuOverTcp(const ProcessGroup& group, bool cuda) {
   if (cuda) return false;
-  const auto* gloo = dynamic_cast<const ProcessGroupGloo*>(&group);
+  const auto* gloo = dynamic_cast<const ProcessGroupGloo*>(&group.Underlying());
   return gloo == nullptr || !gloo->uses_shared_memory();
 }
 
@@ -134,7 +134,8 @@ absl::Status PointToPoint::Wait() {
 
 Device GroupDevice(const DeviceMesh& mesh) {
   for (const auto& group : mesh.GetAllGroups()) {
-    if (auto* nccl = dynamic_cast<const ProcessGroupNccl*>(group.get())) return nccl->device();
+    if (auto* nccl = dynamic_cast<const ProcessGroupNccl*>(&group->Underlying()))
+      return nccl->device();
   }
   return Device::Cpu();
 }

@@ -1,0 +1,169 @@
+// Collective progress: what each process group of this rank is doing, so
+// that the coordinator can tell a hang from a long computation and name the
+// rank that never arrived (docs/hangs.md).
+//
+//   GroupProgress     one group's collectives, numbered in issue order
+//                     (1, 2, ...), with the state of the ones in flight.
+//   ProgressRegistry  every live group of a Runtime; the heartbeat thread
+//                     takes a compact summary of it (one entry per group,
+//                     never per op) and sends it with each heartbeat.
+//
+// Every member of a group issues the group's collectives in the same order
+// (the contract of torch.distributed and of ProcessGroup), so op #n of one
+// rank is op #n of every other member. Point-to-point ops (Send/Recv) are not
+// numbered: they involve two members, and counting them would desynchronize
+// the numbering of the others.
+//
+// States of one op:
+//
+//   ENTERED ──every earlier op of the group completed──▶ STARTED ──▶ COMPLETED
+//
+// A group runs its ops in issue order (Gloo on one device thread, NCCL on one
+// stream), so an op starts when it was entered and every op before it has
+// completed. An op that failed counts as completed: the group is aborted
+// then, and the failure is reported as such.
+//
+// Cost: Enter and Complete each take an uncontended mutex and read the clock
+// once; Snapshot polls at most the oldest pending op of the group (through
+// the Work attached to it) and never blocks.
+//
+// Thread safety: all methods are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "mesh/work.h"
+
+namespace mesh {
+
+// The collectives a group numbers. kOther is for a caller's own kinds (the
+// torch hook's "all_gather_object", say) that have no entry here.
+enum class CollectiveKind : uint8_t {
+  kNone = 0,
+  kAllReduce,
+  kBroadcast,
+  kReduce,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kBarrier,
+  kOther,
+};
+inline constexpr int kNumCollectiveKinds = 9;
+
+// "none", "all_reduce", "broadcast", "reduce", "all_gather",
+// "reduce_scatter", "all_to_all", "barrier", "other".
+absl::string_view CollectiveKindName(CollectiveKind kind);
+// The inverse of CollectiveKindName; kOther for a name it does not know.
+CollectiveKind CollectiveKindFromName(absl::string_view name);
+
+// One group's progress as of one instant.
+struct GroupProgressSnapshot {
+  // The last op entered, 0 when none yet.
+  uint64_t entered = 0;
+  // Every op up to and including this one has completed; 0 when none has.
+  uint64_t completed = 0;
+  // The kind of op #completed + 1, when entered > completed (the op this
+  // rank waits in); kNone otherwise.
+  CollectiveKind pending_kind = CollectiveKind::kNone;
+  // The kind of op #completed; kNone when completed == 0.
+  CollectiveKind completed_kind = CollectiveKind::kNone;
+  // How long op #completed + 1 has been STARTED, when entered > completed;
+  // zero otherwise.
+  absl::Duration waiting = absl::ZeroDuration();
+  // How long ago op #completed completed (since the group was made, when
+  // completed == 0).
+  absl::Duration since_completed = absl::ZeroDuration();
+};
+
+class GroupProgress {
+ public:
+  // `name` as ProcessGroup::name() ("world", "mesh0/tp/1"); `members` the
+  // world ranks of the group in group-rank order. `now` is when it was made.
+  GroupProgress(std::string name, std::vector<int> members, absl::Time now = absl::Now());
+
+  GroupProgress(const GroupProgress&) = delete;
+  GroupProgress& operator=(const GroupProgress&) = delete;
+
+  const std::string& name() const { return name_; }
+  const std::vector<int>& members() const { return members_; }
+
+  // This rank issued the group's next collective; returns its number.
+  uint64_t Enter(CollectiveKind kind, absl::Time now = absl::Now());
+
+  // `work`, the backend's handle of op `seq`, lets Snapshot see the op
+  // complete when nobody waits for it. Optional; held weakly. A seq that is
+  // not pending is ignored.
+  void Attach(uint64_t seq, std::weak_ptr<Work> work);
+
+  // Op `seq` completed (or failed). Ops may complete in any order; the
+  // watermark (`completed`) advances over every contiguous completed op.
+  // Idempotent; an unknown or already completed seq is ignored.
+  void Complete(uint64_t seq, absl::Time now = absl::Now());
+
+  // The state as of `now`. First asks the Work of the oldest pending op, if
+  // attached and still alive, whether it has completed (Work::IsCompleted,
+  // which never blocks).
+  GroupProgressSnapshot Snapshot(absl::Time now = absl::Now());
+
+ private:
+  struct Op {
+    uint64_t seq = 0;
+    CollectiveKind kind = CollectiveKind::kNone;
+    absl::Time entered;
+    bool done = false;
+    std::weak_ptr<Work> work;
+  };
+  // Pops the completed ops at the front, advancing the watermark.
+  void AdvanceLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string name_;
+  const std::vector<int> members_;
+
+  absl::Mutex mu_;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  CollectiveKind completed_kind_ ABSL_GUARDED_BY(mu_) = CollectiveKind::kNone;
+  // When op #completed_ completed (the group's creation before any).
+  absl::Time completed_at_ ABSL_GUARDED_BY(mu_);
+  // Ops entered and not yet below the watermark, oldest first.
+  std::deque<Op> pending_ ABSL_GUARDED_BY(mu_);
+};
+
+// One group of a ProgressRegistry summary.
+struct GroupProgressReport {
+  std::string name;
+  std::vector<int> members;
+  GroupProgressSnapshot progress;
+};
+
+class ProgressRegistry {
+ public:
+  ProgressRegistry() = default;
+  ProgressRegistry(const ProgressRegistry&) = delete;
+  ProgressRegistry& operator=(const ProgressRegistry&) = delete;
+
+  // Tracks a new group. The registry holds it weakly: it is reported while
+  // someone (the group decorator, a torch hook) holds the returned pointer.
+  // Two live groups with the same name are both reported; names should be
+  // unique per Runtime, as ProcessGroup names are.
+  std::shared_ptr<GroupProgress> Add(std::string name, std::vector<int> members);
+
+  // A summary of every live group, in the order they were added; forgets
+  // the ones released since.
+  std::vector<GroupProgressReport> Snapshot(absl::Time now = absl::Now());
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::weak_ptr<GroupProgress>> groups_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace mesh

@@ -1,0 +1,125 @@
+#include "mesh/progress.h"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+
+namespace mesh {
+
+namespace {
+
+constexpr std::array<absl::string_view, kNumCollectiveKinds> kKindNames = {
+    "none",           "all_reduce", "broadcast", "reduce", "all_gather",
+    "reduce_scatter", "all_to_all", "barrier",   "other",
+};
+
+}  // namespace
+
+absl::string_view CollectiveKindName(CollectiveKind kind) {
+  const auto index = static_cast<size_t>(kind);
+  return index < kKindNames.size() ? kKindNames[index] : "other";
+}
+
+CollectiveKind CollectiveKindFromName(absl::string_view name) {
+  for (size_t i = 0; i < kKindNames.size(); ++i) {
+    if (kKindNames[i] == name) return static_cast<CollectiveKind>(i);
+  }
+  return CollectiveKind::kOther;
+}
+
+GroupProgress::GroupProgress(std::string name, std::vector<int> members, absl::Time now)
+    : name_(std::move(name)), members_(std::move(members)), completed_at_(now) {}
+
+uint64_t GroupProgress::Enter(CollectiveKind kind, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t seq = next_seq_++;
+  pending_.push_back(Op{seq, kind, now, false, {}});
+  return seq;
+}
+
+void GroupProgress::Attach(uint64_t seq, std::weak_ptr<Work> work) {
+  absl::MutexLock lock(&mu_);
+  if (pending_.empty() || seq < pending_.front().seq) return;
+  const uint64_t index = seq - pending_.front().seq;
+  if (index >= pending_.size()) return;
+  pending_[index].work = std::move(work);
+}
+
+void GroupProgress::Complete(uint64_t seq, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (pending_.empty() || seq < pending_.front().seq) return;
+  const uint64_t index = seq - pending_.front().seq;
+  if (index >= pending_.size()) return;
+  pending_[index].done = true;
+  pending_[index].work.reset();
+  AdvanceLocked(now);
+}
+
+void GroupProgress::AdvanceLocked(absl::Time now) {
+  while (!pending_.empty() && pending_.front().done) {
+    completed_ = pending_.front().seq;
+    completed_kind_ = pending_.front().kind;
+    completed_at_ = now;
+    pending_.pop_front();
+  }
+}
+
+GroupProgressSnapshot GroupProgress::Snapshot(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  // The oldest pending op may have completed with nobody looking (an async
+  // op never waited on, an NCCL op the host has not synchronized with). Its
+  // completion time is unknown; now is the best bound.
+  while (!pending_.empty()) {
+    std::shared_ptr<Work> work = pending_.front().work.lock();
+    if (work == nullptr || !work->IsCompleted()) break;
+    pending_.front().done = true;
+    pending_.front().work.reset();
+    AdvanceLocked(now);
+  }
+  GroupProgressSnapshot snapshot;
+  snapshot.entered = next_seq_ - 1;
+  snapshot.completed = completed_;
+  snapshot.completed_kind = completed_kind_;
+  snapshot.since_completed = std::max(absl::ZeroDuration(), now - completed_at_);
+  if (!pending_.empty()) {
+    const Op& op = pending_.front();
+    snapshot.pending_kind = op.kind;
+    // In issue order, op #completed+1 started when it was entered or when
+    // op #completed completed, whichever came later.
+    const absl::Time started = std::max(op.entered, completed_at_);
+    snapshot.waiting = std::max(absl::ZeroDuration(), now - started);
+  }
+  return snapshot;
+}
+
+std::shared_ptr<GroupProgress> ProgressRegistry::Add(std::string name, std::vector<int> members) {
+  auto group = std::make_shared<GroupProgress>(std::move(name), std::move(members));
+  absl::MutexLock lock(&mu_);
+  groups_.push_back(group);
+  return group;
+}
+
+std::vector<GroupProgressReport> ProgressRegistry::Snapshot(absl::Time now) {
+  std::vector<std::shared_ptr<GroupProgress>> live;
+  {
+    absl::MutexLock lock(&mu_);
+    live.reserve(groups_.size());
+    auto kept = groups_.begin();
+    for (auto& weak : groups_) {
+      std::shared_ptr<GroupProgress> group = weak.lock();
+      if (group == nullptr) continue;
+      live.push_back(std::move(group));
+      *kept++ = std::move(weak);
+    }
+    groups_.erase(kept, groups_.end());
+  }
+  // Snapshots outside the registry's lock: each polls its own Work.
+  std::vector<GroupProgressReport> reports;
+  reports.reserve(live.size());
+  for (const auto& group : live) {
+    reports.push_back(GroupProgressReport{group->name(), group->members(), group->Snapshot(now)});
+  }
+  return reports;
+}
+
+}  // namespace mesh
