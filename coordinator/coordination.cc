@@ -1110,9 +1110,10 @@ void Coordination::Tick() {
     next_liveness_check_ = now + std::max(options_.heartbeat_interval / 4, kTickInterval);
   }
   if (now >= next_hang_check_) {
-    // Hang timeouts are minutes: a check a second is plenty.
+    // Twice a heartbeat interval: a hang is diagnosed within about one
+    // interval of its timeout once the reports show it.
     CheckHangsLocked(now, done);
-    next_hang_check_ = now + absl::Seconds(1);
+    next_hang_check_ = now + std::max(options_.heartbeat_interval / 2, kTickInterval);
   }
   if (now >= next_gauge_update_) {
     UpdateGaugesLocked();

@@ -109,7 +109,9 @@ std::vector<GroupProgressReport> ProgressRegistry::Snapshot(absl::Time now) {
       std::shared_ptr<GroupProgress> group = weak.lock();
       if (group == nullptr) continue;
       live.push_back(std::move(group));
-      *kept++ = std::move(weak);
+      // A self-move would empty the pointer.
+      if (&*kept != &weak) *kept = std::move(weak);
+      ++kept;
     }
     groups_.erase(kept, groups_.end());
   }

@@ -44,6 +44,10 @@ absl::Status InProcessCoordinator::CreateJob(const std::string& job_id, int worl
   return coordination().CreateJob(std::move(layout)).status();
 }
 
+absl::Status InProcessCoordinator::CreateJob(coordinator::JobLayout layout) {
+  return coordination().CreateJob(std::move(layout)).status();
+}
+
 bool InProcessCoordinator::JobFailed(const std::string& job_id) const {
   absl::StatusOr<coordinator::JobInfo> job = server_->coordination().GetJob(job_id);
   return job.ok() && job->failed;

@@ -82,6 +82,8 @@ class InProcessCoordinator {
   absl::Status CreateJob(const std::string& job_id, int world_size,
                          std::vector<int64_t> mesh_shape = {},
                          std::vector<std::string> mesh_dim_names = {});
+  // The same with a whole layout (a hang timeout, say).
+  absl::Status CreateJob(coordinator::JobLayout layout);
   // Whether `job_id`'s current generation has failed (false for an unknown
   // job).
   bool JobFailed(const std::string& job_id) const;

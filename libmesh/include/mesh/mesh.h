@@ -19,6 +19,7 @@
 #include "mesh/prefix_store.h"        // IWYU pragma: export
 #include "mesh/process_group.h"       // IWYU pragma: export
 #include "mesh/process_group_gloo.h"  // IWYU pragma: export
+#include "mesh/progress.h"            // IWYU pragma: export
 #include "mesh/redistribute_plan.h"   // IWYU pragma: export
 #include "mesh/runtime.h"             // IWYU pragma: export
 #include "mesh/store.h"               // IWYU pragma: export
