@@ -111,13 +111,14 @@ TEST_F(JobCommandsTest, SubmitMergesFileFlagsAndArgvIntoTheSpec) {
   *server_.service().Lock()->submit_response->mutable_job() =
       MakeJob("job-1", mesh::v1::JOB_STATE_PENDING);
 
-  const Result r =
-      Run({"submit",      "-f",         path,         "--name",       "from-flag",
-           "--env",       "B=3",        "--env",      "C=x=y",        "--label",
-           "run=7",       "--nodes",    "1:4",        "--mesh-shape", "2,-1",
-           "--dim-names", "dp,tp",      "--deadline", "10m",          "--idempotency-key",
-           "k1",          "--parsable", "--",         "python",       "train.py",
-           "--lr",        "0.1"});
+  const Result r = Run({"submit",    "-f",           path,    "--name",
+                        "from-flag", "--env",        "B=3",   "--env",
+                        "C=x=y",     "--label",      "run=7", "--nodes",
+                        "1:4",       "--mesh-shape", "2,-1",  "--dim-names",
+                        "dp,tp",     "--deadline",   "10m",   "--hang-timeout",
+                        "2m",        "--on-hang",    "fail",  "--idempotency-key",
+                        "k1",        "--parsable",   "--",    "python",
+                        "train.py",  "--lr",         "0.1"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_EQ(r.out, "job-1\n");  // --parsable: the id and nothing else.
 
@@ -135,6 +136,8 @@ TEST_F(JobCommandsTest, SubmitMergesFileFlagsAndArgvIntoTheSpec) {
   EXPECT_THAT(spec.mesh_shape(), ElementsAre(2, -1));
   EXPECT_THAT(spec.mesh_dim_names(), ElementsAre("dp", "tp"));
   EXPECT_EQ(spec.deadline_seconds(), 600);
+  EXPECT_EQ(spec.hang_timeout_seconds(), 120);
+  EXPECT_EQ(spec.on_hang(), mesh::v1::HANG_POLICY_FAIL);
   EXPECT_EQ(spec.idempotency_key(), "k1");
   EXPECT_TRUE(fake->log_requests.empty());  // --parsable neither follows nor waits.
   EXPECT_TRUE(fake->waits.empty());
@@ -177,6 +180,8 @@ TEST_F(JobCommandsTest, SubmitWithoutACommandIsAUsageErrorAndSendsNothing) {
 TEST_F(JobCommandsTest, SubmitWithBadClientSideInputIsAUsageError) {
   EXPECT_EQ(Run({"submit", "--nodes", "two", "--", "x"}).code, kExitUsage);
   EXPECT_EQ(Run({"submit", "--deadline", "soon", "--", "x"}).code, kExitUsage);
+  EXPECT_EQ(Run({"submit", "--hang-timeout", "0", "--", "x"}).code, kExitUsage);
+  EXPECT_EQ(Run({"submit", "--on-hang", "maybe", "--", "x"}).code, kExitUsage);
   EXPECT_EQ(Run({"submit", "--mesh-shape", "2,a", "--", "x"}).code, kExitUsage);
   EXPECT_EQ(Run({"submit", "--label", "novalue", "--", "x"}).code, kExitUsage);
   const Result env = Run({"submit", "--env", "LD_PRELOAD=/x.so", "--", "x"});

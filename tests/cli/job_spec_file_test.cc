@@ -31,6 +31,8 @@ mesh_shape: [2, -1]
 mesh_dim_names: [dp, tp]
 max_restarts: 3
 deadline: 10m
+hang_timeout: 15m
+on_hang: fail
 idempotency_key: nightly-2024-05-01
 )";
 
@@ -48,6 +50,8 @@ void ExpectFullSpec(const mesh::v1::JobSpec& spec) {
   EXPECT_THAT(spec.mesh_dim_names(), ElementsAre("dp", "tp"));
   EXPECT_EQ(spec.max_restarts(), 3);
   EXPECT_EQ(spec.deadline_seconds(), 600);
+  EXPECT_EQ(spec.hang_timeout_seconds(), 900);
+  EXPECT_EQ(spec.on_hang(), mesh::v1::HANG_POLICY_FAIL);
   EXPECT_EQ(spec.idempotency_key(), "nightly-2024-05-01");
 }
 
@@ -65,6 +69,7 @@ TEST(JobSpecFileTest, ParsesEveryFieldFromJsonIncludingTabs) {
       "\t\"working_dir\": \"/data/runs\", \"nodes\": {\"min\": 1, \"max\": 4},\n"
       "\t\"nproc_per_node\": 8, \"gpus_per_proc\": 1, \"mesh_shape\": [2, -1],\n"
       "\t\"mesh_dim_names\": [\"dp\", \"tp\"], \"max_restarts\": 3, \"deadline\": 600,\n"
+      "\t\"hang_timeout\": 900, \"on_hang\": \"FAIL\",\n"
       "\t\"idempotency_key\": \"nightly-2024-05-01\"\n}\n";
   auto spec = ParseJobSpec(json, "job.json");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -123,6 +128,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"name: [a]\n", "job.yaml:1:7: name", "expected a string"},
         BadCase{"deadline: soon\n", "job.yaml:1:11: deadline", "expected a duration"},
         BadCase{"deadline: -5s\n", "job.yaml:1:11: deadline", "negative"},
+        BadCase{"hang_timeout: 0\n", "job.yaml:1:15: hang_timeout", "must be positive"},
+        BadCase{"hang_timeout: [1]\n", "job.yaml:1:15: hang_timeout", "expected a duration"},
+        BadCase{"on_hang: sometimes\n", "job.yaml:1:10: on_hang", "restart or fail"},
         BadCase{"name: a\nname: b\n", "job.yaml:2:1: name", "duplicate key"},
         BadCase{"- a\n- b\n", "job.yaml:1:1", "expected a mapping of job fields"},
         BadCase{"", "job.yaml", "expected a mapping of job fields"},

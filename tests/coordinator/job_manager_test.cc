@@ -883,6 +883,81 @@ TEST_F(JobManagerTest, RendezvousFailureRestartsTheJobNamingTheRank) {
               ElementsAre(Pair(kLaunch, 0), Pair(kKill, 0), Pair(kLaunch, 1)));
 }
 
+// Ranks 0-2 wait in all_reduce #3 of "world"; rank 3 heartbeats but stays
+// after #2. After the job's hang timeout the coordinator fails the
+// generation naming rank 3, and on_hang decides what the job does.
+class JobManagerHangTest : public JobManagerTest,
+                           public ::testing::WithParamInterface<v1::HangPolicy> {
+ protected:
+  // Runs the job into the hang; returns its id.
+  std::string HangJob(v1::HangPolicy policy) {
+    AddTwoNodes();
+    v1::JobSpec spec = SpecWithRestarts(2);
+    spec.set_hang_timeout_seconds(30);
+    spec.set_on_hang(policy);
+    const std::string id = RunJob(spec);
+    for (int rank = 0; rank < 4; ++rank) {
+      JoinArgs join;
+      join.caller = Caller{id, 0, rank, 100u + rank};
+      join.host = rank < 2 ? "node-a" : "node-b";
+      coordination_->Join(std::move(join), [](absl::StatusOr<JoinResult>) {});
+    }
+    for (int second = 1; second <= 35; ++second) {
+      clock_.Advance(absl::Seconds(1));
+      for (int rank = 0; rank < 4; ++rank) {
+        GroupProgressReport report;
+        report.name = "world";
+        report.members = {0, 1, 2, 3};
+        report.entered = rank == 3 ? 2 : 3;
+        report.completed = 2;
+        report.pending_kind =
+            rank == 3 ? v1::COLLECTIVE_KIND_UNSPECIFIED : v1::COLLECTIVE_KIND_ALL_REDUCE;
+        report.completed_kind = v1::COLLECTIVE_KIND_ALL_REDUCE;
+        report.waiting = rank == 3 ? absl::ZeroDuration() : absl::Seconds(second);
+        report.since_completed = absl::Seconds(second);
+        EXPECT_THAT(coordination_->Heartbeat(Caller{id, 0, rank, 100u + rank}, {report}), IsOk());
+      }
+      coordination_->Tick();
+      if (Job(id).has_root_cause()) return id;
+    }
+    return id;
+  }
+};
+
+TEST_P(JobManagerHangTest, AHangIsTheRootCauseAndOnHangDecidesRestartOrFail) {
+  const v1::HangPolicy policy = GetParam();
+  const std::string id = HangJob(policy);
+  const v1::Job job = Job(id);
+  ASSERT_TRUE(job.has_root_cause());
+  EXPECT_TRUE(job.root_cause().hang());
+  EXPECT_EQ(job.root_cause().rank(), 3);
+  EXPECT_EQ(job.root_cause().node(), "node-b");
+  EXPECT_THAT(job.root_cause().message(),
+              HasSubstr("rank 3 (node node-b) hung: hang in group 'world' (ranks 0-3): ranks "
+                        "0-2 have waited 30 s in all_reduce #3; rank 3 never entered it"));
+  EXPECT_EQ(job.spec().hang_timeout_seconds(), 30);
+  if (policy == v1::HANG_POLICY_FAIL) {
+    EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+    EXPECT_EQ(job.restarts(), 0);
+    EXPECT_THAT(job.events(job.events_size() - 1).reason(),
+                HasSubstr("not restarted: on_hang is FAIL"));
+  } else {
+    EXPECT_EQ(job.state(), v1::JOB_STATE_SCHEDULED);
+    EXPECT_EQ(job.generation(), 1);
+    EXPECT_EQ(job.restarts(), 1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, JobManagerHangTest,
+                         ::testing::Values(v1::HANG_POLICY_RESTART, v1::HANG_POLICY_FAIL));
+
+TEST_F(JobManagerTest, SpecDefaultsToAFiveMinuteHangTimeoutAndRestart) {
+  AddTwoNodes();
+  const v1::Job job = Job(RunJob());
+  EXPECT_EQ(job.spec().hang_timeout_seconds(), 300);
+  EXPECT_EQ(job.spec().on_hang(), v1::HANG_POLICY_RESTART);
+}
+
 // A rank that exits 0 without leaving its rendezvous while a peer waits at
 // a barrier: the peer's wait ends at once, naming the rank, and the job
 // fails (here: restarts) with it as the root cause. Ranks that never join

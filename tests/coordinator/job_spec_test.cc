@@ -432,6 +432,30 @@ TEST(JobSpecTest, RestartsAndDeadline) {
   EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk());
 }
 
+TEST(JobSpecTest, HangTimeoutAndPolicy) {
+  JobSpec spec = Valid();
+  spec.set_hang_timeout_seconds(-1);
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.hang_timeout_seconds"));
+  spec.set_hang_timeout_seconds(kMaxHangTimeoutSeconds + 1);
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.hang_timeout_seconds"));
+  spec.set_hang_timeout_seconds(kMaxHangTimeoutSeconds);
+  EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk());
+  spec.set_on_hang(static_cast<mesh::v1::HangPolicy>(7));
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.on_hang"));
+
+  // Normalized: 0 and UNSPECIFIED become what is in force.
+  spec = Valid();
+  EXPECT_EQ(HangTimeout(spec), absl::Seconds(300));
+  NormalizeJobSpec({}, spec);
+  EXPECT_EQ(spec.hang_timeout_seconds(), kDefaultHangTimeoutSeconds);
+  EXPECT_EQ(spec.on_hang(), mesh::v1::HANG_POLICY_RESTART);
+  spec.set_hang_timeout_seconds(60);
+  spec.set_on_hang(mesh::v1::HANG_POLICY_FAIL);
+  NormalizeJobSpec({}, spec);
+  EXPECT_EQ(HangTimeout(spec), absl::Seconds(60));
+  EXPECT_EQ(spec.on_hang(), mesh::v1::HANG_POLICY_FAIL);
+}
+
 TEST(JobSpecTest, IdempotencyKeyAtAndOverLimit) {
   JobSpecLimits limits;
   limits.max_idempotency_key_bytes = 8;
