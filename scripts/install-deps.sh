@@ -30,6 +30,8 @@ core_packages=(
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   # Tensor interchange.
   libdlpack-dev
+  # The Python package (python/): pybind11 and the headers, torch for its tests.
+  pybind11-dev python3-dev python3-torch
   # systemd readiness and watchdog (sd_notify).
   libsystemd-dev
   # make gpu-bundle: RUNPATHs of the bundled binaries and libraries.

@@ -1,0 +1,77 @@
+// Shared pieces of the meshrt._meshrt extension: status -> exception
+// conversion, GIL helpers and the registration entry points of each
+// translation unit.
+//
+// The extension is a thin layer over libmesh (docs/python.md): it converts
+// types, releases the GIL around every call that may block, and turns
+// absl::Status errors into Python exceptions. Nothing here holds logic of its
+// own beyond that.
+//
+// Errors: a non-OK absl::Status becomes meshrt.Error or one of its subclasses
+// (ThrowStatus), with `.code` the status code's name ("ABORTED") and
+// `.message` its message:
+//
+//   ABORTED            -> JobFailedError      (the job's generation failed or
+//                                              this process was fenced off)
+//   DEADLINE_EXCEEDED  -> TimeoutError        (also the builtin TimeoutError)
+//   NOT_FOUND          -> NotFoundError
+//   INVALID_ARGUMENT   -> InvalidArgumentError (also ValueError)
+//   UNAVAILABLE        -> UnavailableError
+//   anything else      -> Error
+//
+// Thread safety: ThrowStatus and the translator run with the GIL held (they
+// run where pybind11 converts C++ exceptions). The registration functions run
+// once, at import.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace meshrt {
+
+namespace py = pybind11;
+
+// Thrown by the binding code for a non-OK status; the translator registered
+// in module.cc turns it into the matching meshrt exception. `force_class`
+// overrides the class chosen from the code (e.g. JobFailedError for a
+// collective of a group the runtime aborted on a job failure).
+enum class ErrorClass { kByCode, kJobFailed };
+struct StatusError {
+  absl::Status status;
+  ErrorClass error_class = ErrorClass::kByCode;
+};
+
+[[noreturn]] inline void ThrowStatus(absl::Status status,
+                                     ErrorClass error_class = ErrorClass::kByCode) {
+  throw StatusError{std::move(status), error_class};
+}
+
+inline void Check(absl::Status status) {
+  if (!status.ok()) ThrowStatus(std::move(status));
+}
+
+template <typename T>
+T Unwrap(absl::StatusOr<T> value) {
+  if (!value.ok()) ThrowStatus(std::move(value).status());
+  return *std::move(value);
+}
+
+// The exception ThrowStatus would raise, as an object (not raised).
+py::object ExceptionObject(absl::Status status, ErrorClass error_class = ErrorClass::kByCode);
+
+// Float seconds from Python (None -> `fallback`). Raises InvalidArgumentError
+// for a value that is not positive and finite.
+absl::Duration SecondsArg(const py::handle& seconds, absl::Duration fallback, const char* what);
+
+// Registration, one per translation unit (called from PYBIND11_MODULE).
+void RegisterErrors(py::module_& m);     // module.cc
+void RegisterTensors(py::module_& m);    // tensors.cc: groups, meshes, DTensor
+void RegisterJobClient(py::module_& m);  // job_client.cc
+
+}  // namespace meshrt

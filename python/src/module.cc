@@ -1,0 +1,734 @@
+// meshrt._meshrt: the module, its exceptions, the worker runtime, the
+// coordinator's key-value store and the collective-progress handle.
+//
+// Contract (docs/python.md has the user's view):
+//   - meshrt.init(**options) wraps mesh::Runtime::Init; every keyword is a
+//     RuntimeOptions field, timeouts are float seconds.
+//   - Every call that may block (Init, the store, World, InitDeviceMesh,
+//     ReportError, Shutdown) releases the GIL.
+//   - on_failure is called from a libmesh runtime thread, with the GIL taken
+//     there, and never during or after interpreter finalization: an atexit
+//     hook first disarms every callback (under the GIL) and then shuts every
+//     live Runtime down with the GIL released, so a runtime thread waiting
+//     for the GIL can finish before Shutdown joins it.
+//   - A Store of a Runtime whose job failed raises JobFailedError at once,
+//     naming the job's error, rather than contacting the coordinator.
+//
+// Ownership: a Python Runtime owns its mesh::Runtime (shared with the Store
+// wrapper only through a weak pointer, for health checks). The callback's
+// Python object is only touched with the GIL held; it is dropped under the
+// GIL before the Runtime is destroyed.
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "mesh/progress.h"
+#include "mesh/runtime.h"
+#include "mesh/store.h"
+#include "python/src/bindings.h"
+
+namespace meshrt {
+namespace {
+
+// ---- Exceptions ------------------------------------------------------------
+
+struct ErrorClasses {
+  PyObject* base = nullptr;
+  PyObject* job_failed = nullptr;
+  PyObject* timeout = nullptr;
+  PyObject* not_found = nullptr;
+  PyObject* invalid_argument = nullptr;
+  PyObject* unavailable = nullptr;
+};
+// Created at import and never freed: the module lives as long as the process.
+ErrorClasses g_errors;
+
+PyObject* NewError(py::module_& m, const char* name, const char* doc, py::tuple bases) {
+  py::dict dict;
+  if (name == std::string("Error")) {
+    dict["code"] = py::str("UNKNOWN");
+    dict["message"] = py::str("");
+  }
+  PyObject* cls = PyErr_NewExceptionWithDoc(absl::StrCat("meshrt.", name).c_str(), doc, bases.ptr(),
+                                            dict.ptr());
+  if (cls == nullptr) throw py::error_already_set();
+  m.attr(name) = py::handle(cls);
+  return cls;
+}
+
+PyObject* ClassFor(const StatusError& error) {
+  if (error.error_class == ErrorClass::kJobFailed) return g_errors.job_failed;
+  switch (error.status.code()) {
+    case absl::StatusCode::kAborted:
+      return g_errors.job_failed;
+    case absl::StatusCode::kDeadlineExceeded:
+      return g_errors.timeout;
+    case absl::StatusCode::kNotFound:
+      return g_errors.not_found;
+    case absl::StatusCode::kInvalidArgument:
+      return g_errors.invalid_argument;
+    case absl::StatusCode::kUnavailable:
+      return g_errors.unavailable;
+    default:
+      return g_errors.base;
+  }
+}
+
+// A new exception instance for `error`; null with a Python error set when
+// even that fails.
+PyObject* MakeException(const StatusError& error) {
+  const std::string message(error.status.message());
+  PyObject* text =
+      PyUnicode_DecodeUTF8(message.data(), static_cast<Py_ssize_t>(message.size()), "replace");
+  if (text == nullptr) return nullptr;
+  PyObject* exc = PyObject_CallOneArg(ClassFor(error), text);
+  Py_DECREF(text);
+  if (exc == nullptr) return nullptr;
+  const std::string code = absl::StatusCodeToString(error.status.code());
+  py::handle handle(exc);
+  handle.attr("code") = py::str(code);
+  handle.attr("message") = handle.attr("args")[py::int_(0)];
+  return exc;
+}
+
+// ---- Failure callback ------------------------------------------------------
+
+bool PythonIsFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+// The user's on_failure, shared between the Python Runtime and the
+// std::function libmesh calls. `fn` is read and written only with the GIL.
+struct FailureCallback {
+  py::object fn;
+
+  void Call(const absl::Status& status) {
+    if (!Py_IsInitialized() || PythonIsFinalizing()) return;
+    py::gil_scoped_acquire gil;
+    if (!fn) return;
+    py::object callback = fn;
+    PyObject* exc = MakeException(StatusError{status});
+    if (exc == nullptr) {
+      PyErr_WriteUnraisable(callback.ptr());
+      return;
+    }
+    py::object error = py::reinterpret_steal<py::object>(exc);
+    try {
+      callback(error);
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("meshrt: the on_failure callback");
+    }
+  }
+};
+
+// ---- Runtime ---------------------------------------------------------------
+
+class PyStore;
+
+// Owns the mesh::Runtime. Destroyed with the GIL held (by pybind11); the
+// mesh::Runtime is destroyed with it released, since ~Runtime joins threads
+// that may be waiting for the GIL.
+struct PyRuntime {
+  std::shared_ptr<mesh::Runtime> rt;
+  std::shared_ptr<FailureCallback> callback;
+  std::shared_ptr<PyStore> store;
+  std::string backend;
+
+  ~PyRuntime() {
+    if (callback != nullptr) callback->fn = py::object();
+    store.reset();
+    py::gil_scoped_release release;
+    rt.reset();
+  }
+};
+
+// Every live Runtime, for the atexit hook.
+std::mutex g_runtimes_mu;
+std::vector<std::weak_ptr<PyRuntime>> g_runtimes;
+
+void ShutdownAllAtExit() {
+  std::vector<std::shared_ptr<PyRuntime>> live;
+  {
+    std::lock_guard<std::mutex> lock(g_runtimes_mu);
+    for (const auto& weak : g_runtimes) {
+      if (auto runtime = weak.lock()) live.push_back(std::move(runtime));
+    }
+    g_runtimes.clear();
+  }
+  for (const auto& runtime : live) {
+    if (runtime->callback != nullptr) runtime->callback->fn = py::object();
+  }
+  py::gil_scoped_release release;
+  for (const auto& runtime : live) {
+    if (runtime->rt != nullptr) (void)runtime->rt->Shutdown();
+  }
+}
+
+// ---- Store -----------------------------------------------------------------
+
+std::string KeyArg(const py::handle& key, const char* method) {
+  if (!PyUnicode_Check(key.ptr())) {
+    throw py::type_error(absl::StrCat("meshrt.Store.", method, ": a key must be str, not ",
+                                      Py_TYPE(key.ptr())->tp_name));
+  }
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(key.ptr(), &size);
+  if (data == nullptr) throw py::error_already_set();
+  return std::string(data, static_cast<size_t>(size));
+}
+
+std::string ValueArg(const py::handle& value, const char* method) {
+  PyObject* obj = value.ptr();
+  if (PyBytes_Check(obj)) {
+    return std::string(PyBytes_AS_STRING(obj), static_cast<size_t>(PyBytes_GET_SIZE(obj)));
+  }
+  if (PyByteArray_Check(obj)) {
+    return std::string(PyByteArray_AS_STRING(obj), static_cast<size_t>(PyByteArray_GET_SIZE(obj)));
+  }
+  if (PyUnicode_Check(obj)) {
+    Py_ssize_t size = 0;
+    const char* data = PyUnicode_AsUTF8AndSize(obj, &size);
+    if (data == nullptr) throw py::error_already_set();
+    return std::string(data, static_cast<size_t>(size));
+  }
+  throw py::type_error(absl::StrCat("meshrt.Store.", method,
+                                    ": a value must be bytes or str (UTF-8 encoded), not ",
+                                    Py_TYPE(obj)->tp_name));
+}
+
+std::vector<std::string> KeysArg(const py::handle& keys, const char* method) {
+  if (PyUnicode_Check(keys.ptr()) || PyBytes_Check(keys.ptr()) || !PySequence_Check(keys.ptr())) {
+    throw py::type_error(absl::StrCat("meshrt.Store.", method, ": keys must be a list of str, not ",
+                                      Py_TYPE(keys.ptr())->tp_name));
+  }
+  py::sequence seq = py::reinterpret_borrow<py::sequence>(keys);
+  std::vector<std::string> out;
+  out.reserve(seq.size());
+  for (const py::handle& key : seq) out.push_back(KeyArg(key, method));
+  return out;
+}
+
+py::bytes Bytes(const std::string& value) { return py::bytes(value.data(), value.size()); }
+
+// meshrt.Store: the coordinator's store of this rank's (job, generation).
+// Thread-safe; every call releases the GIL.
+class PyStore {
+ public:
+  PyStore(std::shared_ptr<mesh::Store> store, std::weak_ptr<mesh::Runtime> runtime)
+      : store_(std::move(store)), runtime_(std::move(runtime)) {}
+
+  // Runs `op` (a store call) without the GIL, after checking that the job
+  // is still healthy; converts its error.
+  template <typename Op>
+  auto Run(const char* method, Op op) -> decltype(op(std::declval<mesh::Store&>())) {
+    using Result = decltype(op(std::declval<mesh::Store&>()));
+    std::optional<Result> result;
+    absl::Status health;
+    {
+      py::gil_scoped_release release;
+      health = Health();
+      if (health.ok()) result.emplace(op(*store_));
+    }
+    if (!health.ok()) ThrowUnhealthy(method, health);
+    return *std::move(result);
+  }
+
+  template <typename T>
+  T Value(const char* method, absl::StatusOr<T> result) {
+    if (result.ok()) return *std::move(result);
+    CheckCall(method, result.status());
+    return T();  // Unreachable: CheckCall throws.
+  }
+
+  void CheckCall(const char* method, const absl::Status& status) {
+    if (status.ok()) return;
+    // A call that failed because the job failed meanwhile says so.
+    absl::Status health = Health();
+    if (!health.ok()) ThrowUnhealthy(method, health);
+    ThrowStatus(status);
+  }
+
+  mesh::Store& store() { return *store_; }
+
+ private:
+  absl::Status Health() const {
+    std::shared_ptr<mesh::Runtime> runtime = runtime_.lock();
+    if (runtime == nullptr) {
+      return absl::FailedPreconditionError("its Runtime was destroyed");
+    }
+    return runtime->health();
+  }
+
+  [[noreturn]] static void ThrowUnhealthy(const char* method, const absl::Status& health) {
+    const bool failed = health.code() != absl::StatusCode::kFailedPrecondition;
+    absl::Status status(health.code(),
+                        absl::StrCat("meshrt.Store.", method, ": ",
+                                     failed ? "the job has failed, so its store is gone: "
+                                            : "the store is closed: ",
+                                     health.message()));
+    ThrowStatus(std::move(status), failed ? ErrorClass::kJobFailed : ErrorClass::kByCode);
+  }
+
+  std::shared_ptr<mesh::Store> store_;
+  std::weak_ptr<mesh::Runtime> runtime_;
+};
+
+absl::Duration TimeoutArg(const py::handle& timeout, mesh::Store& store) {
+  return SecondsArg(timeout, store.timeout(), "timeout");
+}
+
+void BindStore(py::module_& m) {
+  py::class_<PyStore, std::shared_ptr<PyStore>>(
+      m, "Store",
+      "The coordinator's key-value store of this rank's (job, generation): "
+      "c10d.Store semantics with finite timeouts. Get it from Runtime.store.")
+      .def(
+          "set",
+          [](PyStore& self, py::handle key, py::handle value) {
+            std::string k = KeyArg(key, "set");
+            std::string v = ValueArg(value, "set");
+            self.CheckCall("set", self.Run("set", [&](mesh::Store& s) { return s.Set(k, v); }));
+          },
+          py::arg("key"), py::arg("value"))
+      .def(
+          "get",
+          [](PyStore& self, py::handle key, py::handle timeout) {
+            std::string k = KeyArg(key, "get");
+            absl::Duration t = TimeoutArg(timeout, self.store());
+            return Bytes(
+                self.Value("get", self.Run("get", [&](mesh::Store& s) { return s.Get(k, t); })));
+          },
+          py::arg("key"), py::arg("timeout") = py::none())
+      .def(
+          "try_get",
+          [](PyStore& self, py::handle key) -> py::object {
+            std::string k = KeyArg(key, "try_get");
+            absl::StatusOr<std::string> value =
+                self.Run("try_get", [&](mesh::Store& s) { return s.TryGet(k); });
+            if (absl::IsNotFound(value.status())) return py::none();
+            return Bytes(self.Value("try_get", std::move(value)));
+          },
+          py::arg("key"))
+      .def(
+          "add",
+          [](PyStore& self, py::handle key, int64_t delta) {
+            std::string k = KeyArg(key, "add");
+            return self.Value("add",
+                              self.Run("add", [&](mesh::Store& s) { return s.Add(k, delta); }));
+          },
+          py::arg("key"), py::arg("delta"))
+      .def(
+          "compare_set",
+          [](PyStore& self, py::handle key, py::handle expected, py::handle desired) {
+            std::string k = KeyArg(key, "compare_set");
+            std::string e = expected.is_none() ? std::string() : ValueArg(expected, "compare_set");
+            std::string d = ValueArg(desired, "compare_set");
+            mesh::CompareSetResult r = self.Value(
+                "compare_set",
+                self.Run("compare_set", [&](mesh::Store& s) { return s.CompareSet(k, e, d); }));
+            // c10d's return value.
+            return Bytes(r.swapped ? d : (r.present ? r.value : e));
+          },
+          py::arg("key"), py::arg("expected"), py::arg("desired"))
+      .def(
+          "wait",
+          [](PyStore& self, py::handle keys, py::handle timeout) {
+            std::vector<std::string> k = KeysArg(keys, "wait");
+            absl::Duration t = TimeoutArg(timeout, self.store());
+            self.CheckCall("wait", self.Run("wait", [&](mesh::Store& s) { return s.Wait(k, t); }));
+          },
+          py::arg("keys"), py::arg("timeout") = py::none())
+      .def(
+          "delete_key",
+          [](PyStore& self, py::handle key) {
+            std::string k = KeyArg(key, "delete_key");
+            return self.Value("delete_key", self.Run("delete_key", [&](mesh::Store& s) {
+              return s.DeleteKey(k);
+            }));
+          },
+          py::arg("key"))
+      .def("num_keys",
+           [](PyStore& self) {
+             return self.Value("num_keys",
+                               self.Run("num_keys", [](mesh::Store& s) { return s.NumKeys(); }));
+           })
+      .def(
+          "multi_get",
+          [](PyStore& self, py::handle keys, py::handle timeout) {
+            std::vector<std::string> k = KeysArg(keys, "multi_get");
+            absl::Duration t = TimeoutArg(timeout, self.store());
+            std::vector<std::string> values =
+                self.Value("multi_get",
+                           self.Run("multi_get", [&](mesh::Store& s) { return s.MultiGet(k, t); }));
+            py::list out(values.size());
+            for (size_t i = 0; i < values.size(); ++i) out[i] = Bytes(values[i]);
+            return out;
+          },
+          py::arg("keys"), py::arg("timeout") = py::none())
+      .def(
+          "multi_set",
+          [](PyStore& self, py::handle keys, py::handle values) {
+            std::vector<std::string> k = KeysArg(keys, "multi_set");
+            if (PyUnicode_Check(values.ptr()) || PyBytes_Check(values.ptr()) ||
+                !PySequence_Check(values.ptr())) {
+              throw py::type_error("meshrt.Store.multi_set: values must be a list of bytes or str");
+            }
+            std::vector<std::string> v;
+            for (const py::handle& value : py::reinterpret_borrow<py::sequence>(values)) {
+              v.push_back(ValueArg(value, "multi_set"));
+            }
+            self.CheckCall("multi_set",
+                           self.Run("multi_set", [&](mesh::Store& s) { return s.MultiSet(k, v); }));
+          },
+          py::arg("keys"), py::arg("values"))
+      .def_property(
+          "timeout", [](PyStore& self) { return absl::ToDoubleSeconds(self.store().timeout()); },
+          [](PyStore& self, py::handle seconds) {
+            Check(self.store().SetTimeout(
+                SecondsArg(seconds, self.store().timeout(), "Store.timeout")));
+          },
+          "Default timeout of get, wait and multi_get, in seconds.");
+}
+
+// ---- meshrt.init -----------------------------------------------------------
+
+template <typename T>
+std::optional<T> Opt(const py::handle& value) {
+  if (value.is_none()) return std::nullopt;
+  return value.cast<T>();
+}
+
+std::shared_ptr<PyRuntime> Init(const py::kwargs& kwargs) {
+  mesh::RuntimeOptions options;
+  std::string backend = "gloo";
+  mesh::GlooOptions gloo;
+  mesh::NcclBackendOptions nccl;
+  auto callback = std::make_shared<FailureCallback>();
+  for (const auto& [key_handle, value] : kwargs) {
+    const std::string key = key_handle.cast<std::string>();
+    if (key == "coordinator") {
+      options.coordinator = Opt<std::string>(value);
+    } else if (key == "job_id") {
+      options.job_id = Opt<std::string>(value);
+    } else if (key == "generation") {
+      options.generation = Opt<int64_t>(value);
+    } else if (key == "rank") {
+      options.rank = Opt<int>(value);
+    } else if (key == "world_size") {
+      options.world_size = Opt<int>(value);
+    } else if (key == "local_rank") {
+      options.local_rank = Opt<int>(value);
+    } else if (key == "local_world_size") {
+      options.local_world_size = Opt<int>(value);
+    } else if (key == "node_rank") {
+      options.node_rank = Opt<int>(value);
+    } else if (key == "auth_token") {
+      options.auth_token = Opt<std::string>(value);
+    } else if (key == "tls_ca") {
+      options.tls_ca = Opt<std::string>(value);
+    } else if (key == "tls_cert") {
+      options.tls_cert = Opt<std::string>(value);
+    } else if (key == "tls_key") {
+      options.tls_key = Opt<std::string>(value);
+    } else if (key == "tls_server_name") {
+      options.tls_server_name = Opt<std::string>(value);
+    } else if (key == "metrics_port") {
+      options.metrics_port = Opt<int>(value);
+    } else if (key == "read_env") {
+      if (!value.cast<bool>()) options.env = nullptr;
+    } else if (key == "host") {
+      options.host = value.is_none() ? "" : value.cast<std::string>();
+    } else if (key == "device_index") {
+      nccl.device_index = Opt<int>(value);
+    } else if (key == "join_timeout") {
+      options.join_timeout = SecondsArg(value, options.join_timeout, "join_timeout");
+    } else if (key == "rpc_timeout") {
+      options.rpc_timeout = SecondsArg(value, options.rpc_timeout, "rpc_timeout");
+    } else if (key == "store_timeout") {
+      options.store_timeout = SecondsArg(value, options.store_timeout, "store_timeout");
+    } else if (key == "timeout") {
+      options.group_options.timeout = SecondsArg(value, options.group_options.timeout, "timeout");
+    } else if (key == "backend") {
+      backend = value.cast<std::string>();
+    } else if (key == "hostname") {
+      gloo.hostname = value.is_none() ? "" : value.cast<std::string>();
+    } else if (key == "iface") {
+      gloo.iface = value.is_none() ? "" : value.cast<std::string>();
+    } else if (key == "on_failure") {
+      if (!value.is_none() && !PyCallable_Check(value.ptr())) {
+        throw py::type_error("meshrt.init: on_failure must be callable");
+      }
+      callback->fn = py::reinterpret_borrow<py::object>(value);
+    } else {
+      throw py::type_error(
+          absl::StrCat("meshrt.init() got an unexpected keyword argument '", key, "'"));
+    }
+  }
+  if (backend == "gloo") {
+    options.backend = mesh::GlooBackend(gloo);
+  } else if (backend == "nccl") {
+    options.backend = mesh::NcclBackend(nccl);
+    options.device_kind = "cuda";
+    if (nccl.device_index.has_value()) options.device_index = *nccl.device_index;
+  } else {
+    ThrowStatus(absl::InvalidArgumentError(
+        absl::StrCat("meshrt.init: backend must be \"gloo\" or \"nccl\", not \"", backend, "\"")));
+  }
+  if (callback->fn) {
+    options.on_failure = [callback](const absl::Status& status) { callback->Call(status); };
+  }
+  absl::StatusOr<std::unique_ptr<mesh::Runtime>> rt;
+  {
+    py::gil_scoped_release release;
+    rt = mesh::Runtime::Init(std::move(options));
+  }
+  if (!rt.ok()) {
+    callback->fn = py::object();
+    ThrowStatus(rt.status());
+  }
+  auto runtime = std::make_shared<PyRuntime>();
+  runtime->rt = std::shared_ptr<mesh::Runtime>(*std::move(rt));
+  runtime->callback = std::move(callback);
+  runtime->backend = backend;
+  runtime->store = std::make_shared<PyStore>(runtime->rt->store(), runtime->rt);
+  std::lock_guard<std::mutex> lock(g_runtimes_mu);
+  std::erase_if(g_runtimes, [](const std::weak_ptr<PyRuntime>& w) { return w.expired(); });
+  g_runtimes.push_back(runtime);
+  return runtime;
+}
+
+mesh::Runtime& Rt(PyRuntime& self) {
+  if (self.rt == nullptr) ThrowStatus(absl::FailedPreconditionError("the Runtime is closed"));
+  return *self.rt;
+}
+
+py::tuple Tuple(const std::vector<int64_t>& values) { return py::cast(values); }
+
+void BindRuntime(py::module_& m) {
+  m.def("init", &Init,
+        "Joins the job from the MESH_* environment (keywords override it) and "
+        "returns the Runtime. See docs/python.md for the keywords.");
+
+  py::class_<PyRuntime, std::shared_ptr<PyRuntime>>(
+      m, "Runtime", "A worker's connection to its job (mesh::Runtime). Made by meshrt.init().")
+      .def_property_readonly("rank", [](PyRuntime& s) { return Rt(s).info().rank; })
+      .def_property_readonly("world_size", [](PyRuntime& s) { return Rt(s).info().world_size; })
+      .def_property_readonly("local_rank", [](PyRuntime& s) { return Rt(s).info().local_rank; })
+      .def_property_readonly("local_world_size",
+                             [](PyRuntime& s) { return Rt(s).info().local_world_size; })
+      .def_property_readonly("node_rank", [](PyRuntime& s) { return Rt(s).info().node_rank; })
+      .def_property_readonly("num_nodes", [](PyRuntime& s) { return Rt(s).info().num_nodes; })
+      .def_property_readonly("job_id", [](PyRuntime& s) { return Rt(s).info().job_id; })
+      .def_property_readonly("generation", [](PyRuntime& s) { return Rt(s).info().generation; })
+      .def_property_readonly("host", [](PyRuntime& s) { return Rt(s).info().host; })
+      .def_property_readonly("mesh_shape",
+                             [](PyRuntime& s) { return Tuple(Rt(s).info().mesh_shape); })
+      .def_property_readonly(
+          "mesh_dim_names",
+          [](PyRuntime& s) { return py::tuple(py::cast(Rt(s).info().mesh_dim_names)); })
+      .def_property_readonly("backend", [](PyRuntime& s) { return s.backend; })
+      .def_property_readonly("metrics_port", [](PyRuntime& s) { return Rt(s).metrics_port(); })
+      .def_property_readonly("store",
+                             [](PyRuntime& s) {
+                               Rt(s);
+                               return s.store;
+                             })
+      .def("health",
+           [](PyRuntime& s) {
+             mesh::Runtime& rt = Rt(s);
+             absl::Status health = rt.health();
+             if (!health.ok()) {
+               ThrowStatus(health, health.code() == absl::StatusCode::kFailedPrecondition
+                                       ? ErrorClass::kByCode
+                                       : ErrorClass::kJobFailed);
+             }
+           })
+      .def(
+          "report_error",
+          [](PyRuntime& s, const std::string& reason) {
+            mesh::Runtime& rt = Rt(s);
+            absl::Status status;
+            {
+              py::gil_scoped_release release;
+              status = rt.ReportError(reason);
+            }
+            Check(status);
+          },
+          py::arg("reason"))
+      .def(
+          "finish",
+          [](PyRuntime& s, std::optional<std::string> error) {
+            mesh::Runtime& rt = Rt(s);
+            absl::Status status;
+            {
+              py::gil_scoped_release release;
+              status = rt.Finish(error.has_value() ? absl::UnknownError(*error) : absl::OkStatus());
+            }
+            if (!error.has_value()) Check(status);
+          },
+          py::arg("error") = py::none())
+      .def("shutdown",
+           [](PyRuntime& s) {
+             mesh::Runtime& rt = Rt(s);
+             absl::Status status;
+             {
+               py::gil_scoped_release release;
+               status = rt.Shutdown();
+             }
+             if (s.callback != nullptr) s.callback->fn = py::object();
+             Check(status);
+           })
+      .def("world",
+           [](PyRuntime& s) {
+             mesh::Runtime& rt = Rt(s);
+             absl::StatusOr<std::shared_ptr<mesh::ProcessGroup>> group;
+             {
+               py::gil_scoped_release release;
+               group = rt.World();
+             }
+             return Unwrap(std::move(group));
+           })
+      .def(
+          "init_device_mesh",
+          [](PyRuntime& s, std::optional<std::vector<int64_t>> shape,
+             std::optional<std::vector<std::string>> dim_names) {
+            mesh::Runtime& rt = Rt(s);
+            if (!shape.has_value() && dim_names.has_value()) {
+              ThrowStatus(absl::InvalidArgumentError(
+                  "init_device_mesh: dim_names without a shape; give both, or neither for "
+                  "the job's own mesh"));
+            }
+            absl::StatusOr<mesh::DeviceMesh> device_mesh;
+            {
+              py::gil_scoped_release release;
+              device_mesh =
+                  shape.has_value()
+                      ? rt.InitDeviceMesh(*shape, dim_names.value_or(std::vector<std::string>{}))
+                      : rt.InitDeviceMesh();
+            }
+            return Unwrap(std::move(device_mesh));
+          },
+          py::arg("shape") = py::none(), py::arg("dim_names") = py::none())
+      .def(
+          "track_group",
+          [](PyRuntime& s, std::string name, std::vector<int> members) {
+            return Rt(s).progress()->Add(std::move(name), std::move(members));
+          },
+          py::arg("name"), py::arg("members"))
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyRuntime& s, py::handle type, py::handle, py::handle) {
+        if (s.rt == nullptr) return false;
+        absl::Status status;
+        {
+          py::gil_scoped_release release;
+          status = type.is_none() ? s.rt->Shutdown()
+                                  : s.rt->Finish(absl::UnknownError("exception in the worker"));
+        }
+        if (type.is_none()) Check(status);
+        return false;
+      });
+}
+
+py::dict SnapshotDict(mesh::GroupProgress& progress) {
+  mesh::GroupProgressSnapshot snap = progress.Snapshot();
+  py::dict out;
+  out["entered"] = snap.entered;
+  out["completed"] = snap.completed;
+  out["pending_kind"] = std::string(mesh::CollectiveKindName(snap.pending_kind));
+  out["completed_kind"] = std::string(mesh::CollectiveKindName(snap.completed_kind));
+  out["waiting"] = absl::ToDoubleSeconds(snap.waiting);
+  return out;
+}
+
+void BindProgress(py::module_& m) {
+  py::class_<mesh::GroupProgress, std::shared_ptr<mesh::GroupProgress>>(
+      m, "GroupProgress",
+      "One group's collective progress, reported with the heartbeats for hang "
+      "diagnosis. Made by Runtime.track_group; reported while Python holds it.")
+      .def_property_readonly("name", &mesh::GroupProgress::name)
+      .def_property_readonly("members", &mesh::GroupProgress::members)
+      .def(
+          "enter",
+          [](mesh::GroupProgress& self, const std::string& kind) {
+            return self.Enter(mesh::CollectiveKindFromName(kind));
+          },
+          py::arg("kind"))
+      .def(
+          "complete", [](mesh::GroupProgress& self, uint64_t seq) { self.Complete(seq); },
+          py::arg("seq"))
+      .def("snapshot", &SnapshotDict);
+}
+
+}  // namespace
+
+absl::Duration SecondsArg(const py::handle& seconds, absl::Duration fallback, const char* what) {
+  if (seconds.is_none()) return fallback;
+  const double value = seconds.cast<double>();
+  if (!std::isfinite(value) || value <= 0) {
+    ThrowStatus(absl::InvalidArgumentError(
+        absl::StrCat(what, " must be a positive, finite number of seconds, not ", value)));
+  }
+  return absl::Seconds(value);
+}
+
+py::object ExceptionObject(absl::Status status, ErrorClass error_class) {
+  PyObject* exc = MakeException(StatusError{std::move(status), error_class});
+  if (exc == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(exc);
+}
+
+void RegisterErrors(py::module_& m) {
+  py::handle builtins = py::module_::import("builtins");
+  g_errors.base = NewError(
+      m, "Error", "Base of meshrt's errors; .code is the status code name, .message the text.",
+      py::make_tuple(builtins.attr("Exception")));
+  py::handle base(g_errors.base);
+  g_errors.job_failed =
+      NewError(m, "JobFailedError",
+               "The job's generation failed (a peer died, hung or reported an error) or this "
+               "process was fenced off; the message names the culprit.",
+               py::make_tuple(base));
+  g_errors.timeout = NewError(m, "TimeoutError", "A deadline passed (DEADLINE_EXCEEDED).",
+                              py::make_tuple(base, builtins.attr("TimeoutError")));
+  g_errors.not_found = NewError(m, "NotFoundError", "NOT_FOUND.", py::make_tuple(base));
+  g_errors.invalid_argument = NewError(m, "InvalidArgumentError", "INVALID_ARGUMENT: bad input.",
+                                       py::make_tuple(base, builtins.attr("ValueError")));
+  g_errors.unavailable =
+      NewError(m, "UnavailableError", "UNAVAILABLE: the coordinator or a peer cannot be reached.",
+               py::make_tuple(base));
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& error) {
+      PyObject* exc = MakeException(error);
+      if (exc == nullptr) return;  // The Python error of the failed construction stays set.
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc)), exc);
+      Py_DECREF(exc);
+    }
+  });
+}
+
+}  // namespace meshrt
+
+PYBIND11_MODULE(_meshrt, m) {
+  m.doc() = "libmesh bindings: runtime, store, process groups, device meshes, DTensor, jobs";
+  meshrt::RegisterErrors(m);
+  meshrt::RegisterTensors(m);
+  meshrt::BindStore(m);
+  meshrt::BindProgress(m);
+  meshrt::BindRuntime(m);
+  meshrt::RegisterJobClient(m);
+  pybind11::module_::import("atexit").attr("register")(
+      pybind11::cpp_function([] { meshrt::ShutdownAllAtExit(); }));
+}

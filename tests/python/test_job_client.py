@@ -1,0 +1,100 @@
+"""meshrt.JobClient against a real mesh-coordinator and mesh-agent."""
+
+import os
+import sys
+import time
+import unittest
+
+import mesh_harness
+import meshrt
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class JobClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = mesh_harness.Cluster().__enter__()
+        cls.cluster.start_agent("node-0", slots=2)
+        cls.client = meshrt.JobClient(cls.cluster.address, timeout=10)
+        # The agent registers within a few node heartbeats.
+        deadline = time.monotonic() + 20
+        while True:
+            job = cls.client.submit(["/bin/true"], nproc_per_node=1, name="warm-up")
+            if cls.client.wait(job, timeout=20).state == "SUCCEEDED":
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the agent never ran a job")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.close()
+
+    def test_submit_wait_get_list_logs(self):
+        job_id = self.client.submit(
+            [sys.executable, "-c", "import os; print('hello', os.environ['MESH_RANK'])"],
+            nodes=1, nproc_per_node=2, name="py-hello", labels={"suite": "python"})
+        job = self.client.wait(job_id, timeout=30)
+        self.assertEqual(job.state, "SUCCEEDED", job)
+        self.assertTrue(job.terminal)
+        got = self.client.get(job_id)
+        self.assertEqual((got.id, got.name, got.nproc_per_node), (job_id, "py-hello", 2))
+        self.assertEqual(got.command[0], sys.executable)
+        self.assertIsNone(got.root_cause)
+        self.assertIn(job_id, [j.id for j in self.client.list()])
+        self.assertIn(job_id, [j.id for j in self.client.list(states=["SUCCEEDED"])])
+        self.assertNotIn(job_id, [j.id for j in self.client.list(states=["RUNNING"])])
+        self.assertEqual(self.client.logs(job_id, rank=1), "hello 1\n")
+        logs = self.client.logs(job_id)
+        self.assertIn("[0] hello 0\n", logs)
+        self.assertIn("[1] hello 1\n", logs)
+
+    def test_failed_job_names_its_root_cause(self):
+        job_id = self.client.submit([sys.executable, "-c", "import sys; sys.exit(3)"],
+                                    nproc_per_node=1)
+        job = self.client.wait(job_id, timeout=30)
+        self.assertEqual(job.state, "FAILED")
+        self.assertEqual(job.root_cause["exit_code"], 3, job.root_cause)
+        self.assertEqual(job.root_cause["rank"], 0)
+
+    def test_cancel_and_wait_timeout(self):
+        job_id = self.client.submit(["/bin/sleep", "60"], nproc_per_node=1)
+        start = time.monotonic()
+        with self.assertRaises(meshrt.TimeoutError) as raised:
+            self.client.wait(job_id, timeout=0.5)
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertEqual(raised.exception.code, "DEADLINE_EXCEEDED")
+        self.client.cancel(job_id, reason="test")
+        self.assertEqual(self.client.wait(job_id, timeout=30).state, "CANCELLED")
+
+    def test_errors(self):
+        with self.assertRaises(meshrt.NotFoundError):
+            self.client.get("no-such-job")
+        with self.assertRaises(TypeError):
+            self.client.submit("python3 train.py")
+        with self.assertRaises(meshrt.InvalidArgumentError):
+            self.client.submit([], nproc_per_node=1)
+        with self.assertRaises(meshrt.InvalidArgumentError):
+            self.client.list(states=["NOT_A_STATE"])
+
+    def test_address_from_environment(self):
+        os.environ["MESH_COORDINATOR"] = self.cluster.address
+        try:
+            self.assertEqual(meshrt.JobClient().address, self.cluster.address)
+        finally:
+            del os.environ["MESH_COORDINATOR"]
+
+    @unittest.skipUnless(mesh_harness.have_torch(), "torch is not installed for this interpreter")
+    def test_meshrt_workers_under_the_agent(self):
+        env = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        job_id = self.client.submit([sys.executable, os.path.join(HERE, "workers.py"), "agent"],
+                                    nproc_per_node=2, env=env)
+        job = self.client.wait(job_id, timeout=60)
+        logs = self.client.logs(job_id)
+        self.assertEqual(job.state, "SUCCEEDED", logs)
+        self.assertIn("[0] OK agent rank 0 of 2 sum 1", logs)
+        self.assertIn("[1] OK agent rank 1 of 2 sum 1", logs)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,40 @@
+"""meshrt end to end: Python workers of a real job on 127.0.0.1.
+
+A mesh-coordinator and worker processes (tests/python/workers.py) that join
+through meshrt.init(); each scenario checks itself against torch and prints
+"OK <scenario>". Here we check that every rank did.
+"""
+
+import unittest
+
+import mesh_harness
+
+
+@unittest.skipUnless(mesh_harness.have_torch(),
+                     "torch is not installed for this interpreter (Debian: python3-torch)")
+class WorkersTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = mesh_harness.Cluster().__enter__()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.close()
+
+    def check_all_ok(self, scenario, results):
+        for rank, (rc, output) in enumerate(results):
+            self.assertEqual(rc, 0, f"rank {rank} of '{scenario}' exited {rc}:\n{output}")
+            self.assertIn(f"OK {scenario}", output, f"rank {rank}:\n{output}")
+
+    def test_core_runtime_store_collectives_mesh_dtensor(self):
+        results = self.cluster.run_workers("core", 4, mesh_shape=[2, 2], dim_names=["dp", "tp"],
+                                           timeout=90)
+        self.check_all_ok("core", results)
+
+    def test_failure_reaches_every_rank(self):
+        results = self.cluster.run_workers("failure", 3, timeout=60)
+        self.check_all_ok("failure", results)
+
+
+if __name__ == "__main__":
+    unittest.main()
