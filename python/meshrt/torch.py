@@ -85,6 +85,7 @@ __all__ = [
     "install_progress_hook",
     "uninstall_progress_hook",
     "progress_hook_installed",
+    "tracked_groups",
     "group_name_and_members",
     "COLLECTIVE_KINDS",
 ]
@@ -392,6 +393,7 @@ def _flag(url: str, name: str, value: str) -> bool:
 
 def _mesh_rendezvous_handler(url: str, timeout: Any = None, **kwargs: Any):
     query = _parse_query(url)
+    progress = _flag(url, "progress", query.get("progress", "1"))
     rt = runtime()
     for name, actual in (("rank", rt.rank), ("world_size", rt.world_size)):
         if name in query and query[name] not in ("", "-1"):
@@ -403,7 +405,6 @@ def _mesh_rendezvous_handler(url: str, timeout: Any = None, **kwargs: Any):
                 raise ValueError(
                     f"meshrt.torch: init_process_group was given {name}={given}, but this "
                     f"process is {name} {actual} of job {rt.job_id}; leave it out with mesh://")
-    progress = _flag(url, "progress", query.get("progress", "1"))
     global _rendezvous_count
     with _runtime_lock:
         _rendezvous_count += 1
@@ -659,4 +660,12 @@ def uninstall_progress_hook() -> None:
 
 
 def progress_hook_installed() -> bool:
+    """Whether the hook is installed and reporting."""
     return _hook_rt is not None and not _hook_disabled
+
+
+def tracked_groups() -> Dict[str, Any]:
+    """The ``GroupProgress`` of each group the hook has reported on, by
+    name (``"world"``, ``"pg1"``, ...)."""
+    with _hook_lock:
+        return {name: progress for (name, _), progress in _groups.items()}
