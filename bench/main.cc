@@ -24,6 +24,7 @@
 #include "bench/metrics_bench.h"
 #include "bench/nccl_overhead_bench.h"
 #include "bench/ping_bench.h"
+#include "bench/progress_bench.h"
 #include "bench/redistribute_bench.h"
 #include "bench/rendezvous_bench.h"
 #include "bench/waiters_bench.h"
@@ -116,11 +117,11 @@ void PrintWaiters(const mesh::bench::WaitersBenchResult& r) {
 // suites that failed, as the exit status.
 int RunAllSmoke(const std::string& json_dir) {
   const std::vector<std::vector<std::string>> suites = {
-      {"ping"},         {"rendezvous"},
-      {"waiters"},      {"collectives", "-c"},
-      {"redistribute"}, {"launch", "--no-torchrun"},
-      {"metrics"},      {"nccl-overhead"},
-      {"dtensor-pack"}};
+      {"ping"},          {"rendezvous"},
+      {"waiters"},       {"collectives", "-c"},
+      {"redistribute"},  {"launch", "--no-torchrun"},
+      {"metrics"},       {"progress"},
+      {"nccl-overhead"}, {"dtensor-pack"}};
   int failed = 0;
   for (const auto& suite : suites) {
     std::vector<std::string> args = {"/proc/self/exe", suite[0], "--smoke"};
@@ -390,6 +391,18 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
 
+  mesh::bench::ProgressBenchOptions progress;
+  CLI::App* progress_cmd = app.add_subcommand(
+      "progress",
+      "Collective progress tracking (hang diagnosis): a null all_reduce through the Runtime's "
+      "ProgressProcessGroup vs the bare group, ns per call");
+  progress_cmd->add_option("--calls", progress.calls, "Measured calls of each path")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  progress_cmd->add_option("--batches", progress.batches, "Alternating batches")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
   mesh::bench::DTensorPackOptions pack;
   CLI::App* pack_cmd = app.add_subcommand(
       "dtensor-pack",
@@ -463,6 +476,30 @@ int main(int argc, char** argv) {
                   row.pack_fraction, row.unpack_gbps, row.unpack_fraction);
     }
     return Finish(mesh::bench::ToJson(*result), json_path);
+  }
+
+  if (progress_cmd->parsed()) {
+    if (smoke) {
+      progress.calls = 20000;
+      progress.batches = 4;
+    }
+    auto result = mesh::bench::RunProgressBench(progress);
+    if (!result.ok()) {
+      std::fprintf(stderr, "mesh-bench progress: %s\n", result.status().ToString().c_str());
+      return 1;
+    }
+    const auto& r = *result;
+    std::printf(
+        "# mesh-bench progress: null all_reduce + Wait, one rank, %lld calls per path, load "
+        "average %.2f\n",
+        static_cast<long long>(progress.calls), r.load_average);
+    std::printf("| %-40s | %12s | %12s | %8s |\n", "measure", "tracked", "bare group", "ratio");
+    std::printf("%s\n", Rule({40, 12, 12, 8}).c_str());
+    std::printf("| %-40s | %12.1f | %12.1f | %8.2f |\n", "ns per collective", r.tracked_ns,
+                r.baseline_ns, r.ratio);
+    std::printf("# added by progress tracking: %.1f ns per collective (target: <= 200)\n",
+                r.added_ns);
+    return Finish(mesh::bench::ToJson(r), json_path);
   }
 
   if (metrics_cmd->parsed()) {

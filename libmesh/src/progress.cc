@@ -1,7 +1,10 @@
 #include "mesh/progress.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <array>
+#include <thread>
 #include <utility>
 
 namespace mesh {
@@ -14,6 +17,22 @@ constexpr std::array<absl::string_view, kNumCollectiveKinds> kKindNames = {
 };
 
 }  // namespace
+
+absl::Time ProgressNow() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return absl::TimeFromTimespec(ts);
+}
+
+namespace internal {
+
+void ProgressSpinLock::Lock() {
+  while (held_.test_and_set(std::memory_order_acquire)) {
+    while (held_.test(std::memory_order_relaxed)) std::this_thread::yield();
+  }
+}
+
+}  // namespace internal
 
 absl::string_view CollectiveKindName(CollectiveKind kind) {
   const auto index = static_cast<size_t>(kind);
@@ -31,14 +50,14 @@ GroupProgress::GroupProgress(std::string name, std::vector<int> members, absl::T
     : name_(std::move(name)), members_(std::move(members)), completed_at_(now) {}
 
 uint64_t GroupProgress::Enter(CollectiveKind kind, absl::Time now) {
-  absl::MutexLock lock(&mu_);
+  internal::ProgressSpinLockHolder lock(&mu_);
   const uint64_t seq = next_seq_++;
   pending_.push_back(Op{seq, kind, now, false, {}});
   return seq;
 }
 
 void GroupProgress::Attach(uint64_t seq, std::weak_ptr<Work> work) {
-  absl::MutexLock lock(&mu_);
+  internal::ProgressSpinLockHolder lock(&mu_);
   if (pending_.empty() || seq < pending_.front().seq) return;
   const uint64_t index = seq - pending_.front().seq;
   if (index >= pending_.size()) return;
@@ -46,7 +65,7 @@ void GroupProgress::Attach(uint64_t seq, std::weak_ptr<Work> work) {
 }
 
 void GroupProgress::Complete(uint64_t seq, absl::Time now) {
-  absl::MutexLock lock(&mu_);
+  internal::ProgressSpinLockHolder lock(&mu_);
   if (pending_.empty() || seq < pending_.front().seq) return;
   const uint64_t index = seq - pending_.front().seq;
   if (index >= pending_.size()) return;
@@ -65,17 +84,23 @@ void GroupProgress::AdvanceLocked(absl::Time now) {
 }
 
 GroupProgressSnapshot GroupProgress::Snapshot(absl::Time now) {
-  absl::MutexLock lock(&mu_);
   // The oldest pending op may have completed with nobody looking (an async
   // op never waited on, an NCCL op the host has not synchronized with). Its
-  // completion time is unknown; now is the best bound.
-  while (!pending_.empty()) {
-    std::shared_ptr<Work> work = pending_.front().work.lock();
+  // completion time is unknown; now is the best bound. Asked outside the
+  // lock: IsCompleted may query a device.
+  while (true) {
+    uint64_t seq = 0;
+    std::shared_ptr<Work> work;
+    {
+      internal::ProgressSpinLockHolder lock(&mu_);
+      if (pending_.empty()) break;
+      seq = pending_.front().seq;
+      work = pending_.front().work.lock();
+    }
     if (work == nullptr || !work->IsCompleted()) break;
-    pending_.front().done = true;
-    pending_.front().work.reset();
-    AdvanceLocked(now);
+    Complete(seq, now);
   }
+  internal::ProgressSpinLockHolder lock(&mu_);
   GroupProgressSnapshot snapshot;
   snapshot.entered = next_seq_ - 1;
   snapshot.completed = completed_;

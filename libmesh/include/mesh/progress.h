@@ -23,13 +23,20 @@
 // completed. An op that failed counts as completed: the group is aborted
 // then, and the failure is reported as such.
 //
-// Cost: Enter and Complete each take an uncontended mutex and read the clock
-// once; Snapshot polls at most the oldest pending op of the group (through
-// the Work attached to it) and never blocks.
+// Times: ProgressNow(), a coarse monotonic clock (a few milliseconds of
+// resolution, a few nanoseconds a read). Only differences of its values mean
+// anything; hang timeouts are minutes.
+//
+// Cost (mesh-bench progress): Enter, Attach and Complete each take a
+// spinlock held for a few instructions (the issuing thread's, and now and
+// then the heartbeat thread's); Enter and Complete read the coarse clock.
+// Snapshot polls the oldest pending ops of the group (through the Work
+// attached to each) outside the lock, and never blocks.
 //
 // Thread safety: all methods are thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -43,6 +50,41 @@
 #include "mesh/work.h"
 
 namespace mesh {
+
+// The clock of collective progress: CLOCK_MONOTONIC_COARSE as an absl::Time
+// (not a wall time: compare values only with each other).
+absl::Time ProgressNow();
+
+namespace internal {
+
+// A test-and-set lock for GroupProgress: it is held for a few instructions,
+// by the thread issuing collectives and now and then by the heartbeat
+// thread, where absl::Mutex's bookkeeping would cost as much as the rest of
+// the tracking. Waiters yield.
+class ABSL_LOCKABLE ProgressSpinLock {
+ public:
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION();
+  void Unlock() ABSL_UNLOCK_FUNCTION() { held_.clear(std::memory_order_release); }
+
+ private:
+  std::atomic_flag held_;
+};
+
+class ABSL_SCOPED_LOCKABLE ProgressSpinLockHolder {
+ public:
+  explicit ProgressSpinLockHolder(ProgressSpinLock* lock) ABSL_EXCLUSIVE_LOCK_FUNCTION(lock)
+      : lock_(lock) {
+    lock_->Lock();
+  }
+  ~ProgressSpinLockHolder() ABSL_UNLOCK_FUNCTION() { lock_->Unlock(); }
+  ProgressSpinLockHolder(const ProgressSpinLockHolder&) = delete;
+  ProgressSpinLockHolder& operator=(const ProgressSpinLockHolder&) = delete;
+
+ private:
+  ProgressSpinLock* const lock_;
+};
+
+}  // namespace internal
 
 // The collectives a group numbers. kOther is for a caller's own kinds (the
 // torch hook's "all_gather_object", say) that have no entry here.
@@ -88,7 +130,7 @@ class GroupProgress {
  public:
   // `name` as ProcessGroup::name() ("world", "mesh0/tp/1"); `members` the
   // world ranks of the group in group-rank order. `now` is when it was made.
-  GroupProgress(std::string name, std::vector<int> members, absl::Time now = absl::Now());
+  GroupProgress(std::string name, std::vector<int> members, absl::Time now = ProgressNow());
 
   GroupProgress(const GroupProgress&) = delete;
   GroupProgress& operator=(const GroupProgress&) = delete;
@@ -97,7 +139,7 @@ class GroupProgress {
   const std::vector<int>& members() const { return members_; }
 
   // This rank issued the group's next collective; returns its number.
-  uint64_t Enter(CollectiveKind kind, absl::Time now = absl::Now());
+  uint64_t Enter(CollectiveKind kind, absl::Time now = ProgressNow());
 
   // `work`, the backend's handle of op `seq`, lets Snapshot see the op
   // complete when nobody waits for it. Optional; held weakly. A seq that is
@@ -107,12 +149,12 @@ class GroupProgress {
   // Op `seq` completed (or failed). Ops may complete in any order; the
   // watermark (`completed`) advances over every contiguous completed op.
   // Idempotent; an unknown or already completed seq is ignored.
-  void Complete(uint64_t seq, absl::Time now = absl::Now());
+  void Complete(uint64_t seq, absl::Time now = ProgressNow());
 
   // The state as of `now`. First asks the Work of the oldest pending op, if
   // attached and still alive, whether it has completed (Work::IsCompleted,
-  // which never blocks).
-  GroupProgressSnapshot Snapshot(absl::Time now = absl::Now());
+  // which never blocks; asked outside the lock), and so on while they have.
+  GroupProgressSnapshot Snapshot(absl::Time now = ProgressNow());
 
  private:
   struct Op {
@@ -128,7 +170,7 @@ class GroupProgress {
   const std::string name_;
   const std::vector<int> members_;
 
-  absl::Mutex mu_;
+  internal::ProgressSpinLock mu_;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
   CollectiveKind completed_kind_ ABSL_GUARDED_BY(mu_) = CollectiveKind::kNone;
@@ -159,7 +201,7 @@ class ProgressRegistry {
 
   // A summary of every live group, in the order they were added; forgets
   // the ones released since.
-  std::vector<GroupProgressReport> Snapshot(absl::Time now = absl::Now());
+  std::vector<GroupProgressReport> Snapshot(absl::Time now = ProgressNow());
 
  private:
   absl::Mutex mu_;
