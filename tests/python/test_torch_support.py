@@ -68,7 +68,7 @@ class LocalCluster:
         self.proc = subprocess.Popen(
             [meshctl_path(), "cluster", "up", "--agents", str(self.agents), "--slots",
              str(self.slots), "--port", "0", "--state-dir", os.path.join(self.dir, "state"),
-             "--ready-file", ready, "--grace", "2"],
+             "--ready-file", ready, "--grace", "2", *self._bins()],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + self.ready_timeout
@@ -84,6 +84,16 @@ class LocalCluster:
         except BaseException:
             self.__exit__(None, None, None)
             raise
+
+    @staticmethod
+    def _bins() -> List[str]:
+        """The daemons ctest names (MESH_COORDINATOR_BIN, MESH_AGENT_BIN);
+        else meshctl finds them itself."""
+        args = []
+        for flag, name in (("--coordinator-bin", "MESH_COORDINATOR_BIN"), ("--agent-bin", "MESH_AGENT_BIN")):
+            if os.environ.get(name):
+                args += [flag, os.environ[name]]
+        return args
 
     def output(self) -> str:
         self.log.flush()
