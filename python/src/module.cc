@@ -627,13 +627,18 @@ void BindRuntime(py::module_& m) {
           },
           py::arg("name"), py::arg("members"))
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](PyRuntime& s, py::handle type, py::handle, py::handle) {
+      .def("__exit__", [](PyRuntime& s, py::handle type, py::handle value, py::handle) {
         if (s.rt == nullptr) return false;
+        // The worker's own error, as `finish` reports it: "ValueError: bad batch".
+        std::string error;
+        if (!type.is_none()) {
+          error = absl::StrCat(py::str(type.attr("__name__")).cast<std::string>(), ": ",
+                               py::str(value).cast<std::string>());
+        }
         absl::Status status;
         {
           py::gil_scoped_release release;
-          status = type.is_none() ? s.rt->Shutdown()
-                                  : s.rt->Finish(absl::UnknownError("exception in the worker"));
+          status = type.is_none() ? s.rt->Shutdown() : s.rt->Finish(absl::UnknownError(error));
         }
         if (type.is_none()) Check(status);
         return false;

@@ -317,8 +317,12 @@ def failure():
     r = rt.rank
     w = rt.world()
     w.barrier()
+    # Rank 1 fails only once every rank is past the barrier (finishing a
+    # barrier does not mean the others have seen it finish too).
+    rt.store.set(f"ready{r}", "1")
     start = time.monotonic()
     if r == 1:
+        rt.store.wait([f"ready{i}" for i in range(rt.world_size)], timeout=20)
         rt.report_error("boom from rank 1")
     else:
         # Rank 1 never joins: the runtime aborts this op when the job fails,
