@@ -1,5 +1,6 @@
 #include "coordinator/admin_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
 
@@ -38,6 +39,14 @@ grpc::ServerUnaryReactor* AdminServiceImpl::CreateJob(grpc::CallbackServerContex
   layout.world_size = request->world_size();
   layout.mesh_shape.assign(request->mesh_shape().begin(), request->mesh_shape().end());
   layout.mesh_dim_names.assign(request->mesh_dim_names().begin(), request->mesh_dim_names().end());
+  if (request->hang_timeout_seconds() < 0) {
+    reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("hang_timeout_seconds ", request->hang_timeout_seconds(), " is negative"))));
+    return reactor;
+  }
+  if (request->hang_timeout_seconds() > 0) {
+    layout.hang_timeout = absl::Seconds(request->hang_timeout_seconds());
+  }
   auto job = coordination_->CreateJob(std::move(layout));
   if (job.ok()) {
     response->set_job_id(job->layout.job_id);

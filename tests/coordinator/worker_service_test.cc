@@ -352,5 +352,114 @@ TEST_F(IncarnationRpcTest, ANewerProcessAfterTheWorldFormedEndsTheGenerationNami
   EXPECT_EQ(beat.error().rank(), 1);
 }
 
+// Hang diagnosis through the RPCs a client written from worker.proto uses:
+// progress in HeartbeatRequest.groups, members only once (send_members asks
+// again), and the JobError with hang = true once a rank has waited in a
+// collective the other never entered for the job's hang timeout.
+class HangRpcTest : public WorkerServiceTest {
+ protected:
+  void SetUp() override {
+    StartServer(absl::Milliseconds(100), absl::Seconds(30));
+    CreateJobRequest create;
+    create.set_job_id("hang");
+    create.set_world_size(2);
+    create.set_hang_timeout_seconds(1);
+    CreateJobResponse created;
+    ASSERT_TRUE(AdminService::NewStub(channel_)->CreateJob(Context().get(), create, &created).ok());
+    std::vector<std::thread> joins;
+    for (int r = 0; r < 2; ++r) {
+      joins.emplace_back([this, r] {
+        JoinRequest join;
+        *join.mutable_context() = Who(r);
+        join.set_host(absl::StrCat("host-", r));
+        join.set_timeout_seconds(20);
+        JoinResponse joined;
+        EXPECT_TRUE(stub_->Join(Context().get(), join, &joined).ok());
+      });
+    }
+    for (auto& t : joins) t.join();
+  }
+
+  static RankContext Who(int rank) {
+    RankContext ctx;
+    ctx.set_job_id("hang");
+    ctx.set_rank(rank);
+    ctx.set_incarnation(500 + rank);
+    return ctx;
+  }
+
+  grpc::Status Beat(int rank, const std::vector<GroupProgress>& groups, HeartbeatResponse* reply) {
+    HeartbeatRequest beat;
+    *beat.mutable_context() = Who(rank);
+    for (const GroupProgress& g : groups) *beat.add_groups() = g;
+    return stub_->Heartbeat(Context().get(), beat, reply);
+  }
+};
+
+TEST_F(HangRpcTest, HeartbeatProgressDiagnosesTheRankThatNeverEnteredTheOp) {
+  GroupProgress waiting;
+  waiting.set_name("world");
+  waiting.set_entered(6);
+  waiting.set_completed(5);
+  waiting.set_pending_kind(COLLECTIVE_KIND_ALL_REDUCE);
+  waiting.set_completed_kind(COLLECTIVE_KIND_ALL_REDUCE);
+  GroupProgress idle = waiting;
+  idle.set_entered(5);
+  idle.set_pending_kind(COLLECTIVE_KIND_UNSPECIFIED);
+
+  // Without members the coordinator cannot judge the group, and says so.
+  HeartbeatResponse reply;
+  ASSERT_TRUE(Beat(0, {waiting}, &reply).ok());
+  EXPECT_TRUE(reply.send_members());
+  waiting.add_members(0);
+  waiting.add_members(1);
+  idle.add_members(0);
+  idle.add_members(1);
+
+  const absl::Time start = absl::Now();
+  bool diagnosed = false;
+  while (!diagnosed && absl::Now() - start < absl::Seconds(20)) {
+    const int64_t ms = absl::ToInt64Milliseconds(absl::Now() - start);
+    waiting.set_waiting_ms(ms);
+    idle.set_since_completed_ms(ms);
+    ASSERT_TRUE(Beat(0, {waiting}, &reply).ok());
+    EXPECT_FALSE(reply.send_members());
+    waiting.clear_members();
+    HeartbeatResponse other;
+    ASSERT_TRUE(Beat(1, {idle}, &other).ok());
+    idle.clear_members();
+    diagnosed = reply.has_error() || other.has_error();
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(diagnosed) << "no diagnosis within 20 s of a 1 s hang timeout";
+  EXPECT_GE(absl::Now() - start, absl::Seconds(1));
+  ASSERT_TRUE(Beat(0, {}, &reply).ok());
+  ASSERT_TRUE(reply.has_error());
+  EXPECT_TRUE(reply.error().hang());
+  EXPECT_EQ(reply.error().rank(), 1);
+  EXPECT_EQ(reply.error().host(), "host-1");
+  EXPECT_THAT(reply.error().reason(),
+              HasSubstr("hang in group 'world' (ranks 0, 1): rank 0 has waited"));
+  EXPECT_THAT(reply.error().reason(), HasSubstr("in all_reduce #6; rank 1 never entered it"));
+}
+
+TEST_F(HangRpcTest, TooManyGroupsIsInvalidArgumentAndANegativeTimeoutIsRefused) {
+  HeartbeatRequest beat;
+  *beat.mutable_context() = Who(0);
+  for (int i = 0; i <= 4096; ++i) beat.add_groups()->set_name(absl::StrCat("g", i));
+  HeartbeatResponse reply;
+  EXPECT_EQ(stub_->Heartbeat(Context().get(), beat, &reply).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  CreateJobRequest create;
+  create.set_job_id("bad");
+  create.set_world_size(1);
+  create.set_hang_timeout_seconds(-1);
+  CreateJobResponse created;
+  EXPECT_EQ(
+      AdminService::NewStub(channel_)->CreateJob(Context().get(), create, &created).error_code(),
+      grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 }  // namespace worker_service_test
 }  // namespace mesh::coordinator
