@@ -70,7 +70,6 @@ import urllib.parse
 import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 

@@ -25,7 +25,6 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed import distributed_c10d as c10d  # noqa: E402
 
-import meshrt  # noqa: E402
 import meshrt.torch as mt  # noqa: E402
 
 _cluster = None
