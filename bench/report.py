@@ -311,6 +311,17 @@ class Report:
         self.add("metrics", "Counter::Increment (ns) vs std::atomic fetch_add",
                  m.get("increment_ns"), m.get("baseline_increment_ns"), note="one thread, hot child")
 
+    def progress(self):
+        p = self.suite("progress")
+        if p is None:
+            return
+        if "error" in p:
+            self.add("progress", "progress tracking", "failed", None, note=p["error"])
+            return
+        self.add("progress", "null all_reduce + Wait (ns), tracked vs bare group",
+                 p.get("tracked_ns"), p.get("baseline_ns"),
+                 note=f"adds {p.get('added_ns', 0):.0f} ns per collective (target <= 200)")
+
     def gpu(self):
         n = self.suite("nccl_overhead")
         if n is not None:
@@ -367,6 +378,7 @@ def main():
     rep.redistribute()
     rep.launch()
     rep.metrics()
+    rep.progress()
     rep.gpu()
     load_end = os.getloadavg()
     print(f"# Mesh performance report {args.date}".rstrip())

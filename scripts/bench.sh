@@ -212,8 +212,9 @@ else
   PATH="$(dirname "$python"):$PATH" run_mesh launch launch --nproc 8 --rounds 5
 fi
 
-# ---- Metrics ----------------------------------------------------------------------
+# ---- Metrics; collective progress tracking (hang diagnosis) ------------------------
 run_mesh metrics metrics
+run_mesh progress progress
 
 # ---- GPU section: each reports "skipped" without a CUDA device -----------------------
 run_mesh nccl_overhead nccl-overhead

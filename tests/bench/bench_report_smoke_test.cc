@@ -119,7 +119,7 @@ TEST(BenchReportSmoke, MeshBenchSmokeAloneRunsEverySuite) {
     EXPECT_TRUE(std::filesystem::exists(absl::StrCat(out, "/", suite, ".json"))) << suite;
   }
   ASSERT_FALSE(lines.empty());
-  EXPECT_EQ(lines.back(), "# mesh-bench --smoke: 9 suites, 0 failed");
+  EXPECT_EQ(lines.back(), "# mesh-bench --smoke: 10 suites, 0 failed");
   std::filesystem::remove_all(out);
 }
 
