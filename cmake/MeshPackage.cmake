@@ -22,7 +22,7 @@ set(CPACK_PACKAGING_INSTALL_PREFIX "/usr")
 set(CPACK_PACKAGE_DIRECTORY "${PROJECT_BINARY_DIR}/packages")
 set(CPACK_STRIP_FILES ON)
 set(CPACK_DEB_COMPONENT_INSTALL ON)
-set(CPACK_COMPONENTS_ALL coordinator agent meshctl runtime dev)
+set(CPACK_COMPONENTS_ALL coordinator agent meshctl runtime dev python)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION "net")
 set(CPACK_DEBIAN_PACKAGE_PRIORITY "optional")
@@ -43,6 +43,8 @@ set(CPACK_DEBIAN_AGENT_PACKAGE_NAME "mesh-agent")
 set(CPACK_DEBIAN_MESHCTL_PACKAGE_NAME "meshctl")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME "libmeshrt${PROJECT_VERSION_MAJOR}")
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME "libmesh-dev")
+set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME "python3-meshrt")
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION "python")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION "libs")
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION "libdevel")
 set(CPACK_DEBIAN_COORDINATOR_PACKAGE_DEPENDS "passwd")
@@ -66,6 +68,12 @@ set(CPACK_COMPONENT_MESHCTL_DESCRIPTION
     "command-line client of a Mesh cluster\nmeshctl submits, watches, cancels and reads the logs of Mesh jobs, and\nruns a local cluster for development.")
 set(CPACK_COMPONENT_RUNTIME_DESCRIPTION
     "Mesh worker library (shared library)\nlibmesh: collectives (NCCL on GPU, Gloo on CPU), N-dimensional device\nmeshes and sharded tensors for the workers of a Mesh job.")
+# The extension links libmesh statically: system libraries (found by
+# dpkg-shlibdeps) and the interpreter it was built for.
+set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS
+    "python3 (>= ${MESH_PYTHON_VERSION}), python3 (<< ${MESH_PYTHON_VERSION}.999)")
+set(CPACK_COMPONENT_PYTHON_DESCRIPTION
+    "Mesh worker library for Python (meshrt)\nThe Python package of libmesh: the worker runtime, the coordinator's\nkey-value store, device meshes, collectives on DLPack tensors, DTensor,\na job client, and meshrt.torch: torch.distributed on the coordinator's\nstore through init_method=\"mesh://\".")
 set(CPACK_COMPONENT_DEV_DESCRIPTION
     "Mesh worker library (development files)\nHeaders, the static library, the CMake package (find_package(Mesh))\nand the pkg-config file (meshrt) of libmesh.")
 
@@ -89,7 +97,7 @@ endforeach()
 # Each package's /usr/share/doc/<package>/: copyright and changelog.
 set(mesh_deb_packages
     "coordinator:mesh-coordinator" "agent:mesh-agent" "meshctl:meshctl"
-    "runtime:libmeshrt${PROJECT_VERSION_MAJOR}" "dev:libmesh-dev")
+    "runtime:libmeshrt${PROJECT_VERSION_MAJOR}" "dev:libmesh-dev" "python:python3-meshrt")
 string(TIMESTAMP mesh_deb_date "%a, %d %b %Y %H:%M:%S +0000" UTC)
 foreach(entry IN LISTS mesh_deb_packages)
   string(REPLACE ":" ";" entry "${entry}")

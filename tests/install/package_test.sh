@@ -45,7 +45,7 @@ has() {
 }
 
 multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
-for package in mesh-coordinator mesh-agent meshctl "libmeshrt$major" libmesh-dev; do
+for package in mesh-coordinator mesh-agent meshctl "libmeshrt$major" libmesh-dev python3-meshrt; do
   deb=$(deb_of "$package")
   [[ "$(dpkg-deb -f "$deb" Version)" == "$version" ]] || fail "$package's version is not $version"
   mkdir -p "$work/root/$package"
@@ -63,6 +63,9 @@ has "libmeshrt$major" "usr/lib/$multiarch/libmeshrt.so.$major" "usr/lib/$multiar
 has libmesh-dev "usr/lib/$multiarch/libmeshrt.so" "usr/lib/$multiarch/libmeshrt.a" \
   usr/include/mesh/mesh.h usr/include/mesh/config.h "usr/lib/$multiarch/cmake/Mesh/MeshConfig.cmake" \
   "usr/lib/$multiarch/pkgconfig/meshrt.pc"
+has python3-meshrt usr/lib/python3/dist-packages/meshrt/__init__.py \
+  "usr/lib/python3/dist-packages/meshrt/_meshrt*.so" usr/lib/python3/dist-packages/meshrt/torch.py \
+  usr/lib/python3/dist-packages/meshrt/py.typed
 [[ -z "$(find "$work/root/libmeshrt$major" -name 'libmeshrt.so')" ]] ||
   fail "libmeshrt$major holds the link-time name libmeshrt.so (libmesh-dev's)"
 for package in mesh-coordinator mesh-agent meshctl libmesh-dev; do
@@ -89,6 +92,11 @@ for package in mesh-coordinator mesh-agent; do
     fail "$package's Depends lack the gRPC library (dpkg-shlibdeps)"
 done
 "$work/root/meshctl/usr/bin/meshctl" --version >/dev/null || fail "the packaged meshctl does not run"
+# The packaged Python package imports with Debian's interpreter.
+if [[ -x /usr/bin/python3 ]]; then
+  PYTHONPATH="$work/root/python3-meshrt/usr/lib/python3/dist-packages" /usr/bin/python3 -c \
+    'import meshrt; meshrt.Shard(0)' || fail "the packaged meshrt does not import"
+fi
 
 if command -v lintian >/dev/null; then
   echo "== lintian"
