@@ -33,6 +33,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
+namespace mesh {
+class Store;
+}  // namespace mesh
+
 namespace meshrt {
 
 namespace py = pybind11;
@@ -73,5 +77,12 @@ absl::Duration SecondsArg(const py::handle& seconds, absl::Duration fallback, co
 void RegisterErrors(py::module_& m);     // module.cc
 void RegisterTensors(py::module_& m);    // tensors.cc: groups, meshes, DTensor
 void RegisterJobClient(py::module_& m);  // job_client.cc
+
+// Benchmark hooks, not API (bench_hooks.cc): the private submodule
+// meshrt._meshrt._bench that bench/python_bench.py times the bindings
+// against. `store_of` returns the mesh::Store behind a meshrt.Store (whose
+// wrapper class is private to module.cc).
+using StoreOf = mesh::Store& (*)(py::handle store);
+void RegisterBenchHooks(py::module_& m, StoreOf store_of);
 
 }  // namespace meshrt

@@ -734,6 +734,8 @@ PYBIND11_MODULE(_meshrt, m) {
   meshrt::BindProgress(m);
   meshrt::BindRuntime(m);
   meshrt::RegisterJobClient(m);
+  meshrt::RegisterBenchHooks(
+      m, [](pybind11::handle s) -> mesh::Store& { return s.cast<meshrt::PyStore&>().store(); });
   pybind11::module_::import("atexit").attr("register")(
       pybind11::cpp_function([] { meshrt::ShutdownAllAtExit(); }));
 }
