@@ -3,9 +3,10 @@
 
     bench/report.py RAW_DIR [--out latest.json] [--date YYYY-MM-DD]
 
-RAW_DIR holds what scripts/bench.sh wrote: each mesh-bench suite's JSON, the
-peers' outputs (tcpstore_N_PASS.json, gloo_PASS.jsonl, mpi_PASS.jsonl),
-peer_*.json notes and machine.json. Writes every input plus the rows to
+RAW_DIR holds what scripts/bench.sh wrote: each mesh-bench suite's JSON,
+bench/python_bench.py's python.json (Mesh = meshrt, peer = the same C++
+calls), the peers' outputs (tcpstore_N_PASS.json, gloo_PASS.jsonl,
+mpi_PASS.jsonl), peer_*.json notes and machine.json. Writes every input plus the rows to
 --out, and prints ONE Markdown table on stdout:
 
     | suite | row | Mesh | peer | ratio | note |
@@ -322,6 +323,30 @@ class Report:
                  p.get("tracked_ns"), p.get("baseline_ns"),
                  note=f"adds {p.get('added_ns', 0):.0f} ns per collective (target <= 200)")
 
+    def python(self):
+        p = self.suite("python")
+        if p is None:
+            return
+        if "error" in p:
+            self.add("python", "meshrt vs C++ calls", "failed", None, note=p["error"])
+            return
+        s = p.get("store", {})
+        target = p.get("targets", {})
+        self.add("python", "store set + get, 128 B (µs per pair), meshrt vs C++ client",
+                 s.get("python_ns", 0) / 1e3, s.get("cpp_ns", 0) / 1e3, s.get("ratio"),
+                 note=f"target ratio <= {target.get('store_ratio', 1.5)}; same mesh::Store; "
+                      f"median of {s.get('batches')} alternating batches")
+        coll = p.get("all_reduce", {})
+        if coll.get("skipped"):
+            self.add("python", "all_reduce, meshrt vs C++ call", "skipped", "skipped",
+                     note=coll.get("skip_reason", ""))
+        for row in coll.get("rows", []):
+            self.add("python", f"all_reduce {row['numel']} x float32 sync (µs), meshrt vs C++ call",
+                     row["python_ns"] / 1e3, row["cpp_ns"] / 1e3, row.get("ratio"),
+                     note=f"adds {row['added_ns'] / 1e3:.2f} µs per call (target <= "
+                          f"{target.get('all_reduce_added_us', 5)}); same group and buffer; "
+                          f"world of 1")
+
     def gpu(self):
         n = self.suite("nccl_overhead")
         if n is not None:
@@ -379,6 +404,7 @@ def main():
     rep.launch()
     rep.metrics()
     rep.progress()
+    rep.python()
     rep.gpu()
     load_end = os.getloadavg()
     print(f"# Mesh performance report {args.date}".rstrip())

@@ -26,7 +26,8 @@
 #   MESH_BENCH_WAITERS_RANKS   default 10000
 #   MESH_BENCH_REDISTRIBUTE_SIZES  default "16M,64M"
 #   MESH_BENCH_PYTHON          the interpreter with torch (default /usr/bin/python3;
-#                              a pyenv `python3` on PATH usually lacks torch)
+#                              a pyenv `python3` on PATH usually lacks torch); it
+#                              also runs bench/python_bench.py, with the build's meshrt
 #   MESH_BENCH_MPICC           the MPI C compiler (default mpicc)
 #   MESH_BENCH_NO_INSTALL=1    never install peers
 set -euo pipefail
@@ -215,6 +216,22 @@ fi
 # ---- Metrics; collective progress tracking (hang diagnosis) ------------------------
 run_mesh metrics metrics
 run_mesh progress progress
+
+# ---- Python bindings: meshrt against the C++ calls on the same objects -----------------
+# Debian's interpreter (torch) with the build's meshrt; without torch the
+# suite still times the store and reports the collectives as skipped.
+say "python_bench.py"
+echo "## bench/python_bench.py ${smoke_flag[*]}" >>"$log"
+build_abs=$(cd "$build_dir" && pwd)
+rc=0
+PYTHONPATH="$build_abs/python" MESH_COORDINATOR_BIN="$build_abs/coordinator/mesh-coordinator" \
+  timeout -k 10 "$peer_timeout" "$python" "$repo/bench/python_bench.py" --json "$raw/python.json" \
+  "${smoke_flag[@]}" >>"$log" 2>>"$log.stderr" || rc=$?
+if ((rc != 0)); then
+  say "python_bench.py failed (see $log.stderr)"
+  printf '{"error": "bench/python_bench.py exited with status %d; see bench.log.stderr"}\n' "$rc" \
+    >"$raw/python.json"
+fi
 
 # ---- GPU section: each reports "skipped" without a CUDA device -----------------------
 run_mesh nccl_overhead nccl-overhead
