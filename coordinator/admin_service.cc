@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
+#include "coordinator/job_spec.h"
 
 namespace mesh::coordinator {
 
@@ -39,9 +40,11 @@ grpc::ServerUnaryReactor* AdminServiceImpl::CreateJob(grpc::CallbackServerContex
   layout.world_size = request->world_size();
   layout.mesh_shape.assign(request->mesh_shape().begin(), request->mesh_shape().end());
   layout.mesh_dim_names.assign(request->mesh_dim_names().begin(), request->mesh_dim_names().end());
-  if (request->hang_timeout_seconds() < 0) {
-    reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("hang_timeout_seconds ", request->hang_timeout_seconds(), " is negative"))));
+  if (request->hang_timeout_seconds() < 0 ||
+      request->hang_timeout_seconds() > kMaxHangTimeoutSeconds) {
+    reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "hang_timeout_seconds ", request->hang_timeout_seconds(), " is outside 0..",
+        kMaxHangTimeoutSeconds, " (0: the default, ", kDefaultHangTimeoutSeconds, ")"))));
     return reactor;
   }
   if (request->hang_timeout_seconds() > 0) {

@@ -7,6 +7,9 @@
 #include <thread>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
 namespace mesh {
 
 namespace {
@@ -56,21 +59,29 @@ uint64_t GroupProgress::Enter(CollectiveKind kind, absl::Time now) {
   return seq;
 }
 
-void GroupProgress::Attach(uint64_t seq, std::weak_ptr<Work> work) {
+void GroupProgress::Attach(uint64_t seq, std::shared_ptr<Work> work) {
+  std::shared_ptr<Work> released;  // Dropped after unlocking.
   internal::ProgressSpinLockHolder lock(&mu_);
   if (pending_.empty() || seq < pending_.front().seq) return;
   const uint64_t index = seq - pending_.front().seq;
   if (index >= pending_.size()) return;
-  pending_[index].work = std::move(work);
+  pending_[index].work = work;
+  if (seq >= latest_seq_) {
+    released = std::move(latest_work_);
+    latest_work_ = std::move(work);
+    latest_seq_ = seq;
+  }
 }
 
 void GroupProgress::Complete(uint64_t seq, absl::Time now) {
+  std::shared_ptr<Work> released;
   internal::ProgressSpinLockHolder lock(&mu_);
   if (pending_.empty() || seq < pending_.front().seq) return;
   const uint64_t index = seq - pending_.front().seq;
   if (index >= pending_.size()) return;
   pending_[index].done = true;
   pending_[index].work.reset();
+  if (seq == latest_seq_) released = std::move(latest_work_);
   AdvanceLocked(now);
 }
 
@@ -83,11 +94,38 @@ void GroupProgress::AdvanceLocked(absl::Time now) {
   }
 }
 
+std::shared_ptr<Work> GroupProgress::CompleteThroughLocked(uint64_t seq, absl::Time now) {
+  for (Op& op : pending_) {
+    if (op.seq > seq) break;
+    op.done = true;
+    op.work.reset();
+  }
+  std::shared_ptr<Work> released;
+  if (latest_seq_ <= seq) released = std::move(latest_work_);
+  AdvanceLocked(now);
+  return released;
+}
+
 GroupProgressSnapshot GroupProgress::Snapshot(absl::Time now) {
-  // The oldest pending op may have completed with nobody looking (an async
-  // op never waited on, an NCCL op the host has not synchronized with). Its
-  // completion time is unknown; now is the best bound. Asked outside the
+  // Ops may have completed with nobody looking (an async op never waited
+  // on, an NCCL op the host has not synchronized with). Their completion
+  // time is unknown; now is the best bound. Works are asked outside the
   // lock: IsCompleted may query a device.
+  std::shared_ptr<Work> latest;
+  uint64_t latest_seq = 0;
+  {
+    internal::ProgressSpinLockHolder lock(&mu_);
+    latest = latest_work_;
+    latest_seq = latest_seq_;
+  }
+  if (latest != nullptr && latest->IsCompleted()) {
+    std::shared_ptr<Work> released;
+    {
+      internal::ProgressSpinLockHolder lock(&mu_);
+      released = CompleteThroughLocked(latest_seq, now);
+    }
+  }
+  latest.reset();
   while (true) {
     uint64_t seq = 0;
     std::shared_ptr<Work> work;
@@ -118,13 +156,19 @@ GroupProgressSnapshot GroupProgress::Snapshot(absl::Time now) {
 }
 
 std::shared_ptr<GroupProgress> ProgressRegistry::Add(std::string name, std::vector<int> members) {
-  auto group = std::make_shared<GroupProgress>(std::move(name), std::move(members));
   absl::MutexLock lock(&mu_);
+  absl::flat_hash_set<std::string> taken;
+  for (const auto& weak : groups_) {
+    if (std::shared_ptr<GroupProgress> group = weak.lock()) taken.insert(group->name());
+  }
+  std::string unique = name;
+  for (int n = 2; taken.contains(unique); ++n) unique = absl::StrCat(name, "~", n);
+  auto group = std::make_shared<GroupProgress>(std::move(unique), std::move(members));
   groups_.push_back(group);
   return group;
 }
 
-std::vector<GroupProgressReport> ProgressRegistry::Snapshot(absl::Time now) {
+std::vector<GroupProgressReport> ProgressRegistry::Snapshot(absl::Time now, size_t max_groups) {
   std::vector<std::shared_ptr<GroupProgress>> live;
   {
     absl::MutexLock lock(&mu_);
@@ -145,6 +189,14 @@ std::vector<GroupProgressReport> ProgressRegistry::Snapshot(absl::Time now) {
   reports.reserve(live.size());
   for (const auto& group : live) {
     reports.push_back(GroupProgressReport{group->name(), group->members(), group->Snapshot(now)});
+  }
+  if (reports.size() > max_groups) {
+    // Groups with an op in flight first, then the most recently added.
+    std::reverse(reports.begin(), reports.end());
+    std::stable_partition(reports.begin(), reports.end(), [](const GroupProgressReport& r) {
+      return r.progress.entered > r.progress.completed;
+    });
+    reports.resize(max_groups);
   }
   return reports;
 }

@@ -403,9 +403,10 @@ class Runtime::Monitor {
       if (stopping()) return;
       if (reply.ok()) {
         if (reply->error.has_value()) return Fail(absl::AbortedError(reply->error->message));
-        if (reply->send_members) {
-          announced_.clear();
-        } else {
+        // The names of this beat only: a group that went away and came
+        // back under its name (with other members) is announced again.
+        announced_.clear();
+        if (!reply->send_members) {
           for (const GroupProgressReport& group : groups) announced_.insert(group.name);
         }
         last_ok = absl::Now();
@@ -757,7 +758,13 @@ absl::Status Runtime::Shutdown() {
 
 absl::Status Runtime::Finish(absl::Status result) {
   if (!result.ok()) {
-    if (health().ok()) (void)ReportError(result.ToString());
+    // "RESOURCE_EXHAUSTED: CUDA out of memory"; an UNKNOWN code (what a
+    // binding makes of a foreign exception) says nothing, so its message
+    // goes alone.
+    if (health().ok()) {
+      (void)ReportError(result.code() == absl::StatusCode::kUnknown ? std::string(result.message())
+                                                                    : result.ToString());
+    }
     return result;
   }
   absl::Status left = Shutdown();

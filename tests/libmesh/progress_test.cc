@@ -106,6 +106,26 @@ TEST(GroupProgressTest, SnapshotSeesAnAttachedWorkComplete) {
   EXPECT_EQ(group.Snapshot(kT0 + absl::Seconds(4)).completed, 1u);
 }
 
+// NCCL's pattern: issue, Wait (which returns before the GPU is done), drop
+// the Work. The group holds the latest op's Work, and its completion
+// completes every op before it.
+TEST(GroupProgressTest, ADroppedWorkStillCompletesThroughTheLatestOp) {
+  GroupProgress group("world", {0, 1}, kT0);
+  std::weak_ptr<ScriptedWork> last;
+  for (int i = 0; i < 3; ++i) {
+    auto work = std::make_shared<ScriptedWork>();
+    group.Attach(group.Enter(CollectiveKind::kAllReduce, kT0), work);
+    last = work;
+  }  // The caller keeps no Work.
+  EXPECT_EQ(group.Snapshot(kT0 + absl::Seconds(1)).completed, 0u);
+  ASSERT_NE(last.lock(), nullptr) << "the latest op's Work must be held";
+  last.lock()->Finish();
+  const GroupProgressSnapshot s = group.Snapshot(kT0 + absl::Seconds(2));
+  EXPECT_EQ(s.completed, 3u);
+  EXPECT_EQ(s.entered, 3u);
+  EXPECT_EQ(last.lock(), nullptr) << "a completed op's Work is released";
+}
+
 // Issuing threads and a heartbeat-like reader at once: snapshots never go
 // backwards, never show more completed than entered, and end exact.
 TEST(GroupProgressTest, ConcurrentIssuersAndSnapshotsStayConsistent) {
@@ -164,6 +184,26 @@ TEST(ProgressRegistryTest, ReportsLiveGroupsInOrderAndForgetsReleasedOnes) {
   reports = registry.Snapshot();
   ASSERT_EQ(reports.size(), 1u);
   EXPECT_EQ(reports[0].name, "b");
+}
+
+TEST(ProgressRegistryTest, ANameInUseGetsASuffixAndReportsAreCapped) {
+  ProgressRegistry registry;
+  std::shared_ptr<GroupProgress> a = registry.Add("world", {0, 1});
+  std::shared_ptr<GroupProgress> b = registry.Add("world", {0, 1});
+  std::shared_ptr<GroupProgress> c = registry.Add("world", {0});
+  EXPECT_EQ(a->name(), "world");
+  EXPECT_EQ(b->name(), "world~2");
+  EXPECT_EQ(c->name(), "world~3");
+  b.reset();
+  EXPECT_EQ(registry.Add("world", {1})->name(), "world~2");
+
+  // Over the cap: groups with an op in flight first, then the newest.
+  c->Enter(CollectiveKind::kBarrier);
+  std::shared_ptr<GroupProgress> d = registry.Add("d", {0});
+  std::vector<GroupProgressReport> reports = registry.Snapshot(ProgressNow(), 2);
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[0].name, "world~3");
+  EXPECT_EQ(reports[1].name, "d");
 }
 
 // A group whose ops complete when the test says, or are refused.

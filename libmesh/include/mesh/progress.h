@@ -20,8 +20,15 @@
 //
 // A group runs its ops in issue order (Gloo on one device thread, NCCL on one
 // stream), so an op starts when it was entered and every op before it has
-// completed. An op that failed counts as completed: the group is aborted
-// then, and the failure is reported as such.
+// completed, and when an op completes every earlier one has too. An op that
+// failed counts as completed: the group is aborted then, and the failure is
+// reported as such.
+//
+// Nobody may look at an op when it completes: NCCL's Work::Wait returns
+// before the GPU is done, and callers often drop the Work right after. So
+// the group holds the Work of its latest op (until the next op or its
+// completion replaces it) and Snapshot asks it: once it has completed, so
+// has every op before it. Older ops' Works are held weakly and asked too.
 //
 // Times: ProgressNow(), a coarse monotonic clock (a few milliseconds of
 // resolution, a few nanoseconds a read). Only differences of its values mean
@@ -142,9 +149,10 @@ class GroupProgress {
   uint64_t Enter(CollectiveKind kind, absl::Time now = ProgressNow());
 
   // `work`, the backend's handle of op `seq`, lets Snapshot see the op
-  // complete when nobody waits for it. Optional; held weakly. A seq that is
-  // not pending is ignored.
-  void Attach(uint64_t seq, std::weak_ptr<Work> work);
+  // complete when nobody waits for it. Optional. Held until a later op is
+  // attached or the op completes when `seq` is the latest op entered,
+  // weakly otherwise. A seq that is not pending is ignored.
+  void Attach(uint64_t seq, std::shared_ptr<Work> work);
 
   // Op `seq` completed (or failed). Ops may complete in any order; the
   // watermark (`completed`) advances over every contiguous completed op.
@@ -166,6 +174,11 @@ class GroupProgress {
   };
   // Pops the completed ops at the front, advancing the watermark.
   void AdvanceLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every pending op up to `seq` completed (ops complete in order). Returns
+  // the latest op's Work if it was released, for the caller to drop after
+  // unlocking.
+  std::shared_ptr<Work> CompleteThroughLocked(uint64_t seq, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string name_;
   const std::vector<int> members_;
@@ -178,6 +191,9 @@ class GroupProgress {
   absl::Time completed_at_ ABSL_GUARDED_BY(mu_);
   // Ops entered and not yet below the watermark, oldest first.
   std::deque<Op> pending_ ABSL_GUARDED_BY(mu_);
+  // The Work of the latest attached op, and its seq (0: none).
+  std::shared_ptr<Work> latest_work_ ABSL_GUARDED_BY(mu_);
+  uint64_t latest_seq_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // One group of a ProgressRegistry summary.
@@ -195,13 +211,20 @@ class ProgressRegistry {
 
   // Tracks a new group. The registry holds it weakly: it is reported while
   // someone (the group decorator, a torch hook) holds the returned pointer.
-  // Two live groups with the same name are both reported; names should be
-  // unique per Runtime, as ProcessGroup names are.
+  // Names are unique among live groups: a name already in use gets "~2",
+  // "~3", ... appended (the first free one), the same on every rank as long
+  // as ranks make their groups in the same order.
   std::shared_ptr<GroupProgress> Add(std::string name, std::vector<int> members);
 
   // A summary of every live group, in the order they were added; forgets
-  // the ones released since.
-  std::vector<GroupProgressReport> Snapshot(absl::Time now = ProgressNow());
+  // the ones released since. At most `max_groups`: groups with an op in
+  // flight first (those are the ones a hang involves), then the most
+  // recently added.
+  std::vector<GroupProgressReport> Snapshot(absl::Time now = ProgressNow(),
+                                            size_t max_groups = kMaxReportedGroups);
+
+  // What a heartbeat carries at most (worker.proto's limit).
+  static constexpr size_t kMaxReportedGroups = 4096;
 
  private:
   absl::Mutex mu_;

@@ -330,7 +330,8 @@ class Runtime {
 
   // The usual end of a worker, with `result` its own outcome:
   //   OK     -> Shutdown(); returns its status, prefixed "shutdown: ".
-  //   error  -> ReportError(result) unless the job has already failed (a
+  //   error  -> ReportError(result) (its code and message; the message
+  //             alone for UNKNOWN) unless the job has already failed (a
   //             peer's failure is already the job's error, and reporting it
   //             again would only blame this rank); returns `result`.
   // So `return (*rt)->Finish(Train(**rt)).ok() ? 0 : 1;` ends a worker.
