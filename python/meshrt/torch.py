@@ -47,16 +47,20 @@ Progress hook
     reported through ``rt.track_group(name, members)``: ``enter(kind)``
     before the call, ``complete(seq)`` once the op is over (on return for a
     synchronous call; when the returned Work's future completes, or on
-    ``wait()`` where the Work has none, for ``async_op=True``). The
+    ``wait()`` where the Work has none, for ``async_op=True``). Groups are
+    named ``"torch/world"`` and ``"torch/pg<N>"`` (``GROUP_PREFIX``), apart
+    from the Runtime's own groups in the same heartbeats. The
     coordinator uses these numbers to name the rank a hung collective waits
     for. Only calls that go through these Python functions are seen: DDP's
     gradient all-reduces run in the C++ reducer and are not. Nested calls
     (``all_gather_object`` calls ``all_gather``) count once, as the outer
     call. A call that raises counts as completed. Bookkeeping never fails a
-    collective: if the Runtime refuses (shut down), the hook turns itself
-    off for the process with a warning. Thread safety: the hook may be used
-    from several threads; torch requires that every member issues a group's
-    collectives in the same order, and the numbering relies on that too.
+    collective: if the Runtime refuses (``track_group`` raises
+    FAILED_PRECONDITION once it was shut down), the hook turns itself off
+    for the process with a warning and the call runs untracked. Thread
+    safety: the hook may be used from several threads; torch requires that
+    every member issues a group's collectives in the same order, and the
+    numbering relies on that too.
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ __all__ = [
     "tracked_groups",
     "group_name_and_members",
     "COLLECTIVE_KINDS",
+    "GROUP_PREFIX",
 ]
 
 
@@ -390,20 +395,29 @@ def _flag(url: str, name: str, value: str) -> bool:
     raise ValueError(f"meshrt.torch: {url!r}: {name} must be 0 or 1, got {value!r}")
 
 
+def _int_param(url: str, query: Dict[str, str], name: str) -> Optional[int]:
+    """The integer parameter ``name``, or None when absent, empty or -1
+    (torch's "not given")."""
+    value = query.get(name, "")
+    if value in ("", "-1"):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"meshrt.torch: {url!r}: {name} is not an integer") from None
+
+
 def _mesh_rendezvous_handler(url: str, timeout: Any = None, **kwargs: Any):
+    # Every parameter is checked before the process joins the job.
     query = _parse_query(url)
     progress = _flag(url, "progress", query.get("progress", "1"))
+    given = {name: _int_param(url, query, name) for name in ("rank", "world_size")}
     rt = runtime()
     for name, actual in (("rank", rt.rank), ("world_size", rt.world_size)):
-        if name in query and query[name] not in ("", "-1"):
-            try:
-                given = int(query[name])
-            except ValueError:
-                raise ValueError(f"meshrt.torch: {url!r}: {name} is not an integer") from None
-            if given != actual:
-                raise ValueError(
-                    f"meshrt.torch: init_process_group was given {name}={given}, but this "
-                    f"process is {name} {actual} of job {rt.job_id}; leave it out with mesh://")
+        if given[name] is not None and given[name] != actual:
+            raise ValueError(
+                f"meshrt.torch: init_process_group was given {name}={given[name]}, but this "
+                f"process is {name} {actual} of job {rt.job_id}; leave it out with mesh://")
     global _rendezvous_count
     with _runtime_lock:
         _rendezvous_count += 1
@@ -487,23 +501,28 @@ _groups: Dict[Tuple[str, Tuple[int, ...]], Any] = {}
 _local = threading.local()
 
 
+GROUP_PREFIX = "torch/"
+"""Prefix of the names of torch's groups, apart from the Runtime's own
+groups (its ``"world"``, device-mesh groups) in the same heartbeats."""
+
+
 def group_name_and_members(group: Any = None) -> Tuple[str, List[int]]:
     """The name every member uses for ``group`` and its global ranks:
-    ``("world", [0..n-1])`` for the default group; otherwise ``"pg<N>"``
-    with N torch's own name for the group (``new_group`` numbers groups in
-    creation order on every rank), or ``"ranks<r0>-<r1>-..."`` for a group
-    torch has no name for."""
+    ``("torch/world", [0..n-1])`` for the default group; otherwise
+    ``"torch/pg<N>"`` with N torch's own name for the group (``new_group``
+    numbers groups in creation order on every rank), or
+    ``"torch/ranks<r0>-<r1>-..."`` for a group torch has no name for."""
     default = _c10d._get_default_group()
     if group is None or group is _c10d.GroupMember.WORLD or group is default:
-        return "world", list(range(dist.get_world_size()))
+        return GROUP_PREFIX + "world", list(range(dist.get_world_size()))
     if hasattr(dist, "get_process_group_ranks"):
         members = sorted(dist.get_process_group_ranks(group))
     else:  # older torch
         members = sorted(_c10d._pg_group_ranks[group].keys())
     name = getattr(_c10d, "_pg_names", {}).get(group)
     if name:
-        return f"pg{name}", members
-    return "ranks" + "-".join(str(r) for r in members), members
+        return f"{GROUP_PREFIX}pg{name}", members
+    return GROUP_PREFIX + "ranks" + "-".join(str(r) for r in members), members
 
 
 def _progress_for(group: Any) -> Any:
@@ -665,6 +684,6 @@ def progress_hook_installed() -> bool:
 
 def tracked_groups() -> Dict[str, Any]:
     """The ``GroupProgress`` of each group the hook has reported on, by
-    name (``"world"``, ``"pg1"``, ...)."""
+    name (``"torch/world"``, ``"torch/pg1"``, ...)."""
     with _hook_lock:
         return {name: progress for (name, _), progress in _groups.items()}

@@ -12,6 +12,7 @@ _Value = Union[bytes, str, bytearray, memoryview]
 _Timeout = Union[datetime.timedelta, float, int, None]
 
 COLLECTIVE_KINDS: Dict[str, str]
+GROUP_PREFIX: str
 
 class StoreTimeoutError(RuntimeError, meshrt.TimeoutError):
     code: str

@@ -19,6 +19,9 @@
 //   UNAVAILABLE        -> UnavailableError
 //   anything else      -> Error
 //
+// A Python argument of the wrong type is a TypeError, also where a binding
+// converts it itself (py::cast_error, by a translator local to the module).
+//
 // Thread safety: ThrowStatus and the translator run with the GIL held (they
 // run where pybind11 converts C++ exceptions). The registration functions run
 // once, at import.
@@ -42,9 +45,10 @@ namespace meshrt {
 namespace py = pybind11;
 
 // Thrown by the binding code for a non-OK status; the translator registered
-// in module.cc turns it into the matching meshrt exception. `force_class`
-// overrides the class chosen from the code (e.g. JobFailedError for a
-// collective of a group the runtime aborted on a job failure).
+// in module.cc turns it into the matching meshrt exception. `error_class`
+// kJobFailed overrides the class chosen from the code: JobFailedError for
+// the store and Runtime.health() once the job failed, whatever the code
+// (e.g. UNAVAILABLE for a lost coordinator). Process groups map by code.
 enum class ErrorClass { kByCode, kJobFailed };
 struct StatusError {
   absl::Status status;
@@ -69,8 +73,9 @@ T Unwrap(absl::StatusOr<T> value) {
 // The exception ThrowStatus would raise, as an object (not raised).
 py::object ExceptionObject(absl::Status status, ErrorClass error_class = ErrorClass::kByCode);
 
-// Float seconds from Python (None -> `fallback`). Raises InvalidArgumentError
-// for a value that is not positive and finite.
+// Float seconds from Python (None -> `fallback`). Raises TypeError for a
+// value that is not a number, InvalidArgumentError for one that is not
+// positive and finite.
 absl::Duration SecondsArg(const py::handle& seconds, absl::Duration fallback, const char* what);
 
 // Registration, one per translation unit (called from PYBIND11_MODULE).

@@ -9,7 +9,9 @@
 //
 // Errors: the coordinator's status, mapped as everywhere in meshrt
 // (UNAVAILABLE -> UnavailableError, NOT_FOUND -> NotFoundError, ...); wait()
-// raises meshrt.TimeoutError when its timeout passes first.
+// raises meshrt.TimeoutError when its timeout passes first. submit's
+// hang_timeout and on_hang are meshctl submit's --hang-timeout and --on-hang
+// (on_hang parsed as meshctl does); a Job shows them as in force.
 //
 // Thread safety: a JobClient may be shared by threads; every RPC releases
 // the GIL. wait() checks for signals (Ctrl-C) at least once a second.
@@ -23,10 +25,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/admin_client.h"
 #include "cli/job_client.h"
+#include "cli/job_json.h"
 #include "common/security.h"
 #include "mesh/v1/job.pb.h"
 #include "python/src/bindings.h"
@@ -45,7 +49,9 @@ struct PyJob {
   std::vector<std::string> command;
   std::vector<std::string> nodes;
   int nproc_per_node = 0;
-  double create_time = 0;  // Unix seconds.
+  double hang_timeout = 0;  // Seconds, as in force (300 when not given).
+  std::string on_hang;      // "restart" or "fail".
+  double create_time = 0;   // Unix seconds.
   double update_time = 0;
   py::object root_cause;  // dict or None.
 
@@ -72,6 +78,8 @@ PyJob ToPy(const mesh::v1::Job& job) {
   out.command.assign(job.spec().command().begin(), job.spec().command().end());
   out.nodes.assign(job.nodes().begin(), job.nodes().end());
   out.nproc_per_node = job.spec().nproc_per_node();
+  out.hang_timeout = static_cast<double>(mesh::cli::HangTimeoutSeconds(job.spec()));
+  out.on_hang = absl::AsciiStrToLower(mesh::cli::HangPolicyName(job.spec().on_hang()));
   out.create_time = static_cast<double>(job.create_time_unix_ms()) / 1000.0;
   out.update_time = static_cast<double>(job.update_time_unix_ms()) / 1000.0;
   if (job.has_root_cause()) {
@@ -92,6 +100,11 @@ PyJob ToPy(const mesh::v1::Job& job) {
   return out;
 }
 
+// Whole seconds for a proto's int64 seconds field: a fraction rounds up.
+int64_t WholeSeconds(absl::Duration d) {
+  return absl::ToInt64Seconds(absl::Ceil(d, absl::Seconds(1)));
+}
+
 std::string DefaultAddress() {
   const char* env = std::getenv("MESH_COORDINATOR");
   return env != nullptr && *env != '\0' ? std::string(env)
@@ -102,7 +115,7 @@ class PyJobClient {
  public:
   PyJobClient(std::optional<std::string> address, const py::handle& timeout)
       : address_(address.value_or(DefaultAddress())),
-        timeout_(SecondsArg(timeout, absl::Seconds(10), "timeout")) {
+        timeout_(SecondsArg(timeout, absl::Seconds(10), "JobClient: timeout")) {
     absl::StatusOr<mesh::security::ClientSecurity> security =
         mesh::security::ClientSecurityFromEnv();
     if (!security.ok()) ThrowStatus(security.status());
@@ -117,22 +130,58 @@ class PyJobClient {
                      std::optional<std::vector<int64_t>> mesh_shape,
                      std::optional<std::vector<std::string>> mesh_dim_names, int max_restarts,
                      const std::string& name, int gpus_per_proc, const std::string& working_dir,
-                     std::optional<std::map<std::string, std::string>> labels) {
+                     std::optional<std::map<std::string, std::string>> labels,
+                     const py::handle& hang_timeout, const py::handle& on_hang) {
     if (PyUnicode_Check(command.ptr()) || !PySequence_Check(command.ptr())) {
       throw py::type_error(
           "JobClient.submit: command must be a list of str (argv; no shell is involved), "
           "e.g. shlex.split(\"python3 train.py\")");
     }
     mesh::v1::JobSpec spec;
-    for (const std::string& arg : command.cast<std::vector<std::string>>()) spec.add_command(arg);
-    if (PyLong_Check(nodes.ptr())) {
-      const int n = nodes.cast<int>();
-      spec.mutable_nodes()->set_min(n);
-      spec.mutable_nodes()->set_max(n);
-    } else {
-      auto [lo, hi] = nodes.cast<std::pair<int, int>>();
-      spec.mutable_nodes()->set_min(lo);
-      spec.mutable_nodes()->set_max(hi);
+    py::sequence argv = py::reinterpret_borrow<py::sequence>(command);
+    for (size_t i = 0; i < argv.size(); ++i) {
+      py::object arg = argv[i];
+      if (!PyUnicode_Check(arg.ptr())) {
+        throw py::type_error(
+            absl::StrCat("JobClient.submit: command must be a list of str; command[", i, "] is ",
+                         Py_TYPE(arg.ptr())->tp_name));
+      }
+      spec.add_command(arg.cast<std::string>());
+    }
+    try {
+      if (PyLong_Check(nodes.ptr())) {
+        const int n = nodes.cast<int>();
+        spec.mutable_nodes()->set_min(n);
+        spec.mutable_nodes()->set_max(n);
+      } else {
+        auto [lo, hi] = nodes.cast<std::pair<int, int>>();
+        spec.mutable_nodes()->set_min(lo);
+        spec.mutable_nodes()->set_max(hi);
+      }
+    } catch (const py::cast_error&) {
+      throw py::type_error(
+          absl::StrCat("JobClient.submit: nodes must be an int or a (min, max) "
+                       "pair of int, not ",
+                       Py_TYPE(nodes.ptr())->tp_name));
+    }
+    if (!hang_timeout.is_none()) {
+      spec.set_hang_timeout_seconds(WholeSeconds(
+          SecondsArg(hang_timeout, absl::ZeroDuration(), "JobClient.submit: hang_timeout")));
+    }
+    if (!on_hang.is_none()) {
+      if (!PyUnicode_Check(on_hang.ptr())) {
+        throw py::type_error(
+            absl::StrCat("JobClient.submit: on_hang must be \"restart\" or "
+                         "\"fail\", not ",
+                         Py_TYPE(on_hang.ptr())->tp_name));
+      }
+      absl::StatusOr<mesh::v1::HangPolicy> policy =
+          mesh::cli::ParseHangPolicy(on_hang.cast<std::string>());
+      if (!policy.ok()) {
+        ThrowStatus(absl::InvalidArgumentError(
+            absl::StrCat("JobClient.submit: on_hang: ", policy.status().message())));
+      }
+      spec.set_on_hang(*policy);
     }
     spec.set_nproc_per_node(nproc_per_node);
     spec.set_gpus_per_proc(gpus_per_proc);
@@ -193,18 +242,20 @@ class PyJobClient {
 
   PyJob Wait(const std::string& job_id, const py::handle& timeout) {
     const std::optional<absl::Time> deadline =
-        timeout.is_none() ? std::nullopt
-                          : std::optional<absl::Time>(
-                                absl::Now() + SecondsArg(timeout, absl::ZeroDuration(), "timeout"));
+        timeout.is_none()
+            ? std::nullopt
+            : std::optional<absl::Time>(absl::Now() + SecondsArg(timeout, absl::ZeroDuration(),
+                                                                 "JobClient.wait: timeout"));
     while (true) {
       absl::Duration wait = absl::Seconds(1);
       if (deadline.has_value()) wait = std::min(wait, *deadline - absl::Now());
       if (wait <= absl::ZeroDuration()) {
         PyJob job = Get(job_id);
         if (job.terminal()) return job;
-        ThrowStatus(absl::DeadlineExceededError(absl::StrCat(
-            "job ", job_id, " is still ", job.state, " after ",
-            absl::FormatDuration(SecondsArg(timeout, absl::ZeroDuration(), "timeout")))));
+        ThrowStatus(absl::DeadlineExceededError(
+            absl::StrCat("job ", job_id, " is still ", job.state, " after ",
+                         absl::FormatDuration(SecondsArg(timeout, absl::ZeroDuration(),
+                                                         "JobClient.wait: timeout")))));
       }
       absl::StatusOr<mesh::v1::Job> job;
       {
@@ -262,10 +313,15 @@ class PyJobClient {
 
   py::tuple CreateJob(int world_size, const std::string& job_id,
                       std::optional<std::vector<int64_t>> mesh_shape,
-                      std::optional<std::vector<std::string>> mesh_dim_names) {
+                      std::optional<std::vector<std::string>> mesh_dim_names,
+                      const py::handle& hang_timeout) {
     mesh::v1::CreateJobRequest request;
     request.set_job_id(job_id);
     request.set_world_size(world_size);
+    if (!hang_timeout.is_none()) {
+      request.set_hang_timeout_seconds(WholeSeconds(
+          SecondsArg(hang_timeout, absl::ZeroDuration(), "JobClient.create_job: hang_timeout")));
+    }
     if (mesh_shape.has_value()) {
       for (int64_t size : *mesh_shape) request.add_mesh_shape(size);
     }
@@ -301,6 +357,8 @@ void RegisterJobClient(py::module_& m) {
       .def_readonly("command", &PyJob::command)
       .def_readonly("nodes", &PyJob::nodes)
       .def_readonly("nproc_per_node", &PyJob::nproc_per_node)
+      .def_readonly("hang_timeout", &PyJob::hang_timeout)
+      .def_readonly("on_hang", &PyJob::on_hang)
       .def_readonly("create_time", &PyJob::create_time)
       .def_readonly("update_time", &PyJob::update_time)
       .def_readonly("root_cause", &PyJob::root_cause)
@@ -320,6 +378,7 @@ void RegisterJobClient(py::module_& m) {
            py::arg("mesh_shape") = py::none(), py::arg("mesh_dim_names") = py::none(),
            py::arg("max_restarts") = 0, py::arg("name") = "", py::arg("gpus_per_proc") = 0,
            py::arg("working_dir") = "", py::arg("labels") = py::none(),
+           py::arg("hang_timeout") = py::none(), py::arg("on_hang") = py::none(),
            "Submits a job; returns its id.")
       .def("get", &PyJobClient::Get, py::arg("job_id"))
       .def("list", &PyJobClient::List, py::arg("states") = py::none())
@@ -330,7 +389,7 @@ void RegisterJobClient(py::module_& m) {
       .def("cancel", &PyJobClient::Cancel, py::arg("job_id"), py::arg("reason") = "")
       .def("create_job", &PyJobClient::CreateJob, py::arg("world_size"), py::kw_only(),
            py::arg("job_id") = "", py::arg("mesh_shape") = py::none(),
-           py::arg("mesh_dim_names") = py::none(),
+           py::arg("mesh_dim_names") = py::none(), py::arg("hang_timeout") = py::none(),
            "A bare job record for workers started by hand (AdminService.CreateJob, as "
            "`meshctl create-job`); returns (job_id, generation).");
 }

@@ -21,11 +21,13 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -144,6 +146,10 @@ struct PyRuntime {
   std::shared_ptr<FailureCallback> callback;
   std::shared_ptr<PyStore> store;
   std::string backend;
+  // Set once shutdown() (or finish(), the context manager's exit, the atexit
+  // hook) shut the Runtime down: health() says so only while the job has
+  // not failed.
+  std::atomic<bool> shut_down{false};
 
   ~PyRuntime() {
     if (callback != nullptr) callback->fn = py::object();
@@ -171,6 +177,7 @@ void ShutdownAllAtExit() {
   }
   py::gil_scoped_release release;
   for (const auto& runtime : live) {
+    runtime->shut_down = true;
     if (runtime->rt != nullptr) (void)runtime->rt->Shutdown();
   }
 }
@@ -284,8 +291,8 @@ class PyStore {
   std::weak_ptr<mesh::Runtime> runtime_;
 };
 
-absl::Duration TimeoutArg(const py::handle& timeout, mesh::Store& store) {
-  return SecondsArg(timeout, store.timeout(), "timeout");
+absl::Duration TimeoutArg(const py::handle& timeout, mesh::Store& store, const char* what) {
+  return SecondsArg(timeout, store.timeout(), what);
 }
 
 void BindStore(py::module_& m) {
@@ -305,7 +312,7 @@ void BindStore(py::module_& m) {
           "get",
           [](PyStore& self, py::handle key, py::handle timeout) {
             std::string k = KeyArg(key, "get");
-            absl::Duration t = TimeoutArg(timeout, self.store());
+            absl::Duration t = TimeoutArg(timeout, self.store(), "meshrt.Store.get: timeout");
             return Bytes(
                 self.Value("get", self.Run("get", [&](mesh::Store& s) { return s.Get(k, t); })));
           },
@@ -345,7 +352,7 @@ void BindStore(py::module_& m) {
           "wait",
           [](PyStore& self, py::handle keys, py::handle timeout) {
             std::vector<std::string> k = KeysArg(keys, "wait");
-            absl::Duration t = TimeoutArg(timeout, self.store());
+            absl::Duration t = TimeoutArg(timeout, self.store(), "meshrt.Store.wait: timeout");
             self.CheckCall("wait", self.Run("wait", [&](mesh::Store& s) { return s.Wait(k, t); }));
           },
           py::arg("keys"), py::arg("timeout") = py::none())
@@ -367,7 +374,7 @@ void BindStore(py::module_& m) {
           "multi_get",
           [](PyStore& self, py::handle keys, py::handle timeout) {
             std::vector<std::string> k = KeysArg(keys, "multi_get");
-            absl::Duration t = TimeoutArg(timeout, self.store());
+            absl::Duration t = TimeoutArg(timeout, self.store(), "meshrt.Store.multi_get: timeout");
             std::vector<std::string> values =
                 self.Value("multi_get",
                            self.Run("multi_get", [&](mesh::Store& s) { return s.MultiGet(k, t); }));
@@ -396,17 +403,39 @@ void BindStore(py::module_& m) {
           "timeout", [](PyStore& self) { return absl::ToDoubleSeconds(self.store().timeout()); },
           [](PyStore& self, py::handle seconds) {
             Check(self.store().SetTimeout(
-                SecondsArg(seconds, self.store().timeout(), "Store.timeout")));
+                SecondsArg(seconds, self.store().timeout(), "meshrt.Store.timeout")));
           },
           "Default timeout of get, wait and multi_get, in seconds.");
 }
 
 // ---- meshrt.init -----------------------------------------------------------
 
+// `value` as a T, for the argument `what` ("meshrt.init: rank"): TypeError
+// naming it when the type is wrong, InvalidArgumentError for an int that
+// does not fit.
 template <typename T>
-std::optional<T> Opt(const py::handle& value) {
+T Cast(const py::handle& value, const char* what) {
+  try {
+    return value.cast<T>();
+  } catch (const py::cast_error&) {
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      if (PyLong_Check(value.ptr())) {
+        ThrowStatus(absl::InvalidArgumentError(
+            absl::StrCat(what, " is out of range: ", py::str(value).cast<std::string>())));
+      }
+    }
+    const char* type = std::is_same_v<T, std::string> ? "str"
+                       : std::is_same_v<T, bool>      ? "bool"
+                                                      : "int";
+    throw py::type_error(
+        absl::StrCat(what, " must be ", type, ", not ", Py_TYPE(value.ptr())->tp_name));
+  }
+}
+
+template <typename T>
+std::optional<T> Opt(const py::handle& value, const std::string& key) {
   if (value.is_none()) return std::nullopt;
-  return value.cast<T>();
+  return Cast<T>(value, absl::StrCat("meshrt.init: ", key).c_str());
 }
 
 std::shared_ptr<PyRuntime> Init(const py::kwargs& kwargs) {
@@ -418,53 +447,55 @@ std::shared_ptr<PyRuntime> Init(const py::kwargs& kwargs) {
   for (const auto& [key_handle, value] : kwargs) {
     const std::string key = key_handle.cast<std::string>();
     if (key == "coordinator") {
-      options.coordinator = Opt<std::string>(value);
+      options.coordinator = Opt<std::string>(value, key);
     } else if (key == "job_id") {
-      options.job_id = Opt<std::string>(value);
+      options.job_id = Opt<std::string>(value, key);
     } else if (key == "generation") {
-      options.generation = Opt<int64_t>(value);
+      options.generation = Opt<int64_t>(value, key);
     } else if (key == "rank") {
-      options.rank = Opt<int>(value);
+      options.rank = Opt<int>(value, key);
     } else if (key == "world_size") {
-      options.world_size = Opt<int>(value);
+      options.world_size = Opt<int>(value, key);
     } else if (key == "local_rank") {
-      options.local_rank = Opt<int>(value);
+      options.local_rank = Opt<int>(value, key);
     } else if (key == "local_world_size") {
-      options.local_world_size = Opt<int>(value);
+      options.local_world_size = Opt<int>(value, key);
     } else if (key == "node_rank") {
-      options.node_rank = Opt<int>(value);
+      options.node_rank = Opt<int>(value, key);
     } else if (key == "auth_token") {
-      options.auth_token = Opt<std::string>(value);
+      options.auth_token = Opt<std::string>(value, key);
     } else if (key == "tls_ca") {
-      options.tls_ca = Opt<std::string>(value);
+      options.tls_ca = Opt<std::string>(value, key);
     } else if (key == "tls_cert") {
-      options.tls_cert = Opt<std::string>(value);
+      options.tls_cert = Opt<std::string>(value, key);
     } else if (key == "tls_key") {
-      options.tls_key = Opt<std::string>(value);
+      options.tls_key = Opt<std::string>(value, key);
     } else if (key == "tls_server_name") {
-      options.tls_server_name = Opt<std::string>(value);
+      options.tls_server_name = Opt<std::string>(value, key);
     } else if (key == "metrics_port") {
-      options.metrics_port = Opt<int>(value);
+      options.metrics_port = Opt<int>(value, key);
     } else if (key == "read_env") {
-      if (!value.cast<bool>()) options.env = nullptr;
+      if (!Cast<bool>(value, "meshrt.init: read_env")) options.env = nullptr;
     } else if (key == "host") {
-      options.host = value.is_none() ? "" : value.cast<std::string>();
+      options.host = Opt<std::string>(value, key).value_or("");
     } else if (key == "device_index") {
-      nccl.device_index = Opt<int>(value);
+      nccl.device_index = Opt<int>(value, key);
     } else if (key == "join_timeout") {
-      options.join_timeout = SecondsArg(value, options.join_timeout, "join_timeout");
+      options.join_timeout = SecondsArg(value, options.join_timeout, "meshrt.init: join_timeout");
     } else if (key == "rpc_timeout") {
-      options.rpc_timeout = SecondsArg(value, options.rpc_timeout, "rpc_timeout");
+      options.rpc_timeout = SecondsArg(value, options.rpc_timeout, "meshrt.init: rpc_timeout");
     } else if (key == "store_timeout") {
-      options.store_timeout = SecondsArg(value, options.store_timeout, "store_timeout");
+      options.store_timeout =
+          SecondsArg(value, options.store_timeout, "meshrt.init: store_timeout");
     } else if (key == "timeout") {
-      options.group_options.timeout = SecondsArg(value, options.group_options.timeout, "timeout");
+      options.group_options.timeout =
+          SecondsArg(value, options.group_options.timeout, "meshrt.init: timeout");
     } else if (key == "backend") {
-      backend = value.cast<std::string>();
+      backend = Cast<std::string>(value, "meshrt.init: backend");
     } else if (key == "hostname") {
-      gloo.hostname = value.is_none() ? "" : value.cast<std::string>();
+      gloo.hostname = Opt<std::string>(value, key).value_or("");
     } else if (key == "iface") {
-      gloo.iface = value.is_none() ? "" : value.cast<std::string>();
+      gloo.iface = Opt<std::string>(value, key).value_or("");
     } else if (key == "on_failure") {
       if (!value.is_none() && !PyCallable_Check(value.ptr())) {
         throw py::type_error("meshrt.init: on_failure must be callable");
@@ -516,10 +547,7 @@ mesh::Runtime& Rt(PyRuntime& self) {
 py::tuple Tuple(const std::vector<int64_t>& values) { return py::cast(values); }
 
 void BindRuntime(py::module_& m) {
-  m.def("init", &Init,
-        "Joins the job from the MESH_* environment (keywords override it) and "
-        "returns the Runtime. See docs/python.md for the keywords.");
-
+  // The class first, so that init's signature names its return type.
   py::class_<PyRuntime, std::shared_ptr<PyRuntime>>(
       m, "Runtime", "A worker's connection to its job (mesh::Runtime). Made by meshrt.init().")
       .def_property_readonly("rank", [](PyRuntime& s) { return Rt(s).info().rank; })
@@ -575,7 +603,10 @@ void BindRuntime(py::module_& m) {
               py::gil_scoped_release release;
               status = rt.Finish(error.has_value() ? absl::UnknownError(*error) : absl::OkStatus());
             }
-            if (!error.has_value()) Check(status);
+            if (!error.has_value()) {
+              s.shut_down = true;
+              Check(status);
+            }
           },
           py::arg("error") = py::none())
       .def("shutdown",
@@ -586,6 +617,7 @@ void BindRuntime(py::module_& m) {
                py::gil_scoped_release release;
                status = rt.Shutdown();
              }
+             s.shut_down = true;
              if (s.callback != nullptr) s.callback->fn = py::object();
              Check(status);
            })
@@ -623,7 +655,17 @@ void BindRuntime(py::module_& m) {
       .def(
           "track_group",
           [](PyRuntime& s, std::string name, std::vector<int> members) {
-            return Rt(s).progress()->Add(std::move(name), std::move(members));
+            mesh::Runtime& rt = Rt(s);
+            // A shut-down Runtime reports nothing any more: say so rather
+            // than hand out a GroupProgress nobody reads (meshrt.torch's
+            // hook turns itself off on this error).
+            absl::Status health = rt.health();
+            if (s.shut_down || health.code() == absl::StatusCode::kFailedPrecondition) {
+              ThrowStatus(absl::FailedPreconditionError(
+                  absl::StrCat("track_group('", name, "'): the Runtime of rank ", rt.info().rank,
+                               " has shut down")));
+            }
+            return rt.progress()->Add(std::move(name), std::move(members));
           },
           py::arg("name"), py::arg("members"))
       .def("__enter__", [](py::object self) { return self; })
@@ -640,9 +682,16 @@ void BindRuntime(py::module_& m) {
           py::gil_scoped_release release;
           status = type.is_none() ? s.rt->Shutdown() : s.rt->Finish(absl::UnknownError(error));
         }
-        if (type.is_none()) Check(status);
+        if (type.is_none()) {
+          s.shut_down = true;
+          Check(status);
+        }
         return false;
       });
+
+  m.def("init", &Init,
+        "Joins the job from the MESH_* environment (keywords override it) and "
+        "returns the Runtime. See docs/python.md for the keywords.");
 }
 
 py::dict SnapshotDict(mesh::GroupProgress& progress) {
@@ -653,6 +702,7 @@ py::dict SnapshotDict(mesh::GroupProgress& progress) {
   out["pending_kind"] = std::string(mesh::CollectiveKindName(snap.pending_kind));
   out["completed_kind"] = std::string(mesh::CollectiveKindName(snap.completed_kind));
   out["waiting"] = absl::ToDoubleSeconds(snap.waiting);
+  out["since_completed"] = absl::ToDoubleSeconds(snap.since_completed);
   return out;
 }
 
@@ -679,7 +729,13 @@ void BindProgress(py::module_& m) {
 
 absl::Duration SecondsArg(const py::handle& seconds, absl::Duration fallback, const char* what) {
   if (seconds.is_none()) return fallback;
-  const double value = seconds.cast<double>();
+  double value = 0;
+  try {
+    value = seconds.cast<double>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(
+        absl::StrCat(what, " must be a number of seconds, not ", Py_TYPE(seconds.ptr())->tp_name));
+  }
   if (!std::isfinite(value) || value <= 0) {
     ThrowStatus(absl::InvalidArgumentError(
         absl::StrCat(what, " must be a positive, finite number of seconds, not ", value)));
@@ -720,6 +776,17 @@ void RegisterErrors(py::module_& m) {
       if (exc == nullptr) return;  // The Python error of the failed construction stays set.
       PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc)), exc);
       Py_DECREF(exc);
+    }
+  });
+  // An argument of the wrong type that a binding converts itself
+  // (value.cast<T>()) is a TypeError, as when pybind11 converts the
+  // signature's arguments, not pybind11's default RuntimeError. Local: other
+  // pybind11 modules (torch's) keep their own behaviour.
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const py::cast_error& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
     }
   });
 }

@@ -19,9 +19,12 @@
 // Errors: an object without __dlpack__ is TypeError; one that cannot be
 // exported (a meta tensor, a tensor needing grad) is ValueError; a tensor on
 // a device the group cannot use is InvalidArgumentError (a ValueError). An
-// op of a group that the runtime aborted (a peer failed) raises
-// JobFailedError with the abort's reason; other errors map by status code
-// (bindings.h).
+// op's error maps by its status code, as everywhere (bindings.h). An op of
+// an aborted group fails with the abort's reason: ABORTED (JobFailedError)
+// when the runtime aborted it because the job failed, DEADLINE_EXCEEDED
+// (TimeoutError) when the group aborted itself after an op timed out, ...
+// Once the runtime aborted the group with ABORTED, that reason (which names
+// the culprit) is raised whatever the op's own error was.
 //
 // Thread safety: every blocking call releases the GIL. The graveyard is
 // guarded by its own mutex.
@@ -168,10 +171,17 @@ void SweepGraveyard() {
 
 // ---- Process groups --------------------------------------------------------
 
+// The error of an op of `group`, by code. A group the runtime aborted
+// because the job failed (ABORTED) reports that, rather than, say, the
+// connection reset that a peer's death caused first.
+absl::Status GroupError(const mesh::ProcessGroup& group, absl::Status status) {
+  absl::Status health = group.health();
+  if (health.code() == absl::StatusCode::kAborted) return health;
+  return status;
+}
+
 [[noreturn]] void ThrowGroupError(const mesh::ProcessGroup& group, absl::Status status) {
-  // Aborted groups: the runtime saw the job fail (or someone aborted it).
-  const bool aborted = !group.health().ok();
-  ThrowStatus(std::move(status), aborted ? ErrorClass::kJobFailed : ErrorClass::kByCode);
+  ThrowStatus(GroupError(group, std::move(status)));
 }
 
 mesh::ReduceOp OpArg(const py::handle& op) {
@@ -223,7 +233,7 @@ class PyWork {
       py::gil_scoped_release release;
       status = work_->Wait();
     } else {
-      absl::Duration t = SecondsArg(timeout, absl::ZeroDuration(), "timeout");
+      absl::Duration t = SecondsArg(timeout, absl::ZeroDuration(), "meshrt.Work.wait: timeout");
       py::gil_scoped_release release;
       status = work_->Wait(t);
     }
@@ -235,8 +245,7 @@ class PyWork {
     if (!work_->IsCompleted()) return py::none();
     absl::Status status = work_->status();
     if (status.ok()) return py::none();
-    return ExceptionObject(std::move(status),
-                           group_->health().ok() ? ErrorClass::kByCode : ErrorClass::kJobFailed);
+    return ExceptionObject(GroupError(*group_, std::move(status)));
   }
 
  private:
@@ -264,9 +273,14 @@ py::object Run(const GroupPtr& group, bool async_op, Tensors tensors, Issue issu
   return py::none();
 }
 
-std::vector<int64_t> SplitsArg(const py::handle& splits) {
+std::vector<int64_t> SplitsArg(const py::handle& splits, const char* what) {
   if (splits.is_none()) return {};
-  return splits.cast<std::vector<int64_t>>();
+  try {
+    return splits.cast<std::vector<int64_t>>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(absl::StrCat("meshrt: ", what, " must be a list of int or None, not ",
+                                      Py_TYPE(splits.ptr())->tp_name));
+  }
 }
 
 void BindGroups(py::module_& m) {
@@ -303,8 +317,7 @@ void BindGroups(py::module_& m) {
                              [](const mesh::ProcessGroup& g) { return std::string(g.backend()); })
       .def("health",
            [](const mesh::ProcessGroup& g) {
-             absl::Status health = g.health();
-             if (!health.ok()) ThrowStatus(health, ErrorClass::kJobFailed);
+             Check(g.health());  // By code: ABORTED is JobFailedError.
            })
       .def(
           "all_reduce",
@@ -352,8 +365,8 @@ void BindGroups(py::module_& m) {
           "all_to_all_single",
           [](const GroupPtr& g, py::handle output, py::handle input, py::handle output_splits,
              py::handle input_splits, bool async_op) {
-            std::vector<int64_t> out_splits = SplitsArg(output_splits);
-            std::vector<int64_t> in_splits = SplitsArg(input_splits);
+            std::vector<int64_t> out_splits = SplitsArg(output_splits, "output_split_sizes");
+            std::vector<int64_t> in_splits = SplitsArg(input_splits, "input_split_sizes");
             mesh::Tensor out = Arg(*g, output, "output");
             mesh::Tensor in = Arg(*g, input, "input");
             return Run(g, async_op, {out, in}, [&] {
@@ -390,9 +403,20 @@ void BindGroups(py::module_& m) {
 
 // ---- Device meshes ---------------------------------------------------------
 
+// A dim given by name; TypeError for anything but str (ints are checked
+// first by the callers).
+std::string DimName(const py::handle& dim) {
+  if (!PyUnicode_Check(dim.ptr())) {
+    throw py::type_error(
+        absl::StrCat("meshrt.DeviceMesh: a dim is a name (str) or index (int), not ",
+                     Py_TYPE(dim.ptr())->tp_name));
+  }
+  return dim.cast<std::string>();
+}
+
 absl::StatusOr<int> ResolveDim(const mesh::DeviceMesh& mesh, const py::handle& dim) {
   if (PyLong_Check(dim.ptr())) return dim.cast<int>();
-  const std::string name = dim.cast<std::string>();
+  const std::string name = DimName(dim);
   for (int i = 0; i < mesh.ndim(); ++i) {
     if (mesh.dim_names()[i] == name) return i;
   }
@@ -403,7 +427,7 @@ absl::StatusOr<int> ResolveDim(const mesh::DeviceMesh& mesh, const py::handle& d
 GroupPtr GetGroup(const mesh::DeviceMesh& mesh, const py::handle& dim) {
   if (dim.is_none()) return Unwrap(mesh.GetGroup());
   if (PyLong_Check(dim.ptr())) return Unwrap(mesh.GetGroup(dim.cast<int>()));
-  return Unwrap(mesh.GetGroup(dim.cast<std::string>()));
+  return Unwrap(mesh.GetGroup(DimName(dim)));
 }
 
 void BindDeviceMesh(py::module_& m) {

@@ -2,6 +2,7 @@
 
 import os
 import sys
+import threading
 import time
 import unittest
 
@@ -76,6 +77,57 @@ class JobClientTest(unittest.TestCase):
             self.client.submit([], nproc_per_node=1)
         with self.assertRaises(meshrt.InvalidArgumentError):
             self.client.list(states=["NOT_A_STATE"])
+
+    def test_hang_timeout_and_policy(self):
+        job_id = self.client.submit(["/bin/true"], nproc_per_node=1, hang_timeout=7.5,
+                                    on_hang="fail")
+        job = self.client.get(job_id)
+        # Whole seconds in the spec: a fraction rounds up.
+        self.assertEqual((job.hang_timeout, job.on_hang), (8.0, "fail"))
+        self.assertEqual(self.client.wait(job_id, timeout=30).on_hang, "fail")
+        job = self.client.wait(self.client.submit(["/bin/true"], nproc_per_node=1,
+                                                  hang_timeout=60, on_hang="RESTART"), timeout=30)
+        self.assertEqual((job.hang_timeout, job.on_hang), (60.0, "restart"))
+        job = self.client.wait(self.client.submit(["/bin/true"], nproc_per_node=1), timeout=30)
+        self.assertEqual((job.hang_timeout, job.on_hang), (300.0, "restart"))  # the defaults
+        with self.assertRaisesRegex(meshrt.InvalidArgumentError, "hang_timeout"):
+            self.client.submit(["/bin/true"], hang_timeout=10**9)  # the coordinator's bound
+
+    def test_create_job_hang_timeout_reaches_the_coordinator(self):
+        # Two ranks of a bare job in this process; rank 0 waits in op #1 of
+        # a group that rank 1 never enters. A 1 s hang timeout (not the
+        # default 300 s) fails the job within seconds.
+        job_id, generation = self.client.create_job(2, hang_timeout=1)
+        runtimes = [None, None]
+
+        def join(rank):
+            runtimes[rank] = meshrt.init(
+                read_env=False, coordinator=self.cluster.address, job_id=job_id,
+                generation=generation, rank=rank, world_size=2, join_timeout=20)
+
+        threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        self.assertTrue(all(runtimes), "a rank did not join")
+        try:
+            groups = [rt.track_group("stuck", [0, 1]) for rt in runtimes]
+            start = time.monotonic()
+            groups[0].enter("all_reduce")
+            error = None
+            while error is None and time.monotonic() - start < 15:
+                try:
+                    runtimes[0].health()
+                    time.sleep(0.05)
+                except meshrt.JobFailedError as e:
+                    error = e
+            self.assertIsNotNone(error, "no hang diagnosed within 15 s")
+            self.assertIn("hang in group 'stuck'", error.message)
+            self.assertIn("rank 1 never entered it", error.message)
+        finally:
+            for rt in runtimes:
+                rt.shutdown()
 
     def test_address_from_environment(self):
         os.environ["MESH_COORDINATOR"] = self.cluster.address

@@ -79,7 +79,7 @@ def main() -> None:
     if not torch.allclose(grads, expected, atol=1e-6):
         fail(f"gradients are not the average over ranks: {grads[:4]} vs {expected[:4]}")
 
-    snap = mt.tracked_groups()["world"].snapshot()
+    snap = mt.tracked_groups()["torch/world"].snapshot()
     # DDP's parameter broadcast + the two all_gathers, all complete.
     if snap["entered"] != 3 or snap["completed"] != 3 or snap["completed_kind"] != "all_gather":
         fail(f"progress of the world group: {snap}")

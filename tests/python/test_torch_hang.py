@@ -1,7 +1,7 @@
 """Hang diagnosis of a torch job (docs/hangs.md) under `meshctl cluster up`:
 2 nodes x 2 processes, Gloo, CPU, initialised through mesh:// so that
 meshrt.torch's progress hook numbers the collectives of the default group,
-"world" (test_torch_hang_worker.py; the worker checks that the hook counted
+"torch/world" (test_torch_hang_worker.py; the worker checks that the hook counted
 exactly its own five all_reduces, so the sixth is op #6).
 
 Two jobs run side by side on one cluster (each agent has 4 slots), both with
@@ -143,7 +143,7 @@ class TorchHangTest(unittest.TestCase):
         # none (the worker checks entered == 5 after its five all_reduces),
         # so rank 1 is missing from op #6 exactly.
         message = cause["message"]
-        self.assertIn("hang in group 'world' (ranks 0-3)", message, context)
+        self.assertIn("hang in group 'torch/world' (ranks 0-3)", message, context)
         self.assertRegex(message, r"ranks 0, 2, 3 have waited [\d.]+ ?m?s in all_reduce #6\b", context)
         self.assertIn("rank 1 never entered it (last: all_reduce #5", message, context)
         self.assertNotIn("FAIL:", logs, context)
@@ -160,7 +160,7 @@ class TorchHangTest(unittest.TestCase):
             latencies[rank] = (latency, sigterm)
             self.assertGreaterEqual(latency, HANG_TIMEOUT_S, context)
             self.assertLessEqual(latency, upper, context)
-            self.assertRegex(error, r"generation 0: rank 1 \(.*\) failed: hang in group 'world'", context)
+            self.assertRegex(error, r"generation 0: rank 1 \(.*\) failed: hang in group 'torch/world'", context)
             self.assertIn("in all_reduce #6; rank 1 never entered it", error, context)
         print(f"diagnosis latency (hang timeout {HANG_TIMEOUT_S:g} s, heartbeat "
               f"{HEARTBEAT_INTERVAL_S:g} s): " + ", ".join(f"rank {r} {s:.2f}s (SIGTERM at {t})" for r, (s, t) in

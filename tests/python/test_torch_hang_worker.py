@@ -1,9 +1,9 @@
 """The worker of test_torch_hang.py (not a test module: run by Mesh agents).
 
 Gloo, CPU, initialised through mesh:// (so meshrt.torch's progress hook
-numbers the collectives of the default group, "world"). Every rank runs
+numbers the collectives of the default group, "torch/world"). Every rank runs
 five all_reduces and checks their sums and that the hook counted exactly
-five ops of "world" (init_process_group's own store-based barrier is no
+five ops of "torch/world" (init_process_group's own store-based barrier is no
 collective, so numbering starts at our first all_reduce). Then, by
 HANG_TEST_MODE:
 
@@ -52,9 +52,9 @@ def main() -> None:
         expected = float(sum(r + step for r in range(world)))
         if not torch.equal(t, torch.full((4,), expected)):
             fail(f"all_reduce #{step}: {t.tolist()} != {expected}")
-    snap = mt.tracked_groups()["world"].snapshot()
+    snap = mt.tracked_groups()["torch/world"].snapshot()
     if snap["entered"] != 5 or snap["completed"] != 5 or snap["completed_kind"] != "all_reduce":
-        fail(f"progress of 'world' after 5 all_reduces: {snap}")
+        fail(f"progress of 'torch/world' after 5 all_reduces: {snap}")
     log(f"rank {rank}: 5 all_reduces done, world progress {snap}")
 
     if mode == "hang":
@@ -96,9 +96,9 @@ def main() -> None:
         dist.all_reduce(t)
         if not torch.equal(t, torch.full((4,), float(world * world))):
             fail(f"all_reduce #7: {t.tolist()}")
-        snap = mt.tracked_groups()["world"].snapshot()
+        snap = mt.tracked_groups()["torch/world"].snapshot()
         if snap["entered"] != 7 or snap["completed"] != 7:
-            fail(f"progress of 'world' after 7 all_reduces: {snap}")
+            fail(f"progress of 'torch/world' after 7 all_reduces: {snap}")
         rt.health()
         dist.destroy_process_group()
         log(f"OK rank {rank}")

@@ -24,6 +24,7 @@ require_torch()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import meshrt  # noqa: E402
 import meshrt.torch as mt  # noqa: E402
 
 
@@ -85,13 +86,13 @@ class ProgressHookTest(unittest.TestCase):
         dist.all_gather(out, t)
         dist.reduce(t, dst=0)
         self.assertEqual(self.rt.take(), [
-            ("enter", "world", "all_reduce", 1), ("complete", "world", 1),
-            ("enter", "world", "broadcast", 2), ("complete", "world", 2),
-            ("enter", "world", "barrier", 3), ("complete", "world", 3),
-            ("enter", "world", "all_gather", 4), ("complete", "world", 4),
-            ("enter", "world", "reduce", 5), ("complete", "world", 5),
+            ("enter", "torch/world", "all_reduce", 1), ("complete", "torch/world", 1),
+            ("enter", "torch/world", "broadcast", 2), ("complete", "torch/world", 2),
+            ("enter", "torch/world", "barrier", 3), ("complete", "torch/world", 3),
+            ("enter", "torch/world", "all_gather", 4), ("complete", "torch/world", 4),
+            ("enter", "torch/world", "reduce", 5), ("complete", "torch/world", 5),
         ])
-        self.assertEqual(self.rt.groups["world"].members, [0])
+        self.assertEqual(self.rt.groups["torch/world"].members, [0])
 
     def test_nested_calls_count_once(self):
         out = [None]
@@ -100,8 +101,8 @@ class ProgressHookTest(unittest.TestCase):
         objs = [{"b": 2}]
         dist.broadcast_object_list(objs, src=0)
         self.assertEqual(self.rt.take(), [
-            ("enter", "world", "all_gather", 1), ("complete", "world", 1),
-            ("enter", "world", "broadcast", 2), ("complete", "world", 2),
+            ("enter", "torch/world", "all_gather", 1), ("complete", "torch/world", 1),
+            ("enter", "torch/world", "broadcast", 2), ("complete", "torch/world", 2),
         ])
 
     def test_async_completes_with_the_work(self):
@@ -111,29 +112,29 @@ class ProgressHookTest(unittest.TestCase):
         deadline = time.monotonic() + 10
         while len(self.rt.log) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        self.assertEqual(self.rt.take(), [("enter", "world", "all_reduce", 1),
-                                          ("complete", "world", 1)])
+        self.assertEqual(self.rt.take(), [("enter", "torch/world", "all_reduce", 1),
+                                          ("complete", "torch/world", 1)])
 
     def test_failed_call_counts_as_completed(self):
         # Gloo has no reduce_scatter: the call raises after it was entered.
         with self.assertRaises(RuntimeError):
             dist.reduce_scatter(torch.zeros(1), [torch.ones(1)])
-        self.assertEqual(self.rt.take(), [("enter", "world", "reduce_scatter", 1),
-                                          ("complete", "world", 1)])
+        self.assertEqual(self.rt.take(), [("enter", "torch/world", "reduce_scatter", 1),
+                                          ("complete", "torch/world", 1)])
 
     def test_subgroup_named_by_torch(self):
         group = dist.new_group([0])
         name, members = mt.group_name_and_members(group)
-        self.assertTrue(name.startswith("pg"), name)
+        self.assertTrue(name.startswith("torch/pg"), name)
         self.assertEqual(members, [0])
         t = torch.ones(2)
         dist.all_reduce(t, group=group)
         dist.all_reduce(t)
         self.assertEqual(self.rt.take(), [
             ("enter", name, "all_reduce", 1), ("complete", name, 1),
-            ("enter", "world", "all_reduce", 1), ("complete", "world", 1),
+            ("enter", "torch/world", "all_reduce", 1), ("complete", "torch/world", 1),
         ])
-        self.assertEqual(mt.group_name_and_members(dist.group.WORLD), ("world", [0]))
+        self.assertEqual(mt.group_name_and_members(dist.group.WORLD), ("torch/world", [0]))
 
     def test_ddp_parameter_broadcast_is_seen(self):
         model = torch.nn.Linear(4, 2)
@@ -141,6 +142,22 @@ class ProgressHookTest(unittest.TestCase):
         kinds = [entry[2] for entry in self.rt.take() if entry[0] == "enter"]
         self.assertIn("broadcast", kinds)  # _broadcast_coalesced of the parameters
         ddp(torch.ones(1, 4)).sum().backward()  # the reducer's all-reduce: not seen
+
+    def test_refusing_runtime_turns_the_hook_off(self):
+        # What a shut-down Runtime's track_group raises.
+        def refuse(name, members):
+            error = meshrt.Error(f"track_group('{name}'): the Runtime of rank 0 has shut down")
+            error.code, error.message = "FAILED_PRECONDITION", str(error)
+            raise error
+
+        self.rt.track_group = refuse
+        t = torch.ones(2)
+        with self.assertWarnsRegex(RuntimeWarning, "progress hook off.*shut down"):
+            dist.all_reduce(t)  # Runs all the same.
+        self.assertEqual(t.tolist(), [1.0, 1.0])
+        self.assertFalse(mt.progress_hook_installed())
+        dist.barrier()
+        self.assertEqual(self.rt.take(), [])
 
     def test_uninstall_restores_torch(self):
         self.assertIsNot(dist.all_reduce, self.original["all_reduce"])

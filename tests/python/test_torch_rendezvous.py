@@ -5,7 +5,8 @@ init_process_group(init_method="mesh://") without MASTER_ADDR/PORT; the
 default store is a PrefixStore over meshrt.torch.Store (no TCPStore);
 torch's timeout reaches the store; the progress hook reports to the real
 Runtime; a second init gets fresh keys; bad URLs and a rank that disagrees
-with the job are errors; env:// still works with meshrt.torch imported.
+with the job are errors; env:// still works with meshrt.torch imported; the
+hook turns itself off once the Runtime shut down.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed import distributed_c10d as c10d  # noqa: E402
 
+import meshrt  # noqa: E402
 import meshrt.torch as mt  # noqa: E402
 
 _cluster = None
@@ -57,7 +59,9 @@ class MeshRendezvousTest(unittest.TestCase):
     def test_1_bad_urls_are_refused_before_joining(self):
         for url, text in (("mesh://host:7450", "no host or path"),
                           ("mesh://?bogus=1", "unknown parameter 'bogus'"),
-                          ("mesh://?progress=maybe", "progress must be 0 or 1")):
+                          ("mesh://?progress=maybe", "progress must be 0 or 1"),
+                          ("mesh://?rank=abc", "rank is not an integer"),
+                          ("mesh://?world_size=1.5", "world_size is not an integer")):
             with self.assertRaisesRegex(ValueError, text):
                 dist.init_process_group("gloo", init_method=url)
         self.assertIsNone(mt._runtime, "a bad URL joined the job")
@@ -87,10 +91,15 @@ class MeshRendezvousTest(unittest.TestCase):
         out = [None]
         dist.all_gather_object(out, "x")
         self.assertTrue(mt.progress_hook_installed())
-        snap = mt.tracked_groups()["world"].snapshot()
+        # Named apart from the Runtime's own "world" group.
+        self.assertEqual(list(mt.tracked_groups()), ["torch/world"])
+        snap = mt.tracked_groups()["torch/world"].snapshot()
         self.assertEqual((snap["entered"], snap["completed"]), (3, 3))
         self.assertEqual(snap["completed_kind"], "all_gather")
         self.assertEqual(snap["pending_kind"], "none")
+        self.assertIsInstance(snap["since_completed"], float)
+        self.assertTrue(0 <= snap["since_completed"] < 60, snap)
+        self.assertEqual(rt.world().name, "world")
 
     def test_3_second_init_gets_fresh_keys_and_reuses_the_runtime(self):
         rt = mt.init_process_group("gloo", progress=False)
@@ -130,6 +139,27 @@ class MeshRendezvousTest(unittest.TestCase):
             mt.init_process_group("gloo", init_method="env://")
         with self.assertRaisesRegex(TypeError, "store"):
             mt.init_process_group("gloo", store=dist.HashStore())
+
+    def test_7_hook_turns_off_once_the_runtime_shut_down(self):
+        # Last: it shuts the process's Runtime down.
+        dist.init_process_group("gloo", init_method="mesh://")
+        rt = mt.runtime()
+        group = dist.new_group([0])  # Needs the store: made before the shutdown.
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        self.assertTrue(mt.progress_hook_installed())
+        rt.shutdown()
+        with self.assertRaises(meshrt.Error) as raised:
+            rt.track_group("late", [0])
+        self.assertEqual(raised.exception.code, "FAILED_PRECONDITION")
+        self.assertIn("shut down", raised.exception.message)
+        # A group not tracked yet: track_group refuses, the call still runs.
+        with self.assertWarnsRegex(RuntimeWarning, "progress hook off"):
+            dist.all_reduce(t, group=group)
+        self.assertEqual(t.tolist(), [1.0, 1.0])
+        self.assertFalse(mt.progress_hook_installed())
+        dist.all_reduce(t)
+        self.assertNotIn(mt.group_name_and_members(group)[0], mt.tracked_groups())
 
 
 if __name__ == "__main__":

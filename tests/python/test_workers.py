@@ -35,6 +35,10 @@ class WorkersTest(unittest.TestCase):
         results = self.cluster.run_workers("failure", 3, timeout=60)
         self.check_all_ok("failure", results)
 
+    def test_op_timeout_is_a_timeout_error(self):
+        results = self.cluster.run_workers("op_timeout", 2, timeout=60)
+        self.check_all_ok("op_timeout", results)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -291,6 +291,9 @@ def check_progress(rt):
     g.complete(2)
     snap = g.snapshot()
     assert snap["completed"] == 2 and snap["completed_kind"] == "other", snap
+    assert set(snap) == {"entered", "completed", "pending_kind", "completed_kind", "waiting",
+                         "since_completed"}, snap
+    assert isinstance(snap["since_completed"], float) and 0 <= snap["since_completed"] < 60, snap
 
 
 def core():
@@ -306,7 +309,53 @@ def core():
     e = expect_raises(meshrt.Error, rt.health)
     assert e.code == "FAILED_PRECONDITION", e.code
     e = expect_raises(meshrt.Error, rt.store.get, "k0", contains="closed")
+    # A shut-down Runtime reports no groups any more, and says so.
+    e = expect_raises(meshrt.Error, rt.track_group, "late", [0], contains="shut down")
+    assert e.code == "FAILED_PRECONDITION", e.code
     print("OK core", flush=True)
+
+
+# ---- op_timeout: 2 ranks; rank 1 never joins rank 0's all_reduce ------------
+
+def op_timeout():
+    # The group's op timeout, not the job's failure: Gloo aborts the group
+    # itself with DEADLINE_EXCEEDED, a meshrt.TimeoutError (not a
+    # JobFailedError), and the job goes on.
+    rt = meshrt.init(hostname=HOST, timeout=2.0)
+    w = rt.world()
+    w.barrier()
+    if rt.rank == 0:
+        try:
+            start = time.monotonic()
+            # The wait (the group's timeout too) or the op itself times out
+            # first: DEADLINE_EXCEEDED either way.
+            e = expect_raises(meshrt.TimeoutError, w.all_reduce, torch.ones(2))
+            assert not isinstance(e, meshrt.JobFailedError), type(e)
+            assert e.code == "DEADLINE_EXCEEDED", (e.code, e.message)
+            assert 1.5 < time.monotonic() - start < 30, time.monotonic() - start
+            # Gloo's op timeout aborts the group with DEADLINE_EXCEEDED; from
+            # then on health() and every op raise that, by code.
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    w.health()
+                except meshrt.Error as error:
+                    e = error
+                    break
+                assert time.monotonic() < deadline, "the group never aborted itself"
+                time.sleep(0.05)
+            assert isinstance(e, meshrt.TimeoutError), (type(e), e)
+            assert not isinstance(e, meshrt.JobFailedError), type(e)
+            assert e.code == "DEADLINE_EXCEEDED", e.code
+            e = expect_raises(meshrt.TimeoutError, w.barrier)
+            assert not isinstance(e, meshrt.JobFailedError), type(e)
+            rt.health()  # The job itself is fine.
+        finally:
+            rt.store.set("timed-out", "1")
+    else:
+        rt.store.wait(["timed-out"], timeout=60)
+    rt.finish()
+    print("OK op_timeout", flush=True)
 
 
 # ---- failure: 3 ranks; rank 1 reports an error ------------------------------
@@ -362,4 +411,4 @@ def agent():
 
 
 if __name__ == "__main__":
-    {"core": core, "failure": failure, "agent": agent}[sys.argv[1]]()
+    {"core": core, "failure": failure, "op_timeout": op_timeout, "agent": agent}[sys.argv[1]]()
