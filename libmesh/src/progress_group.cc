@@ -119,27 +119,4 @@ absl::StatusOr<ProcessGroup::WorkPtr> ProgressProcessGroup::Barrier() {
   return Track(seq, inner_->Barrier());
 }
 
-ProgressProcessGroupFactory::ProgressProcessGroupFactory(std::shared_ptr<ProcessGroupFactory> inner,
-                                                         std::shared_ptr<ProgressRegistry> registry)
-    : inner_(std::move(inner)), registry_(std::move(registry)) {}
-
-absl::StatusOr<std::shared_ptr<ProcessGroup>> ProgressProcessGroupFactory::World() {
-  absl::MutexLock lock(&mu_);
-  if (world_ != nullptr) return world_;
-  absl::StatusOr<std::shared_ptr<ProcessGroup>> inner = inner_->World();
-  if (!inner.ok()) return inner.status();
-  world_ = std::make_shared<ProgressProcessGroup>(*std::move(inner), *registry_);
-  return world_;
-}
-
-absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> ProgressProcessGroupFactory::NewGroups(
-    const std::vector<GroupSpec>& specs) {
-  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> groups = inner_->NewGroups(specs);
-  if (!groups.ok()) return groups.status();
-  for (auto& group : *groups) {
-    group = std::make_shared<ProgressProcessGroup>(std::move(group), *registry_);
-  }
-  return groups;
-}
-
 }  // namespace mesh::internal

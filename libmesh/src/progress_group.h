@@ -14,11 +14,11 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "libmesh/src/decorating_factory.h"
 #include "mesh/process_group.h"
 #include "mesh/progress.h"
 
@@ -61,26 +61,20 @@ class ProgressProcessGroup final : public ProcessGroup {
   const std::shared_ptr<GroupProgress> progress_;
 };
 
-class ProgressProcessGroupFactory final : public ProcessGroupFactory {
+class ProgressProcessGroupFactory final : public DecoratingProcessGroupFactory {
  public:
   // `registry` is shared: groups keep recording into it after the Runtime
   // that made them is gone.
   ProgressProcessGroupFactory(std::shared_ptr<ProcessGroupFactory> inner,
-                              std::shared_ptr<ProgressRegistry> registry);
-
-  int world_rank() const override { return inner_->world_rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  // The inner world, wrapped once and shared.
-  absl::StatusOr<std::shared_ptr<ProcessGroup>> World() override;
-  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroups(
-      const std::vector<GroupSpec>& specs) override;
-  void AbortAll(absl::Status reason) override { inner_->AbortAll(std::move(reason)); }
+                              std::shared_ptr<ProgressRegistry> registry)
+      : DecoratingProcessGroupFactory(std::move(inner)), registry_(std::move(registry)) {}
 
  private:
-  const std::shared_ptr<ProcessGroupFactory> inner_;
+  std::shared_ptr<ProcessGroup> Wrap(std::shared_ptr<ProcessGroup> group) override {
+    return std::make_shared<ProgressProcessGroup>(std::move(group), *registry_);
+  }
+
   const std::shared_ptr<ProgressRegistry> registry_;
-  absl::Mutex mu_;
-  std::shared_ptr<ProcessGroup> world_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mesh::internal

@@ -218,28 +218,6 @@ absl::StatusOr<ProcessGroup::WorkPtr> MeteredProcessGroup::Barrier() {
 
 // ---- MeteredProcessGroupFactory --------------------------------------------
 
-MeteredProcessGroupFactory::MeteredProcessGroupFactory(std::shared_ptr<ProcessGroupFactory> inner,
-                                                       std::shared_ptr<WorkerMetrics> metrics)
-    : inner_(std::move(inner)), metrics_(std::move(metrics)) {}
-
-absl::StatusOr<std::shared_ptr<ProcessGroup>> MeteredProcessGroupFactory::World() {
-  absl::StatusOr<std::shared_ptr<ProcessGroup>> world = inner_->World();
-  if (!world.ok()) return world;
-  absl::MutexLock lock(&mu_);
-  if (world_ == nullptr) world_ = std::make_shared<MeteredProcessGroup>(*world, metrics_);
-  return world_;
-}
-
-absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> MeteredProcessGroupFactory::NewGroups(
-    const std::vector<GroupSpec>& specs) {
-  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> groups = inner_->NewGroups(specs);
-  if (!groups.ok()) return groups;
-  for (std::shared_ptr<ProcessGroup>& group : *groups) {
-    group = std::make_shared<MeteredProcessGroup>(std::move(group), metrics_);
-  }
-  return groups;
-}
-
 // ---- Hooks and the server --------------------------------------------------
 
 void SetHookMetrics(std::shared_ptr<WorkerMetrics> metrics) {

@@ -40,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
+#include "libmesh/src/decorating_factory.h"
 #include "mesh/process_group.h"
 #include "mesh/redistribute_plan.h"
 
@@ -120,24 +121,18 @@ class MeteredProcessGroup final : public ProcessGroup {
   OpMetrics ops_[kNumCollectiveOps];
 };
 
-class MeteredProcessGroupFactory final : public ProcessGroupFactory {
+class MeteredProcessGroupFactory final : public DecoratingProcessGroupFactory {
  public:
   MeteredProcessGroupFactory(std::shared_ptr<ProcessGroupFactory> inner,
-                             std::shared_ptr<WorkerMetrics> metrics);
-
-  int world_rank() const override { return inner_->world_rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  // The inner world, wrapped once and shared, as the contract asks.
-  absl::StatusOr<std::shared_ptr<ProcessGroup>> World() override;
-  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroups(
-      const std::vector<GroupSpec>& specs) override;
-  void AbortAll(absl::Status reason) override { inner_->AbortAll(std::move(reason)); }
+                             std::shared_ptr<WorkerMetrics> metrics)
+      : DecoratingProcessGroupFactory(std::move(inner)), metrics_(std::move(metrics)) {}
 
  private:
-  const std::shared_ptr<ProcessGroupFactory> inner_;
+  std::shared_ptr<ProcessGroup> Wrap(std::shared_ptr<ProcessGroup> group) override {
+    return std::make_shared<MeteredProcessGroup>(std::move(group), metrics_);
+  }
+
   const std::shared_ptr<WorkerMetrics> metrics_;
-  absl::Mutex mu_;
-  std::shared_ptr<ProcessGroup> world_ ABSL_GUARDED_BY(mu_);
 };
 
 class WorkerMetricsServer {

@@ -70,6 +70,16 @@ class RuntimeHangTest : public ::testing::Test {
     return options;
   }
 
+  // Rank r's Runtime and its world group.
+  void Join(int r, std::unique_ptr<Runtime>& runtime, std::shared_ptr<ProcessGroup>& world) {
+    absl::StatusOr<std::unique_ptr<Runtime>> joined = Runtime::Init(Options(r));
+    ASSERT_TRUE(joined.ok()) << "rank " << r << ": " << joined.status();
+    runtime = *std::move(joined);
+    absl::StatusOr<std::shared_ptr<ProcessGroup>> group = runtime->World();
+    ASSERT_TRUE(group.ok()) << group.status();
+    world = *std::move(group);
+  }
+
   absl::Status AllReduceOnce(ProcessGroup& group) {
     float value = 1.0f;
     Tensor tensor = Tensor::Contiguous(&value, DType::kFloat32, {1});
@@ -88,12 +98,11 @@ TEST_F(RuntimeHangTest, ARankThatNeverEntersItsSixthAllReduceIsNamed) {
   std::vector<std::thread> threads;
   for (int r = 0; r < kWorld; ++r) {
     threads.emplace_back([&, r] {
-      absl::StatusOr<std::unique_ptr<Runtime>> runtime = Runtime::Init(Options(r));
-      ASSERT_TRUE(runtime.ok()) << "rank " << r << ": " << runtime.status();
-      absl::StatusOr<std::shared_ptr<ProcessGroup>> world = (*runtime)->World();
-      ASSERT_TRUE(world.ok()) << world.status();
+      std::unique_ptr<Runtime> runtime;
+      std::shared_ptr<ProcessGroup> world;
+      ASSERT_NO_FATAL_FAILURE(Join(r, runtime, world));
       for (int i = 1; i <= 5; ++i) {
-        ASSERT_TRUE(AllReduceOnce(**world).ok()) << "rank " << r << " all_reduce " << i;
+        ASSERT_TRUE(AllReduceOnce(*world).ok()) << "rank " << r << " all_reduce " << i;
       }
       if (r == 1) {
         // Alive but stuck outside the collective.
@@ -101,7 +110,7 @@ TEST_F(RuntimeHangTest, ARankThatNeverEntersItsSixthAllReduceIsNamed) {
         return;
       }
       const absl::Time entered = absl::Now();
-      sixth[r] = AllReduceOnce(**world);
+      sixth[r] = AllReduceOnce(*world);
       waited[r] = absl::Now() - entered;
     });
   }
@@ -125,17 +134,16 @@ TEST_F(RuntimeHangTest, ComputingLongerThanTheHangTimeoutBetweenCollectivesIsNot
   std::vector<std::thread> threads;
   for (int r = 0; r < kWorld; ++r) {
     threads.emplace_back([&, r] {
-      absl::StatusOr<std::unique_ptr<Runtime>> runtime = Runtime::Init(Options(r));
-      ASSERT_TRUE(runtime.ok()) << "rank " << r << ": " << runtime.status();
-      absl::StatusOr<std::shared_ptr<ProcessGroup>> world = (*runtime)->World();
-      ASSERT_TRUE(world.ok()) << world.status();
+      std::unique_ptr<Runtime> runtime;
+      std::shared_ptr<ProcessGroup> world;
+      ASSERT_NO_FATAL_FAILURE(Join(r, runtime, world));
       for (int step = 0; step < 2; ++step) {
-        ASSERT_TRUE(AllReduceOnce(**world).ok()) << "rank " << r << " step " << step;
+        ASSERT_TRUE(AllReduceOnce(*world).ok()) << "rank " << r << " step " << step;
         // "Compute" for 1.5x the hang timeout, every rank alike.
         absl::SleepFor(kHangTimeout + kHangTimeout / 2);
       }
-      EXPECT_TRUE(AllReduceOnce(**world).ok()) << "rank " << r;
-      EXPECT_TRUE((*runtime)->health().ok()) << (*runtime)->health();
+      EXPECT_TRUE(AllReduceOnce(*world).ok()) << "rank " << r;
+      EXPECT_TRUE(runtime->health().ok()) << runtime->health();
     });
   }
   for (auto& t : threads) t.join();
