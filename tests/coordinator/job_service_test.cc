@@ -91,7 +91,34 @@ TEST_F(JobServiceTest, InvalidSpecIsInvalidArgumentNamingTheFieldAndStoresNothin
   ASSERT_EQ(second.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(second.status().message()), HasSubstr("LD_PRELOAD"));
 
+  JobSpec bad_hang = Spec(1, 2);
+  bad_hang.set_hang_timeout_seconds(-1);
+  auto third = Submit(bad_hang);
+  ASSERT_EQ(third.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(third.status().message()), StartsWith("spec.hang_timeout_seconds"));
+  JobSpec bad_policy = Spec(1, 2);
+  bad_policy.set_on_hang(static_cast<HangPolicy>(9));
+  auto fourth = Submit(bad_policy);
+  ASSERT_EQ(fourth.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(fourth.status().message()), StartsWith("spec.on_hang"));
+
   EXPECT_THAT(List().jobs(), IsEmpty());
+}
+
+// job.proto: hang_timeout_seconds 0 and on_hang UNSPECIFIED are normalized
+// to the values in force.
+TEST_F(JobServiceTest, HangSettingsAreNormalizedToTheirDefaults) {
+  auto job = Submit(Spec(1, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec().hang_timeout_seconds(), 300);
+  EXPECT_EQ(job->spec().on_hang(), HANG_POLICY_RESTART);
+  JobSpec set = Spec(1, 2);
+  set.set_hang_timeout_seconds(42);
+  set.set_on_hang(HANG_POLICY_FAIL);
+  auto second = Submit(set);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->spec().hang_timeout_seconds(), 42);
+  EXPECT_EQ(second->spec().on_hang(), HANG_POLICY_FAIL);
 }
 
 TEST_F(JobServiceTest, ValidSpecIsPendingWithAReasonUntilANodeRegisters) {
