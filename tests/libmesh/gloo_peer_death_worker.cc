@@ -32,7 +32,13 @@ int main(int argc, char** argv) {
     std::printf("world: %s\n", world.status().ToString().c_str());
     return 2;
   }
-  if (shm && !static_cast<mesh::ProcessGroupGloo&>(**world).uses_shared_memory()) {
+  // The runtime wraps its groups (metrics, progress); ask the Gloo group itself.
+  const auto* gloo_group = dynamic_cast<const mesh::ProcessGroupGloo*>(&(*world)->Underlying());
+  if (gloo_group == nullptr) {
+    std::printf("the world group is not a Gloo group\n");
+    return 2;
+  }
+  if (shm && !gloo_group->uses_shared_memory()) {
     std::printf("shared memory was not used\n");
     return 2;
   }
