@@ -3,14 +3,14 @@
 # Code on no hot path (the tests and their helpers, the examples, meshctl,
 # and command-line parsing) is compiled with MESH_LIGHT_CXX_FLAGS on top of
 # the build type's flags. gtest's and CLI11's templates cost two to three
-# times as long to compile at -O2 -g as at -Og -g1, and that code runs too
-# little for its speed to show; the libraries, daemons and benchmarks keep
+# times as long to compile at -O2 -g as at -O0 -g1 (and -Og costs about 16%
+# more than -O0), and that code runs too little for its speed to show; the libraries, daemons and benchmarks keep
 # the build type's flags. Empty in Debug builds, which already skip
 # optimization. docs/build.md has the figures.
 if(CMAKE_BUILD_TYPE STREQUAL "RelWithDebInfo")
-  set(_mesh_light_default "-Og;-g1")
+  set(_mesh_light_default "-O0;-g1")
 elseif(CMAKE_BUILD_TYPE MATCHES "^(Release|MinSizeRel)$")
-  set(_mesh_light_default "-Og")
+  set(_mesh_light_default "-O0")
 else()
   set(_mesh_light_default "")
 endif()
