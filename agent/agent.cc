@@ -13,10 +13,11 @@
 namespace mesh::agent {
 
 Agent::Agent(AgentConfig config, ProcessLauncher* launcher, metrics::Registry* metrics,
-             StrayKiller* strays)
+             StrayKiller* strays, const JobIsolation* isolation)
     : config_(std::move(config)),
       launcher_(launcher),
       strays_(strays),
+      isolation_(isolation),
       metrics_(metrics != nullptr ? *metrics : metrics::NoopRegistry()) {
   metrics_.slots->Set(config_.slots);
   metrics_.gpus->Set(static_cast<double>(config_.gpus.size()));
@@ -27,8 +28,8 @@ Agent::Agent(AgentConfig config, ProcessLauncher* launcher, metrics::Registry* m
 }
 
 Agent::Agent(AgentConfig config, std::unique_ptr<NodeClient> client, ProcessLauncher* launcher,
-             metrics::Registry* metrics, StrayKiller* strays)
-    : Agent(std::move(config), launcher, metrics, strays) {
+             metrics::Registry* metrics, StrayKiller* strays, const JobIsolation* isolation)
+    : Agent(std::move(config), launcher, metrics, strays, isolation) {
   MESH_CHECK(client != nullptr, "Agent needs a NodeClient");
   client_ = std::move(client);
 }
@@ -72,7 +73,13 @@ absl::Status Agent::Start() {
   outbox_ = std::make_unique<ReportOutbox>(
       &config_, client_.get(),
       [this](uint64_t epoch, const std::string& why) { session_->RequestReconnect(epoch, why); });
-  applier_ = std::make_unique<OrderApplier>(&config_, launcher_, outbox_.get(), &metrics_, strays_);
+  applier_ = std::make_unique<OrderApplier>(&config_, launcher_, outbox_.get(), &metrics_, strays_,
+                                            isolation_);
+  applier_->set_on_collectable([this] {
+    absl::MutexLock lock(&mu_);
+    collect_now_ = true;
+    orders_changed_.SignalAll();
+  });
   CoordinatorSession::Callbacks callbacks;
   callbacks.running_workers = [this] { return applier_->RunningWorkers(); };
   callbacks.on_up = [this](uint64_t epoch, const std::string& session_id) {
@@ -156,10 +163,11 @@ void Agent::OrderLoop() {
       absl::MutexLock lock(&mu_);
       // Wakes at least once a second to collect stopped generations.
       const absl::Time deadline = absl::Now() + absl::Seconds(1);
-      while (!stopping_ && orders_.empty()) {
+      while (!stopping_ && orders_.empty() && !collect_now_) {
         if (orders_changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) break;
       }
       if (stopping_) return;
+      collect_now_ = false;
       if (!orders_.empty()) {
         pending = std::move(orders_.front());
         orders_.pop_front();

@@ -86,12 +86,15 @@ class Agent {
   // channel is made by Start). `launcher`, `metrics` and `strays` must
   // outlive the Agent; null `metrics` means metrics::NoopRegistry(); null
   // `strays`: processes that left their worker's group are not looked for.
+  // `isolation` (may be null: workers run as the agent, in no cgroup of
+  // their own) must outlive the Agent too.
   Agent(AgentConfig config, ProcessLauncher* launcher, metrics::Registry* metrics = nullptr,
-        StrayKiller* strays = nullptr);
+        StrayKiller* strays = nullptr, const JobIsolation* isolation = nullptr);
   // Talks to the coordinator through `client` (not null) instead, for
   // tests; config.coordinator is then only each worker's MESH_COORDINATOR.
   Agent(AgentConfig config, std::unique_ptr<NodeClient> client, ProcessLauncher* launcher,
-        metrics::Registry* metrics = nullptr, StrayKiller* strays = nullptr);
+        metrics::Registry* metrics = nullptr, StrayKiller* strays = nullptr,
+        const JobIsolation* isolation = nullptr);
   // Calls Shutdown().
   ~Agent();
 
@@ -133,6 +136,7 @@ class Agent {
   const AgentConfig config_;
   ProcessLauncher* const launcher_;
   StrayKiller* const strays_;  // May be null.
+  const JobIsolation* const isolation_;  // May be null.
   AgentMetrics metrics_;
 
   // The parts, in dependency order (each uses only those above it). The
@@ -150,6 +154,8 @@ class Agent {
   absl::CondVar orders_changed_;  // orders_ or stopping_ changed
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // A stopped generation's workers have all exited: collect it now.
+  bool collect_now_ ABSL_GUARDED_BY(mu_) = false;
   // Orders waiting for the order thread, with the time each arrived.
   std::deque<PendingOrder> orders_ ABSL_GUARDED_BY(mu_);
 

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "agent/nvml.h"
 #include "common/security.h"
+#include "mesh/v1/job.pb.h"
 
 namespace mesh::agent {
 
@@ -64,6 +65,9 @@ struct AgentConfig {
   // This agent's instance marker, given to every worker as
   // MESH_AGENT_INSTANCE (agent/stray_killer.h); empty: none.
   std::string instance;
+  // What the agent enforces between jobs (JobIsolation::Describe), sent
+  // with every registration and shown by `meshctl nodes`.
+  v1::NodeIsolation isolation;
 };
 
 }  // namespace mesh::agent

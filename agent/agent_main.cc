@@ -16,7 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "agent/agent.h"
+#include "agent/cgroup.h"
 #include "agent/host_info.h"
+#include "agent/job_isolation.h"
 #include "agent/nvml.h"
 #include "agent/process_launcher.h"
 #include "agent/reaper_watchdog.h"
@@ -101,6 +103,13 @@ int RunAgentMain(int argc, const char* const* argv) {
   int metrics_port = -1;
   std::string metrics_listen = "0.0.0.0";
   std::string worker_metrics_ports;
+  bool run_as_owner = true;
+  std::string unowned_job_user;
+  std::string cgroups_mode = "auto";
+  std::string cgroup_parent;
+  std::string cgroup_v1_root = "/sys/fs/cgroup";
+  std::string cgroup_v2_root = "/sys/fs/cgroup";
+  std::string gpu_device_dir = "/dev";
 
   CLI::App app{"mesh-agent: runs and supervises a node's Mesh workers", "mesh-agent"};
   app.set_version_flag("--version", kVersion);
@@ -147,6 +156,34 @@ int RunAgentMain(int argc, const char* const* argv) {
                  "Ports for workers' /metrics, e.g. 9500-9599 (each worker gets a free one as "
                  "MESH_METRICS_PORT); default: workers expose no metrics")
       ->envname("MESH_AGENT_WORKER_METRICS_PORTS");
+  app.add_option("--run-as-owner", run_as_owner,
+                 "As root: run each job's workers as its owner's Unix account (the coordinator's "
+                 "token file maps principals to accounts); false: as the agent's own user")
+      ->envname("MESH_AGENT_RUN_AS_OWNER")
+      ->capture_default_str();
+  app.add_option("--unowned-job-user", unowned_job_user,
+                 "As root: the account for jobs that have no owner (a coordinator without "
+                 "authentication); default: such jobs are refused")
+      ->envname("MESH_AGENT_UNOWNED_JOB_USER");
+  app.add_option("--cgroups", cgroups_mode,
+                 "One cgroup per job: auto (v2, else v1, else none), v1, v2, or none")
+      ->envname("MESH_AGENT_CGROUPS")
+      ->check(CLI::IsMember({"auto", "v1", "v2", "none"}))
+      ->capture_default_str();
+  app.add_option("--cgroup-parent", cgroup_parent,
+                 "Cgroup under which the agent makes its jobs' cgroups; default: its own")
+      ->envname("MESH_AGENT_CGROUP_PARENT");
+  app.add_option("--cgroup-v1-root", cgroup_v1_root, "Where the v1 hierarchies are mounted")
+      ->envname("MESH_AGENT_CGROUP_V1_ROOT")
+      ->capture_default_str();
+  app.add_option("--cgroup-v2-root", cgroup_v2_root,
+                 "Where the v2 hierarchy is mounted (/sys/fs/cgroup/unified on hybrid hosts)")
+      ->envname("MESH_AGENT_CGROUP_V2_ROOT")
+      ->capture_default_str();
+  app.add_option("--gpu-device-dir", gpu_device_dir,
+                 "Directory of the NVIDIA device nodes, for GPU confinement")
+      ->envname("MESH_AGENT_GPU_DEVICE_DIR")
+      ->capture_default_str();
   app.add_flag("--discover", discover, "Print what this host offers as JSON and exit");
   app.add_option("--log-format", log_format, "text or json")
       ->envname("MESH_LOG_FORMAT")
@@ -236,8 +273,33 @@ int RunAgentMain(int argc, const char* const* argv) {
   // calling thread. Writes to it after it died must not kill the agent.
   signal(SIGPIPE, SIG_IGN);
   const sigset_t shutdown_signals = BlockShutdownSignals();
-  absl::StatusOr<std::unique_ptr<ReaperWatchdog>> watchdog =
-      ReaperWatchdog::Start(absl::StrCat(kAgentInstanceVariable, "=", config.instance));
+  CgroupOptions cgroup_options;
+  cgroup_options.mode = cgroups_mode == "v1"     ? CgroupOptions::Mode::kV1
+                        : cgroups_mode == "v2"   ? CgroupOptions::Mode::kV2
+                        : cgroups_mode == "none" ? CgroupOptions::Mode::kNone
+                                                 : CgroupOptions::Mode::kAuto;
+  cgroup_options.v1_root = cgroup_v1_root;
+  cgroup_options.v2_root = cgroup_v2_root;
+  cgroup_options.parent = cgroup_parent;
+  cgroup_options.agent_name = config.name;
+  // The cgroups before the watchdog: on v2 the agent may move itself into a
+  // leaf of its own cgroup (to enable controllers for its jobs), and the
+  // watchdog, forked after, follows it there.
+  std::unique_ptr<CgroupManager> cgroups;
+  if (absl::StatusOr<std::unique_ptr<CgroupManager>> made = CgroupManager::Create(cgroup_options);
+      made.ok()) {
+    cgroups = *std::move(made);
+  } else if (cgroup_options.mode == CgroupOptions::Mode::kAuto) {
+    spdlog::warn("no cgroups for jobs: {}", std::string(made.status().message()));
+  } else {
+    spdlog::critical("--cgroups={}: {}", cgroups_mode, std::string(made.status().message()));
+    return kAgentExitFailed;
+  }
+  // When the agent dies, the watchdog also kills what is left in its jobs'
+  // cgroups: processes that left their groups and dropped the marker.
+  absl::StatusOr<std::unique_ptr<ReaperWatchdog>> watchdog = ReaperWatchdog::Start(
+      absl::StrCat(kAgentInstanceVariable, "=", config.instance),
+      [cgroup_options, agent = getpid()] { KillAgentCgroups(cgroup_options, agent); });
   if (!watchdog.ok()) {
     spdlog::critical("cannot start the reaper watchdog: {}", watchdog.status().ToString());
     return kAgentExitFailed;
@@ -283,12 +345,31 @@ int RunAgentMain(int argc, const char* const* argv) {
     spdlog::info("serving metrics on http://{}:{}/metrics", metrics_listen, config.metrics_port);
   }
 
+  // Job isolation (docs/security.md): workers under their owners' accounts
+  // when the agent is root, in the cgroups made above.
+  JobIsolationOptions isolation_options;
+  isolation_options.run_as_owner = run_as_owner;
+  isolation_options.unowned_job_user = unowned_job_user;
+  isolation_options.gpu_device_dir = gpu_device_dir;
+  isolation_options.gpus = config.gpus;
+  absl::StatusOr<std::unique_ptr<JobIsolation>> isolation =
+      JobIsolation::Create(isolation_options, cgroups.get());
+  if (!isolation.ok()) return UsageError(std::string(isolation.status().message()));
+  config.isolation = (*isolation)->Describe();
+  if ((*isolation)->runs_as_owner()) {
+    spdlog::info("isolation: {}", config.isolation.users());
+  } else {
+    spdlog::warn("isolation: {}", config.isolation.users());
+  }
+  spdlog::info("isolation: cgroups {}; stopped jobs are killed by {}", config.isolation.cgroups(),
+               config.isolation.kill_mechanism());
+
   // Declared in teardown order: the agent stops its workers, then the
   // launcher kills what is left, then the watchdog's pipe closes.
   PosixProcessLauncher posix_launcher;
   ReapingLauncher launcher(&posix_launcher, watchdog->get());
   ProcStrayKiller strays(config.instance);
-  Agent agent(config, &launcher, &registry, &strays);
+  Agent agent(config, &launcher, &registry, &strays, isolation->get());
   if (absl::Status s = agent.Start(); !s.ok()) {
     spdlog::critical("cannot start: {}", s.ToString());
     return kAgentExitFailed;

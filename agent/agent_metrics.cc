@@ -77,6 +77,20 @@ AgentMetrics::AgentMetrics(metrics::Registry& registry) {
                   .AddGauge("mesh_agent_connected",
                             "1 while registered with a live coordinator session, else 0.")
                   ->Get();
+  job_cpu_seconds = registry.AddGauge(
+      "mesh_agent_job_cpu_seconds",
+      "CPU time (user + system) used on this node by the job's current generation, all its "
+      "processes, from its cgroup.",
+      {"job"});
+  job_memory_bytes = registry.AddGauge(
+      "mesh_agent_job_memory_bytes",
+      "Memory the job's processes on this node use now (page cache included), from its cgroup.",
+      {"job"});
+  job_processes = registry.AddGauge(
+      "mesh_agent_job_processes",
+      "Processes and threads of the job on this node now, from its cgroup.", {"job"});
+  job_gpus = registry.AddGauge("mesh_agent_job_gpus", "GPUs of this node held by the job.",
+                               {"job"});
 }
 
 }  // namespace mesh::agent

@@ -9,6 +9,11 @@
 //   mesh_agent_launch_duration_seconds                   histogram
 //   mesh_agent_heartbeat_age_seconds                     gauge
 //   mesh_agent_connected                                 gauge, 0 or 1
+//   mesh_agent_job_cpu_seconds{job}, mesh_agent_job_memory_bytes{job},
+//   mesh_agent_job_processes{job}, mesh_agent_job_gpus{job}
+//                                                        gauges per job with
+//                                                        workers here (series
+//                                                        removed when it ends)
 //
 // Thread safety: the children are the registry's, and thread-safe.
 // Ownership: the registry is borrowed and must outlive the AgentMetrics.
@@ -41,6 +46,10 @@ struct AgentMetrics {
   metrics::Histogram* launch_duration;
   metrics::Gauge* heartbeat_age;
   metrics::Gauge* connected;
+  metrics::Family<metrics::Gauge>* job_cpu_seconds;
+  metrics::Family<metrics::Gauge>* job_memory_bytes;
+  metrics::Family<metrics::Gauge>* job_processes;
+  metrics::Family<metrics::Gauge>* job_gpus;
 };
 
 }  // namespace mesh::agent

@@ -98,6 +98,7 @@ v1::RegisterNodeRequest CoordinatorSession::MakeRegisterRequest() {
   }
   request.set_agent_version(kVersion);
   request.set_metrics_port(config_.metrics_port);
+  *request.mutable_isolation() = config_.isolation;
   if (callbacks_.running_workers) {
     for (v1::RunningWorker& w : callbacks_.running_workers()) {
       *request.add_running() = std::move(w);

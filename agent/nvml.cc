@@ -28,6 +28,7 @@ using GetCountFn = nvmlReturn_t (*)(unsigned*);
 using GetHandleFn = nvmlReturn_t (*)(unsigned, nvmlDevice_t*);
 using GetStringFn = nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned);
 using GetMemoryFn = nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*);
+using GetUnsignedFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned*);
 
 // Closes the library on every return path.
 struct Library {
@@ -55,6 +56,7 @@ absl::StatusOr<std::vector<GpuDevice>> DiscoverNvmlGpus(const char* library) {
   auto get_uuid = lib.Get<GetStringFn>("nvmlDeviceGetUUID");
   auto get_name = lib.Get<GetStringFn>("nvmlDeviceGetName");
   auto get_memory = lib.Get<GetMemoryFn>("nvmlDeviceGetMemoryInfo");
+  auto get_minor = lib.Get<GetUnsignedFn>("nvmlDeviceGetMinorNumber");  // optional
   if (init == nullptr || shutdown == nullptr || get_count == nullptr || get_handle == nullptr ||
       get_uuid == nullptr || get_name == nullptr || get_memory == nullptr) {
     return absl::UnavailableError(
@@ -81,6 +83,8 @@ absl::StatusOr<std::vector<GpuDevice>> DiscoverNvmlGpus(const char* library) {
       if (get_name(device, buffer.data(), buffer.size()) == 0) gpu.model = buffer.data();
       nvmlMemory_t memory{};
       if (get_memory(device, &memory) == 0) gpu.memory_bytes = static_cast<int64_t>(memory.total);
+      unsigned minor = 0;
+      if (get_minor != nullptr && get_minor(device, &minor) == 0) gpu.minor = static_cast<int>(minor);
     }
     gpus.push_back(std::move(gpu));
   }

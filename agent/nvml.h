@@ -29,6 +29,9 @@ struct GpuDevice {
   std::string uuid;          // "GPU-8c1f...", empty when unknown
   std::string model;         // "NVIDIA H100 80GB HBM3", empty when unknown
   int64_t memory_bytes = 0;  // total memory; 0 when unknown
+  // Minor number of its device node, /dev/nvidia<minor>; -1 when unknown
+  // (then taken to be the index).
+  int minor = -1;
 };
 
 // The GPUs NVML reports, in index order. `library` is the file to dlopen.

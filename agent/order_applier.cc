@@ -1,6 +1,7 @@
 #include "agent/order_applier.h"
 
 #include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <optional>
 #include <system_error>
@@ -88,6 +89,11 @@ struct OrderApplier::Generation {
   bool stopped = false;   // killed or replaced: collected once empty
   // Exit reports that arrived while launching; sent after the started one.
   std::vector<v1::ReportWorkerExitRequest> held;
+  // The generation's cgroup (null without one) and each rank's memory limit
+  // (0: none), for OOM reports. The cgroup outlives the supervisor.
+  std::unique_ptr<GenerationCgroup> cgroup;
+  int64_t memory_limit = 0;
+  int gpus = 0;  // GPUs of this node its ranks hold
   std::unique_ptr<RecordingLauncher> recorder;   // outlives supervisor
   std::unique_ptr<WorkerSupervisor> supervisor;  // declared last: destroyed first
 };
@@ -103,12 +109,14 @@ struct OrderApplier::JobRecord {
 };
 
 OrderApplier::OrderApplier(const AgentConfig* config, ProcessLauncher* launcher,
-                           ReportOutbox* outbox, AgentMetrics* metrics, StrayKiller* strays)
+                           ReportOutbox* outbox, AgentMetrics* metrics, StrayKiller* strays,
+                           const JobIsolation* isolation)
     : config_(*config),
       launcher_(launcher),
       outbox_(outbox),
       metrics_(metrics),
       strays_(strays),
+      isolation_(isolation),
       next_worker_port_(config->worker_metrics_port_first) {}
 
 OrderApplier::~OrderApplier() {
@@ -130,7 +138,7 @@ void OrderApplier::BeginShutdown() {
 
 void OrderApplier::Shutdown() {
   std::vector<std::shared_ptr<Generation>> generations;
-  std::vector<std::pair<std::string, int64_t>> ended;
+  std::vector<std::pair<std::string, std::shared_ptr<Generation>>> ended;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -138,7 +146,7 @@ void OrderApplier::Shutdown() {
       for (auto& [g, rec] : job->generations) {
         rec->stopped = true;
         generations.push_back(rec);
-        ended.emplace_back(id, g);
+        ended.emplace_back(id, rec);
       }
     }
     UpdateWorkerGaugesLocked();
@@ -242,16 +250,14 @@ int OrderApplier::AcquireWorkerMetricsPortLocked() {
 void OrderApplier::ReleaseWorkerMetricsPortLocked(int port) { worker_ports_in_use_.erase(port); }
 
 void OrderApplier::CollectFinishedGenerations() {
-  std::vector<std::shared_ptr<Generation>> finished;
-  std::vector<std::pair<std::string, int64_t>> ended;
+  std::vector<std::pair<std::string, std::shared_ptr<Generation>>> ended;
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, job] : jobs_) {
       for (auto it = job->generations.begin(); it != job->generations.end();) {
         const Generation& rec = *it->second;
         if (rec.stopped && !rec.launching && rec.running.empty()) {
-          ended.emplace_back(id, it->first);
-          finished.push_back(std::move(it->second));
+          ended.emplace_back(id, std::move(it->second));
           it = job->generations.erase(it);
         } else {
           ++it;
@@ -260,12 +266,57 @@ void OrderApplier::CollectFinishedGenerations() {
     }
   }
   KillStrays(ended);
-  // `finished` goes out of scope here, outside mu_.
+  {
+    absl::MutexLock lock(&mu_);
+    UpdateJobUsageLocked();
+  }
+  // `ended` goes out of scope here, outside mu_.
 }
 
-void OrderApplier::KillStrays(const std::vector<std::pair<std::string, int64_t>>& generations) {
-  if (strays_ == nullptr) return;
-  for (const auto& [job_id, generation] : generations) {
+void OrderApplier::UpdateJobUsageLocked() {
+  std::set<std::string> live;
+  for (const auto& [id, job] : jobs_) {
+    if (job->generations.empty()) continue;
+    // The newest generation: an older one is only being stopped.
+    const Generation& rec = *job->generations.rbegin()->second;
+    live.insert(id);
+    metrics_->job_gpus->WithLabels({id})->Set(rec.gpus);
+    if (rec.cgroup == nullptr) continue;
+    const CgroupUsage usage = rec.cgroup->Usage();
+    metrics_->job_cpu_seconds->WithLabels({id})->Set(usage.cpu_seconds);
+    metrics_->job_memory_bytes->WithLabels({id})->Set(static_cast<double>(usage.memory_bytes));
+    metrics_->job_processes->WithLabels({id})->Set(static_cast<double>(usage.processes));
+  }
+  for (const std::string& id : jobs_with_usage_) {
+    if (live.count(id) > 0) continue;
+    for (auto* family : {metrics_->job_gpus, metrics_->job_cpu_seconds, metrics_->job_memory_bytes,
+                         metrics_->job_processes}) {
+      family->Remove({id});
+    }
+  }
+  jobs_with_usage_ = std::move(live);
+}
+
+void OrderApplier::KillStrays(
+    const std::vector<std::pair<std::string, std::shared_ptr<Generation>>>& ended) {
+  for (const auto& [job_id, rec] : ended) {
+    const int64_t generation = rec->generation;
+    if (rec->cgroup != nullptr) {
+      absl::StatusOr<int> killed = rec->cgroup->KillAll(absl::Seconds(5));
+      if (!killed.ok()) {
+        spdlog::error("job {} generation {}: killing its cgroup: {}", job_id, generation,
+                      std::string(killed.status().message()));
+      } else if (*killed > 0) {
+        spdlog::warn("job {} generation {}: killed {} process(es) left in its cgroup", job_id,
+                     generation, *killed);
+      }
+      if (absl::Status s = rec->cgroup->Remove(); !s.ok()) {
+        spdlog::warn("job {} generation {}: removing its cgroup: {}", job_id, generation,
+                     std::string(s.message()));
+      }
+      continue;
+    }
+    if (strays_ == nullptr) continue;
     if (const int killed = strays_->KillStrays(job_id, generation); killed > 0) {
       spdlog::warn(
           "job {} generation {}: killed {} process(es) that had left their worker's "
@@ -342,9 +393,30 @@ void OrderApplier::ApplyLaunch(const v1::Assignment& order, absl::Time received)
   if (!IsSafeJobId(job_id)) return fail_all(absl::StrCat("job id '", job_id, "' is not valid"));
   if (order.command().empty()) return fail_all("the command is empty");
   const std::string dir = GenerationDir(config_.work_dir, job_id, generation);
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error) return fail_all(absl::StrCat("cannot create ", dir, ": ", error.message()));
+  std::optional<WorkerCredentials> account;
+  std::unique_ptr<GenerationCgroup> cgroup;
+  if (isolation_ != nullptr) {
+    absl::StatusOr<std::optional<WorkerCredentials>> run_as = isolation_->RunAs(order);
+    if (!run_as.ok()) return fail_all(std::string(run_as.status().message()));
+    account = *std::move(run_as);
+    if (absl::Status s = isolation_->PrepareDirectory(dir, account); !s.ok()) {
+      return fail_all(std::string(s.message()));
+    }
+    absl::StatusOr<std::unique_ptr<GenerationCgroup>> made = isolation_->CreateCgroup(order);
+    if (!made.ok()) return fail_all(std::string(made.status().message()));
+    cgroup = *std::move(made);
+  } else {
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);
+    if (error) return fail_all(absl::StrCat("cannot create ", dir, ": ", error.message()));
+  }
+  // HOME, USER and LOGNAME are the worker account's, not the agent's.
+  std::map<std::string, std::string> base_env = config_.base_env;
+  if (account.has_value()) {
+    base_env["USER"] = account->user;
+    base_env["LOGNAME"] = account->user;
+    if (!account->home.empty()) base_env["HOME"] = account->home;
+  }
 
   std::vector<std::pair<std::string, std::string>> user_env(order.env().begin(), order.env().end());
   std::sort(user_env.begin(), user_env.end());
@@ -384,7 +456,7 @@ void OrderApplier::ApplyLaunch(const v1::Assignment& order, absl::Time received)
           job_id, generation, r.rank(), config_.worker_metrics_port_first,
           config_.worker_metrics_port_last);
     }
-    absl::StatusOr<std::vector<std::string>> env = BuildWorkerEnv(assignment, config_.base_env);
+    absl::StatusOr<std::vector<std::string>> env = BuildWorkerEnv(assignment, base_env);
     if (!env.ok()) return fail_all(absl::StrCat("rank ", r.rank(), ": ", env.status().message()));
     RankLaunch launch;
     launch.rank = r.rank();
@@ -393,6 +465,15 @@ void OrderApplier::ApplyLaunch(const v1::Assignment& order, absl::Time received)
     launch.spec.working_dir = order.working_dir().empty() ? dir : order.working_dir();
     launch.spec.stdout_log = RankLogPath(config_.work_dir, job_id, generation, r.rank());
     launch.spec.max_log_bytes = config_.log_max_bytes;
+    launch.spec.credentials = account;
+    if (cgroup != nullptr) {
+      absl::StatusOr<std::vector<std::string>> dirs =
+          cgroup->CreateRank(r.rank(), JobIsolation::LimitsOf(order));
+      if (!dirs.ok()) {
+        return fail_all(absl::StrCat("rank ", r.rank(), ": cgroup: ", dirs.status().message()));
+      }
+      launch.spec.cgroup_dirs = *std::move(dirs);
+    }
     launches.push_back(std::move(launch));
   }
 
@@ -400,6 +481,9 @@ void OrderApplier::ApplyLaunch(const v1::Assignment& order, absl::Time received)
   rec->generation = generation;
   rec->ranks.insert(ranks.begin(), ranks.end());
   rec->metrics_ports = metrics_ports;
+  rec->cgroup = std::move(cgroup);
+  rec->memory_limit = order.memory_per_proc_bytes();
+  for (const v1::RankLaunch& r : order.ranks()) rec->gpus += r.gpus_size();
   rec->recorder = std::make_unique<RecordingLauncher>(launcher_);
   SupervisorOptions options;
   options.grace = config_.grace;
@@ -486,7 +570,15 @@ void OrderApplier::ApplyKill(const v1::Assignment& order) {
 }
 
 void OrderApplier::OnRankExit(const RankExit& exit) {
-  absl::MutexLock lock(&mu_);
+  bool collectable = false;
+  {
+    absl::MutexLock lock(&mu_);
+    collectable = OnRankExitLocked(exit);
+  }
+  if (collectable && on_collectable_) on_collectable_();
+}
+
+bool OrderApplier::OnRankExitLocked(const RankExit& exit) {
   JobRecord* job = nullptr;
   Generation* rec = nullptr;
   if (auto it = jobs_.find(exit.job_id); it != jobs_.end()) {
@@ -505,7 +597,9 @@ void OrderApplier::OnRankExit(const RankExit& exit) {
   }
   metrics_->worker_exits->WithLabels({WorkerExitReason(exit.exit)})->Increment();
   UpdateWorkerGaugesLocked();
-  if (exit.stopped) return;  // the agent's doing, not the job's failure
+  const bool collectable =
+      rec != nullptr && rec->stopped && !rec->launching && rec->running.empty();
+  if (exit.stopped) return collectable;  // the agent's doing, not the job's failure
   spdlog::info("job {} generation {} rank {} (pid {}) ended: {}", exit.job_id, exit.generation,
                exit.rank, exit.exit.pid, exit.exit.ToString());
   v1::ReportWorkerExitRequest request;
@@ -517,6 +611,20 @@ void OrderApplier::OnRankExit(const RankExit& exit) {
   } else {
     request.set_signal(exit.exit.signal);
   }
+  // An OOM kill in the rank's cgroup explains a failure: the worker's own
+  // SIGKILL, or a child's death it then failed on.
+  const bool failed = !exit.exit.exited() || exit.exit.exit_code != 0;
+  if (failed && rec != nullptr && rec->cgroup != nullptr && rec->cgroup->OomKills(exit.rank) > 0) {
+    const std::string limit =
+        rec->memory_limit > 0 ? absl::StrCat(" (memory limit ", FormatBytes(rec->memory_limit), ")")
+                              : "";
+    request.set_oom_killed(true);
+    request.set_detail(exit.exit.signal == SIGKILL
+                           ? absl::StrCat("killed by the kernel: out of memory", limit)
+                           : absl::StrCat("a process it started was killed by the kernel: out of "
+                                          "memory",
+                                          limit));
+  }
   request.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
   if (job != nullptr && job->exits_generation == exit.generation) job->exits.push_back(request);
   if (rec != nullptr && rec->launching) {
@@ -524,6 +632,7 @@ void OrderApplier::OnRankExit(const RankExit& exit) {
   } else {
     outbox_->Enqueue(std::move(request));
   }
+  return collectable;
 }
 
 }  // namespace mesh::agent

@@ -37,11 +37,20 @@
 // CollectFinishedGenerations are meant for one thread (they may block for
 // grace + 5 s); the queries may be called from any thread. Worker exits
 // arrive on the launcher's callback thread.
+// Isolation: with a JobIsolation, each LAUNCH's workers run as the account
+// it decides, in the generation's cgroup it makes; a generation with a
+// cgroup is ended by killing its cgroup (every process in it, whatever
+// session or environment it moved to) instead of by the StrayKiller's scan,
+// and a worker the kernel killed for memory is reported as such
+// (ReportWorkerExitRequest.oom_killed and detail).
+//
 // Ownership: config, launcher, outbox and metrics are borrowed and must
-// outlive the applier; `strays` may be null (nothing is looked for).
+// outlive the applier; `strays` and `isolation` may be null (nothing is
+// looked for; workers run as the agent in no cgroup of their own).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -54,6 +63,7 @@
 #include "absl/time/time.h"
 #include "agent/agent_config.h"
 #include "agent/agent_metrics.h"
+#include "agent/job_isolation.h"
 #include "agent/process_launcher.h"
 #include "agent/report_outbox.h"
 #include "agent/stray_killer.h"
@@ -65,7 +75,8 @@ namespace mesh::agent {
 class OrderApplier {
  public:
   OrderApplier(const AgentConfig* config, ProcessLauncher* launcher, ReportOutbox* outbox,
-               AgentMetrics* metrics, StrayKiller* strays);
+               AgentMetrics* metrics, StrayKiller* strays,
+               const JobIsolation* isolation = nullptr);
   // Destroys the supervisors, which stop any worker still running; call
   // Shutdown first to wait for them.
   ~OrderApplier();
@@ -82,8 +93,17 @@ class OrderApplier {
   // the order's grace (AgentConfig.grace when it gives none).
   void ApplyKill(const v1::Assignment& order);
   // Forgets stopped generations whose workers have all exited, and kills
-  // their strays.
+  // their strays; then publishes each job's usage on this node (the
+  // mesh_agent_job_* gauges; a job's series go once it has no generation
+  // here).
   void CollectFinishedGenerations();
+
+  // Called (on the launcher's callback thread, without locks held) when a
+  // stopped generation's last worker has exited, so that the owner calls
+  // CollectFinishedGenerations soon rather than at its next tick: what is
+  // left in the generation's cgroup dies at once. Set before the first
+  // order.
+  void set_on_collectable(std::function<void()> callback) { on_collectable_ = std::move(callback); }
 
   // After this, a LAUNCH (one in progress included) starts nothing.
   void BeginShutdown();
@@ -107,11 +127,16 @@ class OrderApplier {
   struct JobRecord;
 
   void OnRankExit(const RankExit& exit);
-  // Kills what is left of each (job, generation) outside its workers'
-  // process groups; call without mu_.
-  void KillStrays(const std::vector<std::pair<std::string, int64_t>>& generations);
+  // Records the exit; true when it was the last worker of a stopped
+  // generation.
+  bool OnRankExitLocked(const RankExit& exit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Kills what is left of each ended generation outside its workers'
+  // process groups: its whole cgroup when it has one, else the StrayKiller's
+  // scan; call without mu_.
+  void KillStrays(const std::vector<std::pair<std::string, std::shared_ptr<Generation>>>& ended);
   std::vector<v1::RunningWorker> RunningWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateWorkerGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateJobUsageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A free port of the worker metrics range (marked used), or 0 when the
   // range is off or every port is held by a live worker.
   int AcquireWorkerMetricsPortLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -122,6 +147,8 @@ class OrderApplier {
   ReportOutbox* const outbox_;
   AgentMetrics* const metrics_;
   StrayKiller* const strays_;  // May be null.
+  const JobIsolation* const isolation_;  // May be null.
+  std::function<void()> on_collectable_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -130,6 +157,8 @@ class OrderApplier {
   // Worker metrics ports held by live workers, and where the round-robin
   // search for the next one starts.
   std::set<int> worker_ports_in_use_ ABSL_GUARDED_BY(mu_);
+  // Jobs whose mesh_agent_job_* series exist.
+  std::set<std::string> jobs_with_usage_ ABSL_GUARDED_BY(mu_);
   int next_worker_port_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -3,7 +3,10 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <grp.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +26,50 @@ void CloseFd(int& fd) {
   fd = -1;
 }
 
+// Opens a log file for the agent to write: mode 0600, owned by the worker's
+// account when it has one.
+int OpenLogFile(const std::string& path, const std::optional<WorkerCredentials>& owner) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return fd;
+  // A file left by an earlier run keeps its old mode; O_CREAT's does not apply.
+  fchmod(fd, 0600);
+  if (owner.has_value() && fchown(fd, owner->uid, owner->gid) != 0) {
+    const int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+}
+
+// What the child does between fork and exec, async-signal-safe: join the
+// cgroups (write "0" to each cgroup.procs opened before fork), drop to the
+// worker's account, and set the parent-death signal again, which the kernel
+// clears when the credentials change. Returns 0 or an errno value.
+int JoinCgroupsAndDropPrivileges(const std::vector<int>& cgroup_procs,
+                                 const std::optional<WorkerCredentials>& credentials,
+                                 pid_t parent) {
+  for (int fd : cgroup_procs) {
+    if (write(fd, "0", 1) != 1) return errno;
+  }
+  if (!credentials.has_value()) return 0;
+  // Raw system calls: glibc's wrappers broadcast a credential change to
+  // every thread it knows of, which takes locks a forked child must not.
+  // The child has one thread, and the kernel call changes exactly it.
+  if (syscall(SYS_setgroups, credentials->groups.size(), credentials->groups.data()) != 0) {
+    return errno;
+  }
+  if (syscall(SYS_setresgid, credentials->gid, credentials->gid, credentials->gid) != 0) {
+    return errno;
+  }
+  if (syscall(SYS_setresuid, credentials->uid, credentials->uid, credentials->uid) != 0) {
+    return errno;
+  }
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return errno;
+  if (getppid() != parent) _exit(127);  // The agent died while we changed hands.
+  return 0;
+}
+
 }  // namespace
 
 // One captured output stream: the read end of the worker's pipe and the log
@@ -34,6 +81,7 @@ struct PosixProcessLauncher::LogStream {
   std::string path;
   int64_t size = 0;
   int64_t cap = 0;
+  std::optional<WorkerCredentials> owner;  // of the log file
 
   // Copies what is readable now into the file. Returns false at EOF.
   bool Drain() {
@@ -69,7 +117,7 @@ struct PosixProcessLauncher::LogStream {
   void Rotate() {
     close(file_fd);
     rename(path.c_str(), absl::StrCat(path, ".1").c_str());
-    file_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    file_fd = OpenLogFile(path, owner);
     size = 0;
   }
 
@@ -147,15 +195,45 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec, ExitC
     LogStream& stream = streams.emplace_back();
     stream.path = path;
     stream.cap = spec.max_log_bytes;
-    stream.file_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    stream.owner = spec.credentials;
+    stream.file_fd = OpenLogFile(path, spec.credentials);
     if (stream.file_fd < 0) {
       return fail(absl::FailedPreconditionError(
           absl::StrCat("cannot open log file '", path, "': ", ErrnoText(errno))));
     }
   }
+  // The cgroup.procs files are opened here: the child may only write().
+  std::vector<int> cgroup_procs;
+  struct CloseAll {
+    std::vector<int>& fds;
+    ~CloseAll() {
+      for (int& fd : fds) CloseFd(fd);
+    }
+  } close_cgroup_procs{cgroup_procs};
+  for (const std::string& dir : spec.cgroup_dirs) {
+    const std::string path = absl::StrCat(dir, "/cgroup.procs");
+    const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+      return fail(absl::FailedPreconditionError(
+          absl::StrCat("cannot open '", path, "': ", ErrnoText(errno))));
+    }
+    cgroup_procs.push_back(fd);
+  }
+  if (!cgroup_procs.empty() || spec.credentials.has_value()) {
+    options.pre_exec = [&cgroup_procs, &spec, parent = getpid()] {
+      return JoinCgroupsAndDropPrivileges(cgroup_procs, spec.credentials, parent);
+    };
+  }
 
   absl::StatusOr<Subprocess> process = Subprocess::Spawn(options);
-  if (!process.ok()) return fail(process.status());
+  if (!process.ok()) {
+    if (spec.credentials.has_value() && absl::IsPermissionDenied(process.status())) {
+      return fail(absl::PermissionDeniedError(absl::StrCat(
+          "as user ", spec.credentials->user, " (uid ", spec.credentials->uid, "): ",
+          process.status().message())));
+    }
+    return fail(process.status());
+  }
   const pid_t pid = process->pid();
   if (!discard) streams[0].pipe_fd = process->ReleaseStdout();
   if (separate_stderr) streams[1].pipe_fd = process->ReleaseStderr();

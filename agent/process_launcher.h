@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +33,17 @@
 #include "common/subprocess.h"
 
 namespace mesh::agent {
+
+// The account a worker runs as when it is not the agent's own
+// (docs/security.md): set by an agent running as root.
+struct WorkerCredentials {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  // Supplementary groups (getgrouplist of the account), gid included.
+  std::vector<gid_t> groups;
+  std::string user;  // the account's name, for messages
+  std::string home;  // its home directory (the worker's HOME)
+};
 
 struct LaunchSpec {
   // The command, run as is: never through a shell. argv[0] containing '/' is
@@ -52,6 +64,17 @@ struct LaunchSpec {
   // fresh file is started, so the newest output is always kept and each
   // stream uses at most 2 x cap bytes of disk.
   int64_t max_log_bytes = 0;
+  // Set: the worker runs as this account. Its log files are created with
+  // mode 0600 and owned by the account (the agent keeps writing them); the
+  // child drops to the account's groups, gid and uid before exec, and then
+  // sets its parent-death signal again (a change of credentials clears it).
+  // Unset: the agent's own account, log files 0600 owned by the agent.
+  std::optional<WorkerCredentials> credentials;
+  // Cgroup directories the worker joins before it drops privileges and
+  // execs (agent/cgroup.h: GenerationCgroup::CreateRank): the child writes
+  // its pid to <dir>/cgroup.procs of each, so it and everything it starts
+  // are in them from their first instruction.
+  std::vector<std::string> cgroup_dirs;
 };
 
 // How a launched process ended: exit_code, signal, core_dumped and
@@ -78,7 +101,9 @@ class ProcessLauncher {
   // called exactly once when the process exits, and never when Launch fails.
   // Possible errors: INVALID_ARGUMENT (empty argv, NUL bytes, bad env entry);
   // NOT_FOUND (argv[0] or working_dir does not exist; the message names it);
-  // PERMISSION_DENIED (argv[0] not executable, working_dir not enterable);
+  // PERMISSION_DENIED (argv[0] not executable, working_dir not enterable,
+  // by the worker's account when credentials are set; or the agent may not
+  // switch to that account);
   // FAILED_PRECONDITION (a log file cannot be opened, argv[0] is not an
   // executable format); INTERNAL (fork, pipe and other system failures).
   virtual absl::StatusOr<pid_t> Launch(const LaunchSpec& spec, ExitCallback on_exit) = 0;

@@ -24,7 +24,8 @@ constexpr size_t kRecordSize = 1 + sizeof(int32_t);
 // forked (Start's contract), so allocating here is safe; the loop itself
 // does not (the vector's capacity is reserved before fork).
 [[noreturn]] void RunWatchdog(int read_fd, std::vector<pid_t>& groups,
-                              const std::string& kill_marker) {
+                              const std::string& kill_marker,
+                              const std::function<void()>& on_agent_death) {
   struct sigaction ignore {};
   ignore.sa_handler = SIG_IGN;
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) sigaction(sig, &ignore, nullptr);
@@ -65,12 +66,16 @@ constexpr size_t kRecordSize = 1 + sizeof(int32_t);
   for (pid_t pgid : groups) kill(-pgid, SIGKILL);
   // Then what left the groups: every process carrying the agent's marker.
   if (!kill_marker.empty()) KillProcessesWithEnv({kill_marker});
+  // Last, what only the agent's cgroups hold (processes that dropped the
+  // marker).
+  if (on_agent_death) on_agent_death();
   _exit(0);
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ReaperWatchdog>> ReaperWatchdog::Start(std::string kill_marker) {
+absl::StatusOr<std::unique_ptr<ReaperWatchdog>> ReaperWatchdog::Start(
+    std::string kill_marker, std::function<void()> on_agent_death) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
@@ -86,7 +91,7 @@ absl::StatusOr<std::unique_ptr<ReaperWatchdog>> ReaperWatchdog::Start(std::strin
   }
   if (pid == 0) {
     close(fds[1]);
-    RunWatchdog(fds[0], groups, kill_marker);
+    RunWatchdog(fds[0], groups, kill_marker, on_agent_death);
   }
   close(fds[0]);
   return std::unique_ptr<ReaperWatchdog>(new ReaperWatchdog(pid, fds[1]));

@@ -35,6 +35,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -57,8 +58,12 @@ class ReaperWatchdog {
 
   // Forks the watchdog. `kill_marker` ("NAME=value"; empty: none): on the
   // agent's death, processes with it in their environment are killed too.
+  // `on_agent_death` (may be empty) runs in the watchdog after those kills,
+  // with the watchdog single-threaded: the agent kills its jobs' cgroups
+  // there (KillAgentCgroups, agent/cgroup.h).
   // Possible errors: INTERNAL when pipe or fork fails.
-  static absl::StatusOr<std::unique_ptr<ReaperWatchdog>> Start(std::string kill_marker = {});
+  static absl::StatusOr<std::unique_ptr<ReaperWatchdog>> Start(
+      std::string kill_marker = {}, std::function<void()> on_agent_death = {});
 
   // Closes the pipe: the watchdog kills the groups still recorded, exits,
   // and is reaped here.

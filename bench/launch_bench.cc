@@ -283,6 +283,7 @@ class MeshHalf {
     config.agents = 1;
     config.slots = options_.nproc;
     config.agent_gpus = {"none"};
+    config.job_user = cli::CurrentUserName();
     config.port = 0;
     config.state_dir = dir_ + "/cluster";
     config.ready_file = dir_ + "/cluster.ready";

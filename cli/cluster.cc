@@ -1,5 +1,6 @@
 #include "cli/cluster.h"
 
+#include <pwd.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/signalfd.h>
@@ -373,6 +374,9 @@ int RunClusterUpCommand(const ClusterUpFlags& flags, std::ostream& out, std::ost
   config.ready_file = flags.ready_file;
   config.verbose = flags.verbose;
   config.metrics = flags.metrics;
+  // The local cluster's jobs run as the user who started it, also when that
+  // is root (its agents then refuse unowned jobs unless told an account).
+  config.job_user = CurrentUserName();
   config.grace = absl::Seconds(flags.grace_s);
   config.ready_timeout = absl::Seconds(flags.ready_timeout_s);
 

@@ -1,5 +1,8 @@
 #include "cli/cluster_argv.h"
 
+#include <pwd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <set>
 
@@ -39,6 +42,11 @@ std::vector<std::string> CoordinatorArgv(const ClusterConfig& config) {
   return argv;
 }
 
+std::string CurrentUserName() {
+  const struct passwd* pw = getpwuid(geteuid());
+  return pw != nullptr ? std::string(pw->pw_name) : absl::StrCat(geteuid());
+}
+
 std::vector<std::string> AgentArgv(const ClusterConfig& config, int index,
                                    const std::string& coordinator_address) {
   MESH_CHECK(index >= 0 && index < static_cast<int>(config.agent_gpus.size()),
@@ -57,6 +65,7 @@ std::vector<std::string> AgentArgv(const ClusterConfig& config, int index,
                                    "--work-dir",
                                    absl::StrCat(config.state_dir, "/agent-", index)};
   if (config.metrics) argv.insert(argv.end(), {"--metrics-port", "0"});
+  if (!config.job_user.empty()) argv.insert(argv.end(), {"--unowned-job-user", config.job_user});
   return argv;
 }
 

@@ -39,6 +39,11 @@ struct ClusterConfig {
   // have the coordinator keep <state_dir>/prometheus-targets.json, Prometheus
   // file service discovery for all of them (docs/metrics.md).
   bool metrics = false;
+  // Each agent's --unowned-job-user: the account the local cluster's jobs
+  // (which have no owner: its coordinator runs without authentication) run
+  // as when the agents run as root. meshctl sets the user running it; empty:
+  // not passed.
+  std::string job_user;
   // Deadlines: for the port file, for N READY nodes after the agents
   // started, and between SIGTERM and SIGKILL of each group (agents first,
   // then the coordinator).
@@ -50,6 +55,9 @@ struct ClusterConfig {
 };
 
 std::string AgentName(int index);  // "local-<index>"
+// The name of this process's effective user (its uid when it has none): a
+// local cluster's ClusterConfig.job_user.
+std::string CurrentUserName();
 // <state_dir>/coordinator.port: the coordinator writes its bound port there.
 std::string CoordinatorPortFile(const ClusterConfig& config);
 // <state_dir>/prometheus-targets.json, with --metrics.

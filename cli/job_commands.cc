@@ -761,20 +761,27 @@ int RunNodes(const JobCommandContext& context, std::ostream& out, std::ostream& 
   }
   const absl::Time now = absl::Now();
   std::vector<std::vector<std::string>> rows = {
-      {"NAME", "STATE", "ADDRESS", "SLOTS", "FREE", "GPUS", "JOBS", "LAST-SEEN"}};
+      {"NAME", "STATE", "ADDRESS", "SLOTS", "FREE", "GPUS", "JOBS", "ISOLATION", "LAST-SEEN"}};
+  // Nodes that run every job's workers as one account: said below the table.
+  std::vector<std::string> unisolated;
   for (const auto& node : nodes->nodes()) {
     rows.push_back({node.name(), NodeStateName(node.state()), OrDash(node.address()),
                     absl::StrCat(node.slots()), absl::StrCat(node.free_slots()),
                     absl::StrCat(node.free_gpus(), "/", node.gpus_size()),
-                    OrDash(absl::StrJoin(node.jobs(), ",")),
+                    OrDash(absl::StrJoin(node.jobs(), ",")), IsolationCell(node.isolation()),
                     node.last_seen_unix_ms() == 0
                         ? std::string("-")
                         : absl::StrCat(Age(node.last_seen_unix_ms(), now), " ago")});
+    if (node.has_isolation() && !node.isolation().run_as_owner()) {
+      unisolated.push_back(absl::StrCat("meshctl: node ", node.name(), ": job isolation is ",
+                                        node.isolation().users()));
+    }
   }
   if (nodes->nodes().empty()) {
     err << "meshctl: no nodes registered\n";
   } else {
     RenderRows(rows, out);
+    for (const std::string& line : unisolated) err << line << "\n";
   }
   return kExitOk;
 }

@@ -200,6 +200,28 @@ nlohmann::json JobToJson(const mesh::v1::Job& job, bool detail) {
   return json;
 }
 
+nlohmann::json IsolationToJson(const mesh::v1::NodeIsolation& isolation) {
+  return {
+      {"run_as_owner", isolation.run_as_owner()},
+      {"users", isolation.users()},
+      {"cgroup_version", isolation.cgroup_version()},
+      {"cgroups", isolation.cgroups()},
+      {"kill_mechanism", isolation.kill_mechanism()},
+      {"memory_limit", isolation.memory_limit()},
+      {"pids_limit", isolation.pids_limit()},
+      {"device_confinement", isolation.device_confinement()},
+      {"allowed_job_env", Array(isolation.allowed_job_env())},
+  };
+}
+
+std::string IsolationCell(const mesh::v1::NodeIsolation& isolation) {
+  if (isolation.cgroup_version().empty() && isolation.users().empty()) return "-";  // old agent
+  const std::string version = isolation.cgroup_version();
+  return absl::StrCat(isolation.run_as_owner() ? "owner-uid" : "agent-uid", ",",
+                      version.empty() || version == "none" ? std::string("no-cgroup")
+                                                           : absl::StrCat("cgroup-", version));
+}
+
 nlohmann::json NodeToJson(const mesh::v1::Node& node) {
   nlohmann::json gpus = nlohmann::json::array();
   for (const auto& gpu : node.gpus()) {
@@ -219,6 +241,7 @@ nlohmann::json NodeToJson(const mesh::v1::Node& node) {
       {"agent_version", node.agent_version()},
       {"last_seen", TimeToJson(node.last_seen_unix_ms())},
       {"jobs", Array(node.jobs())},
+      {"isolation", IsolationToJson(node.isolation())},
   };
 }
 

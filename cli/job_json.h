@@ -62,6 +62,12 @@ nlohmann::json JobSpecToJson(const mesh::v1::JobSpec& spec);
 nlohmann::json EventToJson(const mesh::v1::JobStateEvent& event);
 nlohmann::json RootCauseToJson(const mesh::v1::RootCause& cause);
 nlohmann::json NodeToJson(const mesh::v1::Node& node);
+// A node's NodeIsolation as JSON (every field).
+nlohmann::json IsolationToJson(const mesh::v1::NodeIsolation& isolation);
+// The ISOLATION cell of `meshctl nodes`: "owner-uid,cgroup-v1" when workers
+// run as their owners in a cgroup per job, "agent-uid,no-cgroup" when not,
+// "-" for an agent that reports nothing.
+std::string IsolationCell(const mesh::v1::NodeIsolation& isolation);
 
 // "5s", "3m", "2h", "4d": how long ago `unix_ms` was at `now`; "-" for 0.
 std::string Age(int64_t unix_ms, absl::Time now);

@@ -101,6 +101,9 @@ class NoopFamily final : public Family<Metric>, public FamilyBase {
     CheckLabelValues(name_, label_names_, values);
     return &child_;
   }
+  void Remove(const std::vector<std::string>& values) override {
+    CheckLabelValues(name_, label_names_, values);
+  }
 
  private:
   const std::string name_;

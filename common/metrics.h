@@ -57,6 +57,11 @@ class Family {
  public:
   virtual ~Family() = default;
   virtual Metric* WithLabels(const std::vector<std::string>& values) = 0;
+  // Drops the child with these label values, so it is no longer exported
+  // (a per-job series once the job is gone). A pointer WithLabels returned
+  // for it must not be used afterwards; a later WithLabels makes a new one.
+  // No-op when there is none.
+  virtual void Remove(const std::vector<std::string>& values) = 0;
   // The only child of a family without labels.
   Metric* Get() { return WithLabels({}); }
 };

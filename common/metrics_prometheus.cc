@@ -107,7 +107,17 @@ class FamilyImpl final : public Family<Metric>, public PrometheusRegistry::Famil
     auto impl = std::make_unique<typename Traits::Impl>(*child);
     Metric* result = impl.get();
     children_.emplace(values, std::move(impl));
+    prom_children_.emplace(values, child);
     return result;
+  }
+
+  void Remove(const std::vector<std::string>& values) override {
+    absl::MutexLock lock(&mu_);
+    auto it = prom_children_.find(values);
+    if (it == prom_children_.end()) return;
+    family_.Remove(it->second);
+    prom_children_.erase(it);
+    children_.erase(values);
   }
 
  private:
@@ -117,6 +127,8 @@ class FamilyImpl final : public Family<Metric>, public PrometheusRegistry::Famil
   const std::vector<double> buckets_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::vector<std::string>, std::unique_ptr<Metric>> children_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::vector<std::string>, typename Traits::Prom*> prom_children_
       ABSL_GUARDED_BY(mu_);
 };
 

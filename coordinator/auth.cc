@@ -122,6 +122,62 @@ bool IsJobServiceId(absl::string_view job_id) {
   return std::all_of(job_id.begin(), job_id.end(), [](char c) { return absl::ascii_isdigit(c); });
 }
 
+// A POSIX portable user name, as useradd accepts by default:
+// [A-Za-z_][A-Za-z0-9_.-]{0,31}, optionally ending in '$'.
+bool IsValidUnixUserName(const std::string& name) {
+  if (name.empty() || name.size() > 32) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool alpha = absl::ascii_isalpha(static_cast<unsigned char>(c)) || c == '_';
+    if (i == 0 ? !alpha : !(alpha || absl::ascii_isdigit(static_cast<unsigned char>(c)) ||
+                            c == '.' || c == '-' || (c == '$' && i + 1 == name.size()))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Reads `unix_user` and `allow_root` of the token entry of `principal`.
+absl::Status ParseUnixAccount(const YAML::Node& entry, const std::string& where,
+                              const Principal& principal, std::string& unix_user,
+                              bool& allow_root) {
+  const bool has_user = static_cast<bool>(entry["unix_user"]);
+  const bool has_root = static_cast<bool>(entry["allow_root"]);
+  if (!has_user && !has_root) return absl::OkStatus();
+  if (principal.role != Role::kUser && principal.role != Role::kAdmin) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " (", principal.name,
+                     "): unix_user and allow_root are for users and admins, who own jobs"));
+  }
+  if (has_user) {
+    unix_user = entry["unix_user"].as<std::string>("");
+    if (!IsValidUnixUserName(unix_user)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " (", principal.name, "): unix_user \"", unix_user,
+          "\" is not a Unix user name ([A-Za-z_][A-Za-z0-9_.-]*, at most 32 characters)"));
+    }
+  }
+  if (has_root) {
+    bool value = false;
+    if (!YAML::convert<bool>::decode(entry["allow_root"], value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " (", principal.name, "): allow_root must be true or false"));
+    }
+    allow_root = value;
+    if (!has_user) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " (", principal.name, "): allow_root needs a unix_user"));
+    }
+  }
+  if (unix_user == "root" && !allow_root) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " (", principal.name,
+                     "): unix_user root runs this principal's workers as root; add "
+                     "`allow_root: true` if that is intended"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::string_view RoleName(Role role) {
@@ -155,7 +211,7 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(const AuthO
   }
   absl::StatusOr<FileStamp> stamp = StampOf(options.tokens_file);
   if (!stamp.ok()) return stamp.status();
-  absl::StatusOr<TokenTable> tokens = LoadTokens(options.tokens_file);
+  absl::StatusOr<Loaded> tokens = LoadTokens(options.tokens_file);
   if (!tokens.ok()) return tokens.status();
   absl::StatusOr<std::string> key = LoadOrCreateKey(options.worker_token_key_file);
   if (!key.ok()) return key.status();
@@ -163,11 +219,12 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(const AuthO
       new Authenticator(options, *std::move(key), *std::move(tokens), *stamp));
 }
 
-Authenticator::Authenticator(AuthOptions options, std::string key, TokenTable tokens,
+Authenticator::Authenticator(AuthOptions options, std::string key, Loaded loaded,
                              FileStamp stamp)
     : options_(std::move(options)),
       key_(std::move(key)),
-      tokens_(std::move(tokens)),
+      tokens_(std::move(loaded.tokens)),
+      accounts_(std::move(loaded.accounts)),
       stamp_(stamp) {}
 
 absl::StatusOr<Authenticator::FileStamp> Authenticator::StampOf(const std::string& path) {
@@ -180,7 +237,7 @@ absl::StatusOr<Authenticator::FileStamp> Authenticator::StampOf(const std::strin
   return stamp;
 }
 
-absl::StatusOr<Authenticator::TokenTable> Authenticator::LoadTokens(const std::string& path) {
+absl::StatusOr<Authenticator::Loaded> Authenticator::LoadTokens(const std::string& path) {
   std::ifstream in(path);
   if (!in) return ErrnoStatus(errno, absl::StrCat("reading ", path));
   YAML::Node root;
@@ -194,13 +251,17 @@ absl::StatusOr<Authenticator::TokenTable> Authenticator::LoadTokens(const std::s
     return absl::InvalidArgumentError(absl::StrCat(path, ": expected a `tokens:` list"));
   }
   TokenTable table;
+  AccountTable accounts;
+  // Names seen, with the account each entry of that name gave ("" for none).
+  absl::flat_hash_map<std::string, UnixAccount> seen;
   for (size_t i = 0; i < list.size(); ++i) {
     const YAML::Node entry = list[i];
     const std::string where = absl::StrCat(path, ": tokens[", i, "]");
     if (!entry.IsMap()) return absl::InvalidArgumentError(absl::StrCat(where, ": not a map"));
     for (const auto& field : entry) {
       const std::string key = field.first.as<std::string>("");
-      if (key != "name" && key != "role" && key != "token" && key != "token_sha256") {
+      if (key != "name" && key != "role" && key != "token" && key != "token_sha256" &&
+          key != "unix_user" && key != "allow_root") {
         return absl::InvalidArgumentError(absl::StrCat(where, ": unknown field \"", key, "\""));
       }
     }
@@ -213,6 +274,21 @@ absl::StatusOr<Authenticator::TokenTable> Authenticator::LoadTokens(const std::s
     if (!role.ok())
       return absl::InvalidArgumentError(absl::StrCat(where, ": ", role.status().message()));
     principal.role = *role;
+    UnixAccount account;
+    if (absl::Status s = ParseUnixAccount(entry, where, principal, account.unix_user,
+                                          account.allow_root);
+        !s.ok()) {
+      return s;
+    }
+    if (auto [it, added] = seen.emplace(principal.name, account); !added) {
+      if (it->second.unix_user != account.unix_user ||
+          it->second.allow_root != account.allow_root) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " (", principal.name, "): every entry named \"", principal.name,
+                         "\" must give the same unix_user and allow_root"));
+      }
+    }
+    if (!account.unix_user.empty()) accounts[principal.name] = account;
     const bool has_plain = static_cast<bool>(entry["token"]);
     const bool has_hash = static_cast<bool>(entry["token_sha256"]);
     if (has_plain == has_hash) {
@@ -244,7 +320,15 @@ absl::StatusOr<Authenticator::TokenTable> Authenticator::LoadTokens(const std::s
           absl::StrCat(where, " (", principal.name, "): the same token appears twice"));
     }
   }
-  return table;
+  return Loaded{std::move(table), std::move(accounts)};
+}
+
+std::optional<Authenticator::UnixAccount> Authenticator::UnixAccountOf(
+    absl::string_view name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = accounts_.find(name);
+  if (it == accounts_.end()) return std::nullopt;
+  return it->second;
 }
 
 absl::StatusOr<Principal> Authenticator::Authenticate(absl::string_view token) const {
@@ -279,13 +363,14 @@ absl::Status Authenticator::ReloadIfChanged() {
     absl::MutexLock lock(&mu_);
     if (*stamp == stamp_) return absl::OkStatus();
   }
-  absl::StatusOr<TokenTable> tokens = LoadTokens(options_.tokens_file);
+  absl::StatusOr<Loaded> tokens = LoadTokens(options_.tokens_file);
   absl::MutexLock lock(&mu_);
   // Remember the stamp either way, so a broken file is reported once, not on
   // every tick; the next edit is picked up.
   stamp_ = *stamp;
   if (!tokens.ok()) return tokens.status();
-  tokens_ = *std::move(tokens);
+  tokens_ = std::move(tokens->tokens);
+  accounts_ = std::move(tokens->accounts);
   return absl::OkStatus();
 }
 

@@ -8,6 +8,8 @@
 //         - name: alice          # a user: submits jobs, owns them
 //           role: user
 //           token_sha256: 5e88...  # hex SHA-256 of the token; or `token:`
+//           unix_user: alice     # the account alice's workers run as
+//                                # (docs/security.md)
 //         - name: ops
 //           role: admin          # everything, every job
 //           token: "a-long-random-string"
@@ -15,6 +17,11 @@
 //           role: agent
 //           token_sha256: ...
 //
+//     `unix_user` (users and admins only) maps the principal to a Unix
+//     account: an agent running as root starts the principal's workers as
+//     that account, and refuses them when there is none. `unix_user: root`
+//     also needs `allow_root: true`, the operator's explicit consent. Entries
+//     of one name must agree on both.
 //     A token must be at least kMinTokenLength characters. The file is read
 //     again when it changes (ReloadIfChanged); a file that no longer parses
 //     is reported and the previous set stays in force.
@@ -103,6 +110,15 @@ class Authenticator {
   // The worker token of `job_id`.
   std::string MintWorkerToken(absl::string_view job_id) const;
 
+  // The Unix account of the user or admin named `name`, from the token file
+  // as loaded now: (unix_user, allow_root). nullopt when no user or admin of
+  // that name has a `unix_user`.
+  struct UnixAccount {
+    std::string unix_user;
+    bool allow_root = false;
+  };
+  std::optional<UnixAccount> UnixAccountOf(absl::string_view name) const;
+
   // Re-reads the token file when its size, mtime or inode changed. On
   // success the new set replaces the old one at once (calls already
   // authenticated keep their principal); on error the old set stays and
@@ -121,10 +137,16 @@ class Authenticator {
   };
   // SHA-256 of the token (raw 32 bytes) -> who.
   using TokenTable = absl::flat_hash_map<std::string, Principal>;
+  // User or admin name -> its Unix account (entries with a unix_user only).
+  using AccountTable = absl::flat_hash_map<std::string, UnixAccount>;
+  struct Loaded {
+    TokenTable tokens;
+    AccountTable accounts;
+  };
 
-  Authenticator(AuthOptions options, std::string key, TokenTable tokens, FileStamp stamp);
+  Authenticator(AuthOptions options, std::string key, Loaded loaded, FileStamp stamp);
 
-  static absl::StatusOr<TokenTable> LoadTokens(const std::string& path);
+  static absl::StatusOr<Loaded> LoadTokens(const std::string& path);
   static absl::StatusOr<FileStamp> StampOf(const std::string& path);
 
   const AuthOptions options_;
@@ -132,6 +154,7 @@ class Authenticator {
 
   mutable absl::Mutex mu_;
   TokenTable tokens_ ABSL_GUARDED_BY(mu_);
+  AccountTable accounts_ ABSL_GUARDED_BY(mu_);
   FileStamp stamp_ ABSL_GUARDED_BY(mu_);
 };
 

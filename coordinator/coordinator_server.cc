@@ -82,6 +82,12 @@ JobManagerOptions WithWorkerTokens(JobManagerOptions options, const Authenticato
     options.mint_worker_token = [auth](absl::string_view job_id) {
       return auth->MintWorkerToken(job_id);
     };
+    options.unix_account =
+        [auth](absl::string_view owner) -> std::optional<JobManagerOptions::UnixAccount> {
+      std::optional<Authenticator::UnixAccount> account = auth->UnixAccountOf(owner);
+      if (!account.has_value()) return std::nullopt;
+      return JobManagerOptions::UnixAccount{account->unix_user, account->allow_root};
+    };
   }
   return options;
 }

@@ -342,6 +342,15 @@ void JobManager::SendLaunchLocked(Job& job, Node& node) {
   order.set_gpu_job(job.spec.gpus_per_proc() > 0);
   order.set_reason(absl::StrCat("generation ", job.generation()));
   if (options_.mint_worker_token) order.set_worker_token(options_.mint_worker_token(job.id));
+  order.set_owner(job.owner);
+  if (options_.unix_account && !job.owner.empty()) {
+    if (std::optional<JobManagerOptions::UnixAccount> account = options_.unix_account(job.owner)) {
+      order.set_unix_user(account->unix_user);
+      order.set_allow_root(account->allow_root);
+    }
+  }
+  order.set_memory_per_proc_bytes(job.spec.memory_per_proc_bytes());
+  order.set_max_pids(job.spec.max_pids());
   node.sink->Send(order);
 }
 

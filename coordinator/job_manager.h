@@ -137,6 +137,15 @@ struct JobManagerOptions {
   // (Assignment.worker_token, docs/security.md); null: no tokens (the
   // coordinator runs without token authentication).
   std::function<std::string(absl::string_view job_id)> mint_worker_token;
+  // The Unix account of a job owner (the token file's unix_user and
+  // allow_root), put in each LAUNCH order (Assignment.unix_user,
+  // allow_root); null, or nullopt for an owner: none (an agent running as
+  // root then refuses the job).
+  struct UnixAccount {
+    std::string unix_user;
+    bool allow_root = false;
+  };
+  std::function<std::optional<UnixAccount>(absl::string_view owner)> unix_account;
 };
 
 // Possible errors: INVALID_ARGUMENT naming the bad field.

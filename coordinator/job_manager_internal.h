@@ -79,6 +79,7 @@ struct JobManager::Node {
   AssignmentSink* sink = nullptr;
   std::vector<mesh::v1::Assignment> pending;  // Delivered when the stream opens.
   int metrics_port = 0;                       // The agent's /metrics; 0: none.
+  mesh::v1::NodeIsolation isolation;          // What the agent enforces.
   metrics::Gauge* heartbeat = nullptr;        // Its last-heartbeat gauge.
 };
 

@@ -54,6 +54,7 @@ absl::Status JobManager::Recover() {
         node->gpus.assign(info.gpus().begin(), info.gpus().end());
         node->agent_version = info.agent_version();
         node->metrics_port = info.metrics_port();
+        node->isolation = info.isolation();
       }
       // Every node gets the recovery grace and one heartbeat timeout to come
       // back.

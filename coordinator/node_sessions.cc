@@ -102,6 +102,7 @@ absl::StatusOr<mesh::v1::RegisterNodeResponse> JobManager::RegisterNode(
     *info.mutable_gpus() = request.gpus();
     info.set_agent_version(request.agent_version());
     info.set_metrics_port(request.metrics_port());
+    *info.mutable_isolation() = request.isolation();
     NodeRecord record;
     record.name = name;
     record.address = request.address();
@@ -132,6 +133,7 @@ absl::StatusOr<mesh::v1::RegisterNodeResponse> JobManager::RegisterNode(
     SeenLocked(node, now);
     node.pending.clear();
     node.metrics_port = request.metrics_port();
+    node.isolation = request.isolation();
     CountNodesLocked();
     if (discovery_ != nullptr) {
       // A re-registration replaces what the node ran before; the running
@@ -266,6 +268,7 @@ std::vector<mesh::v1::Node> JobManager::ListNodes() const {
     for (const auto& gpu : node->gpus) *proto.add_gpus() = gpu;
     proto.set_free_gpus(std::max(0, static_cast<int>(node->gpus.size()) - used[name].second));
     proto.set_agent_version(node->agent_version);
+    *proto.mutable_isolation() = node->isolation;
     proto.set_last_seen_unix_ms(absl::ToUnixMillis(node->last_seen));
     proto.set_metrics_port(node->metrics_port);
     for (const std::string& id : jobs_on[name]) proto.add_jobs(id);

@@ -167,6 +167,19 @@ absl::Status JobManager::ReportWorkerExit(const mesh::v1::ReportWorkerExitReques
           return absl::InvalidArgumentError(
               "ReportWorkerExit needs an exit_code, a signal or a launch_error");
       }
+      // What the agent knows beyond the status: an OOM kill in the rank's
+      // cgroup, the dynamic loader's message for exit code 127.
+      if (request.oom_killed()) {
+        cause.set_oom_killed(true);
+        cause.set_message(absl::StrCat(
+            who, " ",
+            request.detail().empty() ? "was killed by the kernel: out of memory" : request.detail(),
+            how == Termination::kSignal
+                ? absl::StrCat("; signal ", DescribeSignal(request.signal()))
+                : absl::StrCat("; exit code ", request.exit_code())));
+      } else if (!request.detail().empty() && how != Termination::kLaunchError) {
+        absl::StrAppend(cause.mutable_message(), ": ", request.detail());
+      }
       FailJobLocked(*job, std::move(cause), effects);
     }
     while (effects.TakeReschedule()) ScheduleLocked(effects);

@@ -548,10 +548,50 @@ TEST_F(JobCommandsTest, NodesJsonAndTable) {
   EXPECT_EQ(node["jobs"], nlohmann::json({"job-1"}));
   EXPECT_EQ(node["last_seen"], "2023-11-14T22:13:20.000Z");
 
+  EXPECT_EQ(node["isolation"]["run_as_owner"], false);
+
   const Result table = Run({"nodes"});
   ASSERT_EQ(table.code, kExitOk) << table.err;
-  EXPECT_THAT(table.out, HasSubstr("NAME    STATE  ADDRESS   SLOTS  FREE  GPUS  JOBS   LAST-SEEN"));
-  EXPECT_THAT(table.out, HasSubstr("node-a  READY  10.0.0.5  8      4     1/2   job-1"));
+  EXPECT_THAT(table.out, HasSubstr("NAME    STATE  ADDRESS   SLOTS  FREE  GPUS  JOBS   ISOLATION  "
+                                   "LAST-SEEN"));
+  // An agent that reports no isolation (older than the field): "-".
+  EXPECT_THAT(table.out, HasSubstr("node-a  READY  10.0.0.5  8      4     1/2   job-1  -"));
+  EXPECT_EQ(table.err, "");
+}
+
+TEST_F(JobCommandsTest, NodesShowIsolationAndWarnWhereItIsOff) {
+  {
+    auto fake = server_.service().Lock();
+    auto* on = fake->nodes.add_nodes();
+    on->set_name("node-a");
+    on->set_state(mesh::v1::NODE_STATE_READY);
+    on->mutable_isolation()->set_run_as_owner(true);
+    on->mutable_isolation()->set_users("workers run as their owner's account");
+    on->mutable_isolation()->set_cgroup_version("v1");
+    on->mutable_isolation()->set_kill_mechanism("cgroup");
+    on->mutable_isolation()->set_memory_limit(true);
+    auto* off = fake->nodes.add_nodes();
+    off->set_name("node-b");
+    off->set_state(mesh::v1::NODE_STATE_READY);
+    off->mutable_isolation()->set_users("off: the agent runs as uid 1000, not root");
+    off->mutable_isolation()->set_cgroup_version("none");
+    off->mutable_isolation()->set_kill_mechanism("process group + environment scan");
+  }
+  const Result table = Run({"nodes"});
+  ASSERT_EQ(table.code, kExitOk) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("owner-uid,cgroup-v1"));
+  EXPECT_THAT(table.out, HasSubstr("agent-uid,no-cgroup"));
+  EXPECT_EQ(table.err,
+            "meshctl: node node-b: job isolation is off: the agent runs as uid 1000, not root\n");
+
+  const Result json = Run({"-o", "json", "nodes"});
+  ASSERT_EQ(json.code, kExitOk) << json.err;
+  const auto parsed = nlohmann::json::parse(json.out);
+  EXPECT_EQ(parsed["nodes"][0]["isolation"]["run_as_owner"], true);
+  EXPECT_EQ(parsed["nodes"][0]["isolation"]["cgroup_version"], "v1");
+  EXPECT_EQ(parsed["nodes"][0]["isolation"]["kill_mechanism"], "cgroup");
+  EXPECT_EQ(parsed["nodes"][0]["isolation"]["memory_limit"], true);
+  EXPECT_EQ(parsed["nodes"][1]["isolation"]["users"], "off: the agent runs as uid 1000, not root");
 }
 
 // ---------------------------------------------------------------------------

@@ -134,6 +134,7 @@ class TestRegistry final : public Registry {
     Metric* WithLabels(const std::vector<std::string>& values) override {
       return data->GetOrAdd(values);
     }
+    void Remove(const std::vector<std::string>& values) override { data->Remove(values); }
     FamilyData* data;
   };
 
@@ -154,6 +155,11 @@ class TestRegistry final : public Registry {
       auto& child = children[values];
       if (child == nullptr) child = std::make_unique<Child>(mu);
       return child.get();
+    }
+    void Remove(const std::vector<std::string>& values) {
+      CheckLabelValues(name, label_names, values);
+      absl::MutexLock lock(mu);
+      children.erase(values);
     }
     absl::Mutex* mu;
     const std::string name;

@@ -12,6 +12,7 @@
 // handshake; health stays open to probes without a token; an agent token
 // cannot register another node; the coordinator refuses flag combinations
 // that would leave it open or leak tokens.
+#include <pwd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -62,6 +63,9 @@ constexpr char kOpsToken[] = "ops-token-0123456789abcdef";
 constexpr char kAliceToken[] = "alice-token-0123456789abcdef";
 constexpr char kBobToken[] = "bob-token-0123456789abcdef";
 constexpr char kNode1Token[] = "node-1-agent-token-0123456789";
+// The Unix accounts of alice and bob in SecureIsolationTest.
+constexpr char kAliceAccount[] = "mesh-test-a";
+constexpr char kBobAccount[] = "mesh-test-b";
 
 void WriteFile(const std::string& path, const std::string& content, mode_t mode = 0600) {
   std::ofstream(path, std::ios::trunc) << content;
@@ -183,19 +187,31 @@ class SecureClusterTest : public ::testing::Test {
     ASSERT_GE(digest->size(), 64u) << *digest;
     const std::string alice_sha256 = digest->substr(0, 64);
     tokens_file_ = dir_ + "/tokens.yaml";
+    // Workers run as this test's own account (root when it is root), or,
+    // with separate_accounts_, alice's and bob's as two accounts of their own.
+    auto account = [](const std::string& user) {
+      return absl::StrCat("    unix_user: ", user, "\n    allow_root: true\n");
+    };
+    const std::string self = ::mesh::testing::CurrentUserName();
+    const std::string ops_account = account(self);
+    const std::string alice_account = account(separate_accounts_ ? kAliceAccount : self);
+    const std::string bob_account = account(separate_accounts_ ? kBobAccount : self);
     WriteFile(tokens_file_, absl::StrCat("tokens:\n"
                                          "  - name: ops\n"
-                                         "    role: admin\n"
+                                         "    role: admin\n",
+                                         ops_account,
                                          "    token: \"",
                                          kOpsToken,
                                          "\"\n"
                                          "  - name: alice\n"
-                                         "    role: user\n"
+                                         "    role: user\n",
+                                         alice_account,
                                          "    token_sha256: ",
                                          alice_sha256,
                                          "\n"
                                          "  - name: bob\n"
-                                         "    role: user\n"
+                                         "    role: user\n",
+                                         bob_account,
                                          "    token: \"",
                                          kBobToken,
                                          "\"\n"
@@ -347,6 +363,9 @@ class SecureClusterTest : public ::testing::Test {
     return id;
   }
 
+  // Map alice and bob to the accounts kAliceAccount and kBobAccount (set
+  // before SetUp; they must exist).
+  bool separate_accounts_ = false;
   std::string dir_;
   ::mesh::testing::TestPki pki_;
   std::string tokens_file_;
@@ -399,6 +418,76 @@ TEST_F(SecureClusterTest, LibmeshJobSucceedsThroughTlsAndWorkerTokensAndIsOwnedB
   CommandResult logs = Meshctl(Alice(), {"logs", id});
   EXPECT_EQ(logs.code, kExitOk) << logs.err;
   EXPECT_THAT(logs.out, AllOf(HasSubstr("rank 0: ok"), HasSubstr("rank 1: ok")));
+}
+
+// Alice's and bob's jobs on one node, each running as its owner's account
+// (the token file's unix_user): from inside alice's worker, bob's worker's
+// environment (its worker token), its signals and its log are out of reach.
+class SecureIsolationTest : public SecureClusterTest {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "running workers as other accounts needs a root agent";
+    std::string why;
+    for (const char* user : {kAliceAccount, kBobAccount}) {
+      if (!::mesh::testing::EnsureTestUser(user, &why)) GTEST_SKIP() << why;
+    }
+    separate_accounts_ = true;
+    SecureClusterTest::SetUp();
+    // The accounts must reach their jobs' directories under dir_ (mkdtemp:
+    // 0700) to start in them; the directories themselves are the owners'.
+    if (HasFatalFailure()) return;
+    ASSERT_EQ(chmod(dir_.c_str(), 0711), 0);
+  }
+
+  // The uid a job's rank 0 printed ("uid N", isolation_probe hold).
+  int PrintedUid(const std::string& id) {
+    int uid = -1;
+    ::mesh::testing::WaitUntil(
+        [&] {
+          CommandResult logs = Meshctl(Ops(), {"logs", id});
+          const size_t at = logs.out.find("uid ");
+          if (at == std::string::npos) return false;
+          uid = std::atoi(logs.out.c_str() + at + 4);
+          return true;
+        },
+        absl::Seconds(20));
+    return uid;
+  }
+};
+
+TEST_F(SecureIsolationTest, TwoOwnersJobsRunAsTwoAccountsThatCannotReachEachOther) {
+  CommandResult bob = Meshctl(Bob(), {"submit", "--parsable", "--env", "MARKER=" + marker_, "--",
+                                      ISOLATION_PROBE_BIN, "hold", "120"});
+  ASSERT_EQ(bob.code, kExitOk) << bob.out << bob.err;
+  const std::string bob_job(absl::StripAsciiWhitespace(bob.out));
+  marker_jobs_.push_back(bob_job);
+  EXPECT_EQ(PrintedUid(bob_job), static_cast<int>(getpwnam(kBobAccount)->pw_uid));
+  const std::vector<pid_t> bob_pids =
+      ::mesh::testing::LiveProcessesWithEnv({"MESH_JOB_ID=" + bob_job, "MARKER=" + marker_});
+  ASSERT_EQ(bob_pids.size(), 1u);
+  const std::string bob_log =
+      absl::StrCat(dir_, "/agent-node-1/jobs/", bob_job, "/gen-0/rank-0.log");
+  struct stat log_stat;
+  ASSERT_EQ(stat(bob_log.c_str(), &log_stat), 0) << bob_log;
+  EXPECT_EQ(log_stat.st_uid, getpwnam(kBobAccount)->pw_uid);
+  EXPECT_EQ(log_stat.st_mode & 0777, 0600u);
+
+  // Alice's worker probes bob's: every attempt must fail with EACCES/EPERM.
+  CommandResult alice =
+      Meshctl(Alice(), {"submit", "--env", "MARKER=" + marker_, "--", ISOLATION_PROBE_BIN, "probe",
+                        absl::StrCat(bob_pids[0]), bob_log});
+  EXPECT_EQ(alice.code, kExitOk) << alice.out << alice.err;
+  EXPECT_THAT(alice.out, HasSubstr("environ: EACCES"));
+  EXPECT_THAT(alice.out, HasSubstr("kill: EPERM"));
+  EXPECT_THAT(alice.out, HasSubstr("log: EACCES"));
+  std::printf("alice's worker probing bob's:\n%s", alice.out.c_str());
+
+  // The node says how it isolates.
+  nlohmann::json nodes = Nodes();
+  ASSERT_TRUE(nodes.is_array() && nodes.size() == 1) << nodes;
+  EXPECT_EQ(nodes[0]["isolation"]["run_as_owner"], true) << nodes;
+  CommandResult cancel = Meshctl(Bob(), {"cancel", bob_job});
+  EXPECT_EQ(cancel.code, kExitOk) << cancel.err;
 }
 
 TEST_F(SecureClusterTest, OnlyTheOwnerAndAnAdminMayCancelOrReadLogs) {

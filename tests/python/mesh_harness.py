@@ -12,6 +12,7 @@ group) when the test ends, whatever happens; every wait has a deadline.
 """
 
 import os
+import pwd
 import selectors
 import shutil
 import signal
@@ -101,7 +102,10 @@ class Cluster:
         self._spawn(
             [binary("MESH_AGENT_BIN"), "--coordinator", self.address, "--name", name,
              "--address", "127.0.0.1", "--slots", str(slots), "--gpus", "none",
-             "--work-dir", os.path.join(self.dir, name), "--grace", "1"],
+             "--work-dir", os.path.join(self.dir, name), "--grace", "1",
+             # Jobs of this coordinator have no owner (no authentication):
+             # run them as this user when the agent is root.
+             "--unowned-job-user", pwd.getpwuid(os.geteuid()).pw_name],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.dir, f"{name}.log"), "wb"))
 
     def run_workers(self, scenario, world_size, mesh_shape=None, dim_names=None, timeout=60,

@@ -1,5 +1,7 @@
 #include "tests/util/mesh_cluster.h"
 
+#include "tests/util/proc.h"
+
 #include <signal.h>
 #include <stdlib.h>
 
@@ -45,10 +47,10 @@ std::vector<std::string> CoordinatorArgv(const std::string& binary, const std::s
 std::vector<std::string> AgentArgv(const std::string& binary, const std::string& coordinator,
                                    const std::string& name, const std::string& address, int slots,
                                    const std::string& work_dir, const std::string& gpus) {
-  return {
-      binary,    "--coordinator",     coordinator, "--name", name,         "--address", address,
-      "--slots", absl::StrCat(slots), "--gpus",    gpus,     "--work-dir", work_dir,    "--grace",
-      "1"};
+  return {binary,   "--coordinator",      coordinator,  "--name",   name,
+          "--address", address,          "--slots",    absl::StrCat(slots),
+          "--gpus",    gpus,             "--work-dir", work_dir,
+          "--grace",   "1",              "--unowned-job-user", CurrentUserName()};
 }
 
 absl::StatusOr<StartedCoordinator> StartCoordinatorProcess(const std::vector<std::string>& argv,
@@ -119,10 +121,16 @@ pid_t MeshCluster::coordinator_pid() const {
   return coordinator_ == nullptr ? -1 : coordinator_->pid();
 }
 
-absl::Status MeshCluster::StartAgent(int i, int slots, const std::string& gpus) {
-  absl::StatusOr<Subprocess> process =
-      Subprocess::Start(AgentArgv(binaries_.agent, address_, absl::StrCat("node-", i), "127.0.0.1",
-                                  slots, absl::StrCat(dir_, "/agent-", i), gpus));
+absl::Status MeshCluster::StartAgent(int i, int slots, const std::string& gpus,
+                                     const std::vector<std::string>& extra,
+                                     const std::vector<std::string>& prefix) {
+  std::vector<std::string> argv = prefix;
+  for (std::string& arg : AgentArgv(binaries_.agent, address_, absl::StrCat("node-", i),
+                                    "127.0.0.1", slots, absl::StrCat(dir_, "/agent-", i), gpus)) {
+    argv.push_back(std::move(arg));
+  }
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  absl::StatusOr<Subprocess> process = Subprocess::Start(argv);
   if (!process.ok()) return process.status();
   if (static_cast<int>(agents_.size()) <= i) agents_.resize(i + 1);
   agents_[i] = std::make_unique<Subprocess>(*std::move(process));

@@ -115,8 +115,12 @@ class MeshCluster {
   pid_t coordinator_pid() const;
 
   // Starts agent `i` named "node-<i>" with `slots` slots, `gpus` as its
-  // --gpus (default none), a 1 s grace, its work directory under dir().
-  absl::Status StartAgent(int i, int slots = 2, const std::string& gpus = "none");
+  // --gpus (default none), a 1 s grace, its work directory under dir(), and
+  // `extra` flags after those. `prefix` goes before the agent's command
+  // line (a wrapper such as setpriv that runs it as another user).
+  absl::Status StartAgent(int i, int slots = 2, const std::string& gpus = "none",
+                          const std::vector<std::string>& extra = {},
+                          const std::vector<std::string>& prefix = {});
   Subprocess* agent(int i) { return agents_.at(i).get(); }
 
   const std::string& address() const { return address_; }

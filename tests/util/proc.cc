@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +17,27 @@
 #include "absl/strings/str_split.h"
 
 namespace mesh::testing {
+
+bool EnsureTestUser(const std::string& name, std::string* why) {
+  if (getpwnam(name.c_str()) != nullptr) return true;
+  if (geteuid() != 0) {
+    *why = "account " + name + " is missing and only root can add it";
+    return false;
+  }
+  // Concurrent tests may add the same account: one useradd wins, the other
+  // fails with "already exists", and the lookup below settles it.
+  const std::string command = "useradd --system --no-create-home --shell /usr/sbin/nologin " +
+                              name + " >/dev/null 2>&1";
+  const int rc = std::system(command.c_str());
+  if (getpwnam(name.c_str()) != nullptr) return true;
+  *why = "useradd " + name + " failed (status " + std::to_string(rc) + ")";
+  return false;
+}
+
+std::string CurrentUserName() {
+  const struct passwd* pw = getpwuid(geteuid());
+  return pw != nullptr ? pw->pw_name : std::to_string(geteuid());
+}
 namespace {
 
 // The whole file; empty when it cannot be read. POSIX reads, not an

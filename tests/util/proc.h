@@ -31,6 +31,17 @@ std::vector<pid_t> LiveProcessesWithEnv(const std::vector<std::string>& entries)
 // shell's convention).
 int ExitCode(int wait_status);
 
+// The name of this process's effective user: what test agents get as
+// --unowned-job-user, so that the jobs of a coordinator without
+// authentication run as the test's own user when the agent is root.
+std::string CurrentUserName();
+
+// Makes sure the Unix account `name` exists (useradd --system, no home, no
+// login shell, when this process is root and it is missing). Returns false,
+// with the reason in `why`, when it does not exist and cannot be made. The
+// accounts stay for later runs.
+bool EnsureTestUser(const std::string& name, std::string* why);
+
 // A fresh directory "/tmp/<prefix>-XXXXXX" (mkdtemp); aborts the test
 // binary when it cannot be made (nothing useful can run without it).
 std::string MakeTempDir(const std::string& prefix);
