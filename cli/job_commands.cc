@@ -61,6 +61,8 @@ struct JobCommands::Options {
   int max_restarts = 0;
   std::string deadline;
   std::string hang_timeout;
+  std::string memory_per_proc;
+  int64_t max_pids = 0;
   std::string on_hang;
   std::string idempotency_key;
   bool no_wait = false;
@@ -77,6 +79,8 @@ struct JobCommands::Options {
   CLI::Option* restarts_opt = nullptr;
   CLI::Option* deadline_opt = nullptr;
   CLI::Option* hang_timeout_opt = nullptr;
+  CLI::Option* memory_opt = nullptr;
+  CLI::Option* pids_opt = nullptr;
   CLI::Option* on_hang_opt = nullptr;
   CLI::Option* key_opt = nullptr;
 
@@ -233,6 +237,15 @@ void RenderJobTable(const Job& job, bool detail, std::ostream& out) {
                                      : absl::StrCat(spec.deadline_seconds(), "s")});
     rows.push_back({"Hang timeout:", absl::StrCat(HangTimeoutSeconds(spec), "s (on hang: ",
                                                   HangPolicyName(spec.on_hang()), ")")});
+    if (spec.memory_per_proc_bytes() > 0 || spec.max_pids() > 0) {
+      rows.push_back(
+          {"Limits:",
+           absl::StrCat("memory per proc ",
+                        spec.memory_per_proc_bytes() > 0 ? FormatByteSize(spec.memory_per_proc_bytes())
+                                                         : std::string("none"),
+                        ", max pids ",
+                        spec.max_pids() > 0 ? absl::StrCat(spec.max_pids()) : std::string("none"))});
+    }
     rows.push_back({"Idempotency key:", OrDash(spec.idempotency_key())});
   }
   RenderRows(rows, out);
@@ -549,6 +562,12 @@ absl::StatusOr<JobSpec> BuildSpec(const Options& o) {
     }
     spec.set_hang_timeout_seconds(*seconds);
   }
+  if (o.memory_opt->count() > 0) {
+    auto bytes = ParseByteSize(o.memory_per_proc);
+    if (!bytes.ok()) return flag_error("--memory-per-proc", bytes.status());
+    spec.set_memory_per_proc_bytes(*bytes);
+  }
+  if (o.pids_opt->count() > 0) spec.set_max_pids(o.max_pids);
   if (o.on_hang_opt->count() > 0) {
     auto policy = ParseHangPolicy(o.on_hang);
     if (!policy.ok()) return flag_error("--on-hang", policy.status());
@@ -820,6 +839,11 @@ JobCommands::JobCommands(CLI::App& app) : options_(std::make_unique<Options>()) 
   o.on_hang_opt = s->add_option("--on-hang", o.on_hang,
                                 "What a diagnosed hang does: restart (default; counts against "
                                 "--max-restarts) or fail");
+  o.memory_opt = s->add_option("--memory-per-proc", o.memory_per_proc,
+                               "Memory limit of each worker with what it starts, e.g. 8GiB; over "
+                               "it the kernel kills the worker (docs/jobs.md)");
+  o.pids_opt = s->add_option("--max-pids", o.max_pids,
+                             "Processes and threads each worker may have, itself included");
   o.key_opt = s->add_option("--idempotency-key", o.idempotency_key,
                             "Submitting the same key again returns the first job");
   s->add_flag("--no-wait", o.no_wait, "Print the job id once it is stored, and exit 0");

@@ -132,6 +132,8 @@ nlohmann::json JobSpecToJson(const mesh::v1::JobSpec& spec) {
       {"deadline_seconds", spec.deadline_seconds()},
       {"hang_timeout_seconds", HangTimeoutSeconds(spec)},
       {"on_hang", HangPolicyName(spec.on_hang())},
+      {"memory_per_proc_bytes", spec.memory_per_proc_bytes()},
+      {"max_pids", spec.max_pids()},
       {"idempotency_key", spec.idempotency_key()},
   };
 }
@@ -155,6 +157,7 @@ nlohmann::json RootCauseToJson(const mesh::v1::RootCause& cause) {
       {"signal_name", nullptr},
       {"message", RootCauseLine(cause)},
       {"hang", cause.hang()},
+      {"oom_killed", cause.oom_killed()},
   };
   if (cause.has_exit_code()) json["exit_code"] = cause.exit_code();
   if (cause.has_signal()) {
@@ -198,6 +201,16 @@ nlohmann::json JobToJson(const mesh::v1::Job& job, bool detail) {
     json["events"] = std::move(events);
   }
   return json;
+}
+
+std::string FormatByteSize(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (unit + 1 < 5 && bytes != 0 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return absl::StrCat(bytes, kUnits[unit]);
 }
 
 nlohmann::json IsolationToJson(const mesh::v1::NodeIsolation& isolation) {

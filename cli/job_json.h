@@ -62,6 +62,9 @@ nlohmann::json JobSpecToJson(const mesh::v1::JobSpec& spec);
 nlohmann::json EventToJson(const mesh::v1::JobStateEvent& event);
 nlohmann::json RootCauseToJson(const mesh::v1::RootCause& cause);
 nlohmann::json NodeToJson(const mesh::v1::Node& node);
+// "8GiB", "512MiB", "1536KiB", "100B": the largest binary unit that divides
+// `bytes`; what ParseByteSize reads back.
+std::string FormatByteSize(int64_t bytes);
 // A node's NodeIsolation as JSON (every field).
 nlohmann::json IsolationToJson(const mesh::v1::NodeIsolation& isolation);
 // The ISOLATION cell of `meshctl nodes`: "owner-uid,cgroup-v1" when workers

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -203,6 +204,25 @@ absl::Status ParseField(const FileErrors& errors, const std::string& key, const 
     spec.set_hang_timeout_seconds(*seconds);
     return absl::OkStatus();
   }
+  if (key == "memory_per_proc") {
+    if (!value.IsScalar()) {
+      return errors.At(value.Mark(), key,
+                       absl::StrCat("expected a size such as \"8GiB\", got ", Describe(value)));
+    }
+    auto bytes = ParseByteSize(value.Scalar());
+    if (!bytes.ok()) return errors.At(value.Mark(), key, bytes.status().message());
+    spec.set_memory_per_proc_bytes(*bytes);
+    return absl::OkStatus();
+  }
+  if (key == "max_pids") {
+    int64_t count = 0;
+    if (!value.IsScalar() || !absl::SimpleAtoi(value.Scalar(), &count)) {
+      return errors.At(value.Mark(), key,
+                       absl::StrCat("expected a number of processes, got ", Describe(value)));
+    }
+    spec.set_max_pids(count);
+    return absl::OkStatus();
+  }
   if (key == "on_hang") {
     auto text = String(errors, key, value);
     if (!text.ok()) return text.status();
@@ -228,7 +248,8 @@ absl::Status ParseField(const FileErrors& errors, const std::string& key, const 
 constexpr const char* kKnownKeys[] = {
     "name",         "labels",         "command",         "env",          "working_dir",
     "nodes",        "nproc_per_node", "gpus_per_proc",   "mesh_shape",   "mesh_dim_names",
-    "max_restarts", "deadline",       "idempotency_key", "hang_timeout", "on_hang"};
+    "max_restarts", "deadline",       "idempotency_key", "hang_timeout", "on_hang",
+    "memory_per_proc", "max_pids"};
 
 }  // namespace
 
@@ -322,6 +343,30 @@ absl::StatusOr<int64_t> ParseDurationSeconds(absl::string_view text) {
   auto duration = ParseWaitDuration(text);
   if (!duration.ok()) return duration.status();
   return absl::ToInt64Seconds(absl::Ceil(*duration, absl::Seconds(1)));
+}
+
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
+  const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
+  size_t digits = 0;
+  while (digits < trimmed.size() && absl::ascii_isdigit(static_cast<unsigned char>(trimmed[digits]))) {
+    ++digits;
+  }
+  const std::string unit = absl::AsciiStrToLower(trimmed.substr(digits));
+  int shift = -1;
+  if (unit.empty() || unit == "b") shift = 0;
+  if (unit == "k" || unit == "kib") shift = 10;
+  if (unit == "m" || unit == "mib") shift = 20;
+  if (unit == "g" || unit == "gib") shift = 30;
+  if (unit == "t" || unit == "tib") shift = 40;
+  int64_t count = 0;
+  if (digits == 0 || shift < 0 || !absl::SimpleAtoi(trimmed.substr(0, digits), &count) ||
+      count > (std::numeric_limits<int64_t>::max() >> shift)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected a size such as 512MiB, 8GiB or a number of bytes (units B, KiB, MiB, GiB, TiB "
+        "or K, M, G, T; binary), got \"",
+        text, "\""));
+  }
+  return count << shift;
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseMeshShape(absl::string_view text) {

@@ -46,6 +46,11 @@ absl::StatusOr<mesh::v1::NodeCount> ParseNodeCount(absl::string_view text);
 // Errors: INVALID_ARGUMENT.
 absl::StatusOr<int64_t> ParseDurationSeconds(absl::string_view text);
 
+// "8GiB", "512MiB", "64M", "1073741824": bytes, with an optional binary
+// unit B, KiB/K, MiB/M, GiB/G or TiB/T (case-insensitive, no fraction).
+// Errors: INVALID_ARGUMENT, naming the units.
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view text);
+
 // The same syntax as a duration (wait --timeout).
 absl::StatusOr<absl::Duration> ParseWaitDuration(absl::string_view text);
 

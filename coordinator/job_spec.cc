@@ -267,6 +267,19 @@ absl::Status ValidateRest(const JobSpec& spec, const JobSpecLimits& limits) {
         absl::StrCat(spec.hang_timeout_seconds(), " is outside 0..", kMaxHangTimeoutSeconds,
                      " (0: the default, ", kDefaultHangTimeoutSeconds, ")"));
   }
+  constexpr int64_t kMinMemory = int64_t{1} << 20;  // 1 MiB
+  constexpr int64_t kMaxMemory = int64_t{16} << 40;  // 16 TiB
+  if (spec.memory_per_proc_bytes() != 0 &&
+      (spec.memory_per_proc_bytes() < kMinMemory || spec.memory_per_proc_bytes() > kMaxMemory)) {
+    return Invalid("spec.memory_per_proc_bytes",
+                   absl::StrCat(spec.memory_per_proc_bytes(), " is outside 1 MiB (", kMinMemory,
+                                ") .. 16 TiB (", kMaxMemory, "); 0: no limit"));
+  }
+  constexpr int64_t kMaxPids = 4194304;  // the kernel's pid_max ceiling
+  if (spec.max_pids() < 0 || spec.max_pids() > kMaxPids) {
+    return Invalid("spec.max_pids",
+                   absl::StrCat(spec.max_pids(), " is outside 0..", kMaxPids, " (0: no limit)"));
+  }
   if (!mesh::v1::HangPolicy_IsValid(spec.on_hang())) {
     return Invalid("spec.on_hang", absl::StrCat(static_cast<int>(spec.on_hang()),
                                                 " is not a HangPolicy (RESTART or FAIL)"));

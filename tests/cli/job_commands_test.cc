@@ -116,7 +116,8 @@ TEST_F(JobCommandsTest, SubmitMergesFileFlagsAndArgvIntoTheSpec) {
                         "C=x=y",     "--label",      "run=7", "--nodes",
                         "1:4",       "--mesh-shape", "2,-1",  "--dim-names",
                         "dp,tp",     "--deadline",   "10m",   "--hang-timeout",
-                        "2m",        "--on-hang",    "fail",  "--idempotency-key",
+                        "2m",        "--on-hang",    "fail",  "--memory-per-proc",
+                        "512MiB",    "--max-pids",   "100",   "--idempotency-key",
                         "k1",        "--parsable",   "--",    "python",
                         "train.py",  "--lr",         "0.1"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
@@ -138,6 +139,8 @@ TEST_F(JobCommandsTest, SubmitMergesFileFlagsAndArgvIntoTheSpec) {
   EXPECT_EQ(spec.deadline_seconds(), 600);
   EXPECT_EQ(spec.hang_timeout_seconds(), 120);
   EXPECT_EQ(spec.on_hang(), mesh::v1::HANG_POLICY_FAIL);
+  EXPECT_EQ(spec.memory_per_proc_bytes(), int64_t{512} << 20);
+  EXPECT_EQ(spec.max_pids(), 100);
   EXPECT_EQ(spec.idempotency_key(), "k1");
   EXPECT_TRUE(fake->log_requests.empty());  // --parsable neither follows nor waits.
   EXPECT_TRUE(fake->waits.empty());
@@ -182,6 +185,9 @@ TEST_F(JobCommandsTest, SubmitWithBadClientSideInputIsAUsageError) {
   EXPECT_EQ(Run({"submit", "--deadline", "soon", "--", "x"}).code, kExitUsage);
   EXPECT_EQ(Run({"submit", "--hang-timeout", "0", "--", "x"}).code, kExitUsage);
   EXPECT_EQ(Run({"submit", "--on-hang", "maybe", "--", "x"}).code, kExitUsage);
+  const Result memory = Run({"submit", "--memory-per-proc", "8GB", "--", "x"});
+  EXPECT_EQ(memory.code, kExitUsage);
+  EXPECT_THAT(memory.err, HasSubstr("--memory-per-proc"));
   EXPECT_EQ(Run({"submit", "--mesh-shape", "2,a", "--", "x"}).code, kExitUsage);
   EXPECT_EQ(Run({"submit", "--label", "novalue", "--", "x"}).code, kExitUsage);
   const Result env = Run({"submit", "--env", "LD_PRELOAD=/x.so", "--", "x"});

@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "cli/job_json.h"
+
 namespace mesh::cli {
 namespace job_spec_file_test {
 
@@ -34,6 +36,8 @@ deadline: 10m
 hang_timeout: 15m
 on_hang: fail
 idempotency_key: nightly-2024-05-01
+memory_per_proc: 8GiB
+max_pids: 4096
 )";
 
 void ExpectFullSpec(const mesh::v1::JobSpec& spec) {
@@ -53,6 +57,25 @@ void ExpectFullSpec(const mesh::v1::JobSpec& spec) {
   EXPECT_EQ(spec.hang_timeout_seconds(), 900);
   EXPECT_EQ(spec.on_hang(), mesh::v1::HANG_POLICY_FAIL);
   EXPECT_EQ(spec.idempotency_key(), "nightly-2024-05-01");
+  EXPECT_EQ(spec.memory_per_proc_bytes(), int64_t{8} << 30);
+  EXPECT_EQ(spec.max_pids(), 4096);
+}
+
+TEST(JobSpecFileTest, ByteSizesTakeBinaryUnits) {
+  EXPECT_EQ(ParseByteSize("1073741824").value(), int64_t{1} << 30);
+  EXPECT_EQ(ParseByteSize("100B").value(), 100);
+  EXPECT_EQ(ParseByteSize("64K").value(), 64 << 10);
+  EXPECT_EQ(ParseByteSize("512MiB").value(), int64_t{512} << 20);
+  EXPECT_EQ(ParseByteSize("8gib").value(), int64_t{8} << 30);
+  EXPECT_EQ(ParseByteSize("2T").value(), int64_t{2} << 40);
+  for (const char* bad : {"", "GiB", "1.5GiB", "8GB", "-1M", "8 Gibibytes", "99999999999999T"}) {
+    auto parsed = ParseByteSize(bad);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("KiB, MiB, GiB")) << bad;
+  }
+  EXPECT_EQ(FormatByteSize(int64_t{8} << 30), "8GiB");
+  EXPECT_EQ(FormatByteSize(1536 << 10), "1536KiB");
+  EXPECT_EQ(FormatByteSize(100), "100B");
 }
 
 TEST(JobSpecFileTest, ParsesEveryFieldFromYaml) {
@@ -70,6 +93,7 @@ TEST(JobSpecFileTest, ParsesEveryFieldFromJsonIncludingTabs) {
       "\t\"nproc_per_node\": 8, \"gpus_per_proc\": 1, \"mesh_shape\": [2, -1],\n"
       "\t\"mesh_dim_names\": [\"dp\", \"tp\"], \"max_restarts\": 3, \"deadline\": 600,\n"
       "\t\"hang_timeout\": 900, \"on_hang\": \"FAIL\",\n"
+      "\t\"memory_per_proc\": \"8GiB\", \"max_pids\": 4096,\n"
       "\t\"idempotency_key\": \"nightly-2024-05-01\"\n}\n";
   auto spec = ParseJobSpec(json, "job.json");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -131,6 +155,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"hang_timeout: 0\n", "job.yaml:1:15: hang_timeout", "must be positive"},
         BadCase{"hang_timeout: [1]\n", "job.yaml:1:15: hang_timeout", "expected a duration"},
         BadCase{"on_hang: sometimes\n", "job.yaml:1:10: on_hang", "restart or fail"},
+        BadCase{"memory_per_proc: lots\n", "job.yaml:1:18: memory_per_proc", "512MiB"},
+        BadCase{"memory_per_proc: [1]\n", "job.yaml:1:18: memory_per_proc", "expected a size"},
+        BadCase{"max_pids: many\n", "job.yaml:1:11: max_pids", "number of processes"},
         BadCase{"name: a\nname: b\n", "job.yaml:2:1: name", "duplicate key"},
         BadCase{"- a\n- b\n", "job.yaml:1:1", "expected a mapping of job fields"},
         BadCase{"", "job.yaml", "expected a mapping of job fields"},

@@ -102,7 +102,41 @@ TEST_F(JobServiceTest, InvalidSpecIsInvalidArgumentNamingTheFieldAndStoresNothin
   ASSERT_EQ(fourth.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(fourth.status().message()), StartsWith("spec.on_hang"));
 
+  // job.proto: memory_per_proc_bytes 0 or 1 MiB .. 16 TiB; max_pids 0..4194304.
+  for (int64_t bytes : {int64_t{-1}, int64_t{(1 << 20) - 1}, (int64_t{16} << 40) + 1}) {
+    JobSpec bad_memory = Spec(1, 2);
+    bad_memory.set_memory_per_proc_bytes(bytes);
+    auto refused = Submit(bad_memory);
+    ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bytes;
+    EXPECT_THAT(std::string(refused.status().message()),
+                StartsWith(absl::StrCat("spec.memory_per_proc_bytes: ", bytes)));
+  }
+  for (int64_t pids : {int64_t{-1}, int64_t{4194305}}) {
+    JobSpec bad_pids = Spec(1, 2);
+    bad_pids.set_max_pids(pids);
+    auto refused = Submit(bad_pids);
+    ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << pids;
+    EXPECT_THAT(std::string(refused.status().message()),
+                StartsWith(absl::StrCat("spec.max_pids: ", pids)));
+  }
+
   EXPECT_THAT(List().jobs(), IsEmpty());
+}
+
+TEST_F(JobServiceTest, LimitsAtTheirBoundsAreStoredAndComeBack) {
+  JobSpec spec = Spec(1, 2);
+  spec.set_memory_per_proc_bytes(int64_t{1} << 20);
+  spec.set_max_pids(4194304);
+  auto job = Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec().memory_per_proc_bytes(), int64_t{1} << 20);
+  EXPECT_EQ(job->spec().max_pids(), 4194304);
+  JobSpec top = Spec(1, 2);
+  top.set_memory_per_proc_bytes(int64_t{16} << 40);
+  auto second = Submit(top);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->spec().memory_per_proc_bytes(), int64_t{16} << 40);
+  EXPECT_EQ(second->spec().max_pids(), 0);
 }
 
 // job.proto: hang_timeout_seconds 0 and on_hang UNSPECIFIED are normalized
