@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,11 @@ struct AgentConfig {
   int max_uploads = 16;
   // Layer 1 of each worker's environment (InheritedBaseEnv() in the binary).
   std::map<std::string, std::string> base_env;
+  // Layer 2: the operator's variables for every worker on this node
+  // (--worker-env-file, agent/worker_env_file.h).
+  std::vector<std::pair<std::string, std::string>> operator_env;
+  // Denied names jobs may set on this node (--allow-job-env).
+  std::set<std::string> allowed_job_env;
   // Port of this agent's /metrics (RegisterNodeRequest.metrics_port); 0:
   // none. The binary starts the exposer and puts the bound port here.
   int metrics_port = 0;

@@ -24,6 +24,7 @@
 #include "agent/reaper_watchdog.h"
 #include "agent/stray_killer.h"
 #include "agent/worker_env.h"
+#include "agent/worker_env_file.h"
 #include "common/client_flags.h"
 #include "common/duration_format.h"
 #include "common/flags.h"
@@ -31,6 +32,7 @@
 #include "common/metrics_prometheus.h"
 #include "common/systemd_notify.h"
 #include "common/version.h"
+#include "common/worker_env_policy.h"
 
 namespace mesh::agent {
 namespace {
@@ -110,6 +112,8 @@ int RunAgentMain(int argc, const char* const* argv) {
   std::string cgroup_v1_root = "/sys/fs/cgroup";
   std::string cgroup_v2_root = "/sys/fs/cgroup";
   std::string gpu_device_dir = "/dev";
+  std::string worker_env_file;
+  std::vector<std::string> allow_job_env;
 
   CLI::App app{"mesh-agent: runs and supervises a node's Mesh workers", "mesh-agent"};
   app.set_version_flag("--version", kVersion);
@@ -184,6 +188,15 @@ int RunAgentMain(int argc, const char* const* argv) {
                  "Directory of the NVIDIA device nodes, for GPU confinement")
       ->envname("MESH_AGENT_GPU_DEVICE_DIR")
       ->capture_default_str();
+  app.add_option("--worker-env-file", worker_env_file,
+                 "File of NAME=VALUE lines every worker on this node gets (NCCL_SOCKET_IFNAME, "
+                 "proxies, LD_LIBRARY_PATH; docs/agent.md)")
+      ->envname("MESH_AGENT_WORKER_ENV_FILE");
+  app.add_option("--allow-job-env", allow_job_env,
+                 "Let job specs set these names on this node although they are refused by "
+                 "default (LD_LIBRARY_PATH, LD_PRELOAD, LD_AUDIT, BASH_ENV, ENV); comma-separated")
+      ->envname("MESH_AGENT_ALLOW_JOB_ENV")
+      ->delimiter(',');
   app.add_flag("--discover", discover, "Print what this host offers as JSON and exit");
   app.add_option("--log-format", log_format, "text or json")
       ->envname("MESH_LOG_FORMAT")
@@ -261,6 +274,17 @@ int RunAgentMain(int argc, const char* const* argv) {
   config.worker_metrics_port_first = worker_port_first;
   config.worker_metrics_port_last = worker_port_last;
   config.instance = NewAgentInstance(config.name);
+  config.allowed_job_env.insert(allow_job_env.begin(), allow_job_env.end());
+  if (absl::Status s = CheckAllowedJobEnv(config.allowed_job_env); !s.ok()) {
+    return UsageError(std::string(s.message()));
+  }
+  if (!worker_env_file.empty()) {
+    absl::StatusOr<EnvEntries> entries = ReadWorkerEnvFile(worker_env_file);
+    if (!entries.ok()) {
+      return UsageError(absl::StrCat("--worker-env-file: ", entries.status().message()));
+    }
+    config.operator_env = *std::move(entries);
+  }
 
   LogOptions log_options;
   log_options.component = "agent";
@@ -352,6 +376,8 @@ int RunAgentMain(int argc, const char* const* argv) {
   isolation_options.unowned_job_user = unowned_job_user;
   isolation_options.gpu_device_dir = gpu_device_dir;
   isolation_options.gpus = config.gpus;
+  isolation_options.allowed_job_env.assign(config.allowed_job_env.begin(),
+                                           config.allowed_job_env.end());
   absl::StatusOr<std::unique_ptr<JobIsolation>> isolation =
       JobIsolation::Create(isolation_options, cgroups.get());
   if (!isolation.ok()) return UsageError(std::string(isolation.status().message()));

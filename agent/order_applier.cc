@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "agent/exit_detail.h"
 #include "agent/job_paths.h"
 #include "agent/worker_env.h"
 #include "common/duration_format.h"
@@ -443,6 +444,8 @@ void OrderApplier::ApplyLaunch(const v1::Assignment& order, absl::Time received)
     assignment.gpus.assign(r.gpus().begin(), r.gpus().end());
     assignment.agent_instance = config_.instance;
     assignment.user_env = user_env;
+    assignment.operator_env = config_.operator_env;
+    assignment.allowed_job_env = config_.allowed_job_env;
     {
       absl::MutexLock lock(&mu_);
       assignment.metrics_port = AcquireWorkerMetricsPortLocked();
@@ -570,15 +573,21 @@ void OrderApplier::ApplyKill(const v1::Assignment& order) {
 }
 
 void OrderApplier::OnRankExit(const RankExit& exit) {
+  // Read outside the lock: the log may say why (exit code 127).
+  std::string detail;
+  if (!exit.stopped && exit.exit.exited() && exit.exit.exit_code == 127) {
+    detail = ExitDetail(exit.exit, ReadLogTail(RankLogPath(config_.work_dir, exit.job_id,
+                                                       exit.generation, exit.rank)));
+  }
   bool collectable = false;
   {
     absl::MutexLock lock(&mu_);
-    collectable = OnRankExitLocked(exit);
+    collectable = OnRankExitLocked(exit, detail);
   }
   if (collectable && on_collectable_) on_collectable_();
 }
 
-bool OrderApplier::OnRankExitLocked(const RankExit& exit) {
+bool OrderApplier::OnRankExitLocked(const RankExit& exit, const std::string& detail) {
   JobRecord* job = nullptr;
   Generation* rec = nullptr;
   if (auto it = jobs_.find(exit.job_id); it != jobs_.end()) {
@@ -626,6 +635,7 @@ bool OrderApplier::OnRankExitLocked(const RankExit& exit) {
                                           limit));
   }
   request.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
+  if (!detail.empty() && request.detail().empty()) request.set_detail(detail);
   if (job != nullptr && job->exits_generation == exit.generation) job->exits.push_back(request);
   if (rec != nullptr && rec->launching) {
     rec->held.push_back(std::move(request));

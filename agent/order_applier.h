@@ -129,7 +129,9 @@ class OrderApplier {
   void OnRankExit(const RankExit& exit);
   // Records the exit; true when it was the last worker of a stopped
   // generation.
-  bool OnRankExitLocked(const RankExit& exit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `detail`: ExitDetail of the exit ("" when none).
+  bool OnRankExitLocked(const RankExit& exit, const std::string& detail)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Kills what is left of each ended generation outside its workers'
   // process groups: its whole cgroup when it has one, else the StrayKiller's
   // scan; call without mu_.

@@ -63,10 +63,16 @@ absl::Status CheckAssignment(const WorkerAssignment& a) {
   return absl::OkStatus();
 }
 
-absl::Status CheckUserVariable(const std::string& name, const std::string& value) {
+absl::Status CheckUserVariable(const std::string& name, const std::string& value,
+                               const std::set<std::string>& allowed = {}) {
   // The coordinator's spec validation applies the same rule; checking again
-  // here keeps an agent safe from a coordinator that did not.
-  if (std::string problem = WorkerEnvNameProblem(name); !problem.empty()) {
+  // here keeps an agent safe from a coordinator that did not, and applies
+  // this node's operator's own allow list.
+  if (std::string problem = WorkerEnvNameProblem(name, allowed); !problem.empty()) {
+    if (IsDeniedEnvName(name)) {
+      problem = absl::StrCat("denied on this node: its operator has not allowed ", name,
+                             " (mesh-agent --allow-job-env)");
+    }
     return absl::InvalidArgumentError(absl::StrCat("env: ", absl::CEscape(name), ": ", problem));
   }
   if (value.find('\0') != std::string::npos) {
@@ -98,9 +104,13 @@ absl::StatusOr<std::vector<std::string>> BuildWorkerEnv(
     // could not be a user variable either, rather than fail the launch.
     if (CheckUserVariable(name, value).ok()) env[name] = value;
   }
+  for (const auto& [name, value] : a.operator_env) {
+    // Checked when the agent read the file; a reserved name is never set.
+    if (!IsAgentSetEnvName(name)) env[name] = value;
+  }
   std::set<std::string> seen;
   for (const auto& [name, value] : a.user_env) {
-    if (absl::Status s = CheckUserVariable(name, value); !s.ok()) return s;
+    if (absl::Status s = CheckUserVariable(name, value, a.allowed_job_env); !s.ok()) return s;
     if (!seen.insert(name).second) {
       return absl::InvalidArgumentError(absl::StrCat("env: ", name, " is set twice"));
     }

@@ -5,13 +5,17 @@
 // Layers, later ones winning, except that reserved names cannot be set by
 // the user:
 //   1. a minimal base inherited from the agent (kInheritedEnvNames);
-//   2. the user's env from the job spec;
-//   3. reserved: MESH_* (docs/runtime.md), the torchrun contract, and
+//   2. the operator's worker environment (--worker-env-file): any name but
+//      a reserved one, denied ones (LD_LIBRARY_PATH) included;
+//   3. the user's env from the job spec, where a denied name is refused
+//      unless the operator allows it (--allow-job-env);
+//   4. reserved: MESH_* (docs/runtime.md), the torchrun contract, and
 //      CUDA_VISIBLE_DEVICES.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +68,10 @@ struct WorkerAssignment {
   std::string agent_instance;
   // The user's env from the job spec, in spec order.
   std::vector<std::pair<std::string, std::string>> user_env;
+  // Layer 2: the operator's worker environment (agent/worker_env_file.h).
+  std::vector<std::pair<std::string, std::string>> operator_env;
+  // Denied names the operator lets the job's env set (--allow-job-env).
+  std::set<std::string> allowed_job_env;
 };
 
 // Variables copied from the agent's environment when set there:

@@ -45,19 +45,38 @@ bool IsAgentSetEnvName(absl::string_view name) {
   return false;
 }
 
-std::string WorkerEnvNameProblem(absl::string_view name) {
+bool IsDeniedEnvName(absl::string_view name) {
+  for (absl::string_view denied : kDenied) {
+    if (name == denied) return true;
+  }
+  return false;
+}
+
+absl::Status CheckAllowedJobEnv(const std::set<std::string>& allowed) {
+  for (const std::string& name : allowed) {
+    if (!IsDeniedEnvName(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--allow-job-env: ", name,
+          IsAgentSetEnvName(name) ? " is set by the agent for each rank and can never be allowed"
+                                  : " is not refused by default, so there is nothing to allow",
+          " (names refused by default: LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, BASH_ENV, ENV)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string WorkerEnvNameProblem(absl::string_view name, const std::set<std::string>& allowed) {
   if (name.empty()) return "the name is empty";
   if (name.find('\0') != absl::string_view::npos) return "the name contains a NUL byte";
   if (name.find('=') != absl::string_view::npos) return "the name contains '='";
-  for (absl::string_view denied : kDenied) {
-    if (name == denied) {
-      return absl::StrCat(
-          "denied: ", name,
-          name == "BASH_ENV" || name == "ENV"
-              ? " makes every shell the job starts run a script first"
-              : " makes the dynamic loader run code that the job's command does not name",
-          "; set it in the image or a wrapper program instead");
-    }
+  if (IsDeniedEnvName(name) && allowed.count(std::string(name)) == 0) {
+    return absl::StrCat(
+        "denied: ", name,
+        name == "BASH_ENV" || name == "ENV"
+            ? " makes every shell the job starts run a script first"
+            : " makes the dynamic loader run code that the job's command does not name",
+        "; set it in the image or a wrapper program instead, or have the operator allow it "
+        "(--allow-job-env of mesh-coordinator and mesh-agent)");
   }
   if (IsAgentSetEnvName(name))
     return absl::StrCat("reserved: the agent sets ", name, " for each rank");

@@ -7,8 +7,10 @@
 // Thread safety: pure functions.
 #pragma once
 
+#include <set>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace mesh {
@@ -16,9 +18,21 @@ namespace mesh {
 // Why `name` may not be set by a job ("" when it may):
 //   - a malformed name: empty, or containing '=' or NUL;
 //   - denied: LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, BASH_ENV, ENV, which
-//     make the worker run code its argv does not name;
-//   - reserved: a name the agent sets for every rank (IsAgentSetEnvName).
-std::string WorkerEnvNameProblem(absl::string_view name);
+//     make the worker run code its argv does not name, unless the operator
+//     lists it in `allowed` (--allow-job-env of the coordinator, which
+//     validates specs, and of the agent, which checks them again);
+//   - reserved: a name the agent sets for every rank (IsAgentSetEnvName),
+//     whatever `allowed` says.
+std::string WorkerEnvNameProblem(absl::string_view name,
+                                 const std::set<std::string>& allowed = {});
+
+// True for the denied names above (the only ones an operator may allow).
+bool IsDeniedEnvName(absl::string_view name);
+
+// INVALID_ARGUMENT naming the first entry of an --allow-job-env list that
+// is not a denied name (a reserved name can never be allowed; any other
+// name needs no allowing).
+absl::Status CheckAllowedJobEnv(const std::set<std::string>& allowed);
 
 // True for the names the agent sets for every rank: MESH_*, the torchrun
 // contract (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,

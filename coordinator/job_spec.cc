@@ -120,7 +120,7 @@ absl::Status ValidateEnv(const JobSpec& spec, const JobSpecLimits& limits) {
   }
   int64_t bytes = 0;
   for (const auto& [name, value] : Sorted(spec.env())) {
-    if (std::string problem = EnvNameProblem(name); !problem.empty()) {
+    if (std::string problem = EnvNameProblem(name, limits.allowed_job_env); !problem.empty()) {
       return Invalid(KeyPath("spec.env", name), problem);
     }
     if (HasNul(value)) return Invalid(KeyPath("spec.env", name), "value contains a NUL byte");
@@ -318,6 +318,9 @@ absl::Status ValidateJobSpecLimits(const JobSpecLimits& limits) {
                       absl::StrCat(limits.max_idempotency_key_bytes, " is negative"))}) {
     if (!status.ok()) return status;
   }
+  if (absl::Status s = CheckAllowedJobEnv(limits.allowed_job_env); !s.ok()) {
+    return Invalid("allowed_job_env", s.message());
+  }
   if (HasNul(limits.working_dir_root) || !NormalizeAbsolutePath(limits.working_dir_root).ok()) {
     return Invalid("working_dir_root",
                    absl::StrCat(Quote(limits.working_dir_root), " is not an absolute path"));
@@ -408,6 +411,8 @@ absl::StatusOr<std::string> NormalizeAbsolutePath(absl::string_view path) {
   return absl::StrCat("/", absl::StrJoin(parts, "/"));
 }
 
-std::string EnvNameProblem(absl::string_view name) { return WorkerEnvNameProblem(name); }
+std::string EnvNameProblem(absl::string_view name, const std::set<std::string>& allowed) {
+  return WorkerEnvNameProblem(name, allowed);
+}
 
 }  // namespace mesh::coordinator

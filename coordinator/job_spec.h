@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,10 @@ struct JobSpecLimits {
   // spec.working_dir must be this directory or below it, after lexical
   // normalization. Absolute; "/" allows any absolute path.
   std::string working_dir_root = "/";
+  // Names of spec.env that the operator lets jobs set although Mesh refuses
+  // them by default (--allow-job-env; common/worker_env_policy.h). Only
+  // denied names may be listed.
+  std::set<std::string> allowed_job_env;
 };
 
 // Possible errors: INVALID_ARGUMENT naming the bad field of `limits`.
@@ -90,6 +95,6 @@ absl::StatusOr<std::string> NormalizeAbsolutePath(absl::string_view path);
 // Whether `name` may not appear in spec.env, and why ("" when it may):
 // common/worker_env_policy.h's rule, which the agent applies again at launch.
 // Exposed so meshctl can reject flags early with the same words.
-std::string EnvNameProblem(absl::string_view name);
+std::string EnvNameProblem(absl::string_view name, const std::set<std::string>& allowed = {});
 
 }  // namespace mesh::coordinator

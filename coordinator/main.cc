@@ -22,6 +22,7 @@
 #include "common/security.h"
 #include "common/systemd_notify.h"
 #include "common/version.h"
+#include "common/worker_env_policy.h"
 #include "coordinator/coordination.h"
 #include "coordinator/coordinator_server.h"
 
@@ -171,6 +172,12 @@ int main(int argc, char** argv) {
                  "Directory of the durable job and node database (created 0700); empty keeps "
                  "state in memory, lost on restart")
       ->envname("MESH_STATE_DIR");
+  std::vector<std::string> allow_job_env;
+  app.add_option("--allow-job-env", allow_job_env,
+                 "Let job specs set these names although they are refused by default "
+                 "(LD_LIBRARY_PATH, LD_PRELOAD, LD_AUDIT, BASH_ENV, ENV); comma-separated")
+      ->envname("MESH_ALLOW_JOB_ENV")
+      ->delimiter(',');
   app.add_option("--working-dir-root", jobs.spec_limits.working_dir_root,
                  "Absolute directory every job's working_dir must be within")
       ->envname("MESH_WORKING_DIR_ROOT")
@@ -282,6 +289,12 @@ int main(int argc, char** argv) {
     }
   }
 
+  jobs.spec_limits.allowed_job_env.insert(allow_job_env.begin(), allow_job_env.end());
+  if (absl::Status status = mesh::CheckAllowedJobEnv(jobs.spec_limits.allowed_job_env);
+      !status.ok()) {
+    std::fprintf(stderr, "mesh-coordinator: %s\n", std::string(status.message()).c_str());
+    return 2;
+  }
   if (absl::Status status = mesh::coordinator::CheckSecurityFlags(security, insecure);
       !status.ok()) {
     std::fprintf(stderr, "mesh-coordinator: %s\n", std::string(status.message()).c_str());
