@@ -138,8 +138,15 @@ absl::Status JobIsolation::PrepareDirectory(const std::string& dir,
   if (error) return absl::FailedPreconditionError(absl::StrCat("cannot create ", dir, ": ",
                                                                error.message()));
   if (!account.has_value()) return absl::OkStatus();
-  // The job directory too: the names of its generations are its own.
+  // The job directory too: the names of its generations are its own. The
+  // jobs directory above is 0711: every account passes through to its own
+  // job directory, and none can list the others'.
   const std::string job_dir = std::filesystem::path(dir).parent_path().string();
+  const std::string jobs_dir = std::filesystem::path(job_dir).parent_path().string();
+  if (chmod(jobs_dir.c_str(), 0711) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot make ", jobs_dir, " passable (0711): ", ErrnoText(errno)));
+  }
   for (const std::string& path : {job_dir, dir}) {
     if (chown(path.c_str(), account->uid, account->gid) != 0 || chmod(path.c_str(), 0700) != 0) {
       return absl::FailedPreconditionError(

@@ -43,6 +43,10 @@ except ImportError:  # Debian: python3-yaml (scripts/install-deps.sh).
 
 SKIP = 77
 MAX_EXPOSURE = 2.0
+# The agent runs as root with the capabilities job isolation needs (workers
+# as their owners' accounts, delegated cgroups, the eBPF device program;
+# deploy/systemd/mesh-agent.service says which and why): its own ceiling.
+MAX_EXPOSURE_BY_UNIT = {"mesh-agent.service": 4.0}
 
 
 class Problems:
@@ -390,9 +394,10 @@ def check_systemd(root, problems):
             else:
                 score = float(m.group(1))
                 print(f"check_deploy.py: {unit}: exposure {score}")
-                if score > MAX_EXPOSURE:
+                ceiling = MAX_EXPOSURE_BY_UNIT.get(unit, MAX_EXPOSURE)
+                if score > ceiling:
                     problems.add(f"deploy/systemd/{unit}",
-                                 f"exposure {score} is above {MAX_EXPOSURE}")
+                                 f"exposure {score} is above {ceiling}")
     return 0
 
 
