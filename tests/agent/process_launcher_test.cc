@@ -3,6 +3,7 @@
 #include "agent/process_launcher.h"
 
 #include <dirent.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -21,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/job_isolation.h"
 #include "agent/worker_supervisor.h"
 #include "tests/util/proc.h"
 #include "tests/util/subprocess.h"
@@ -415,6 +418,88 @@ TEST_F(ProcessLauncherTest, SupervisorOverRealProcesses) {
     EXPECT_TRUE(
         WaitUntil([&] { return LiveProcessesInGroup(exit.exit.pid).empty(); }, kExitTimeout));
   }
+}
+
+// ---- Another account ------------------------------------------------------
+
+class CredentialsTest : public ProcessLauncherTest {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "starting workers as another account needs root";
+    if (getpwnam("nobody") == nullptr) GTEST_SKIP() << "no account \"nobody\" here";
+    ProcessLauncherTest::SetUp();
+    ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);  // nobody's cwd may be here
+    auto nobody = LookUpAccount("nobody");
+    ASSERT_TRUE(nobody.ok()) << nobody.status();
+    nobody_ = *nobody;
+  }
+  WorkerCredentials nobody_;
+};
+
+TEST_F(CredentialsTest, TheWorkerRunsAsTheAccountAndItsLogsAreItsOwn) {
+  LaunchSpec spec = Spec({"sh", "-c", "echo uid=$(id -u) gid=$(id -g) groups=$(id -G)"});
+  spec.credentials = nobody_;
+  spec.working_dir = dir_;
+  spec.max_log_bytes = 64;
+  auto pid = Launch(spec);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  auto exit = WaitForExit(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0);
+  EXPECT_THAT(ReadFile(dir_ + "/out.log"),
+              HasSubstr(absl::StrCat("uid=", nobody_.uid, " gid=", nobody_.gid)));
+  for (const char* log : {"/out.log", "/err.log"}) {
+    struct stat st;
+    ASSERT_EQ(stat((dir_ + log).c_str(), &st), 0) << log;
+    EXPECT_EQ(st.st_uid, nobody_.uid) << log;
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << log;
+  }
+  // A rotated log keeps owner and mode.
+  LaunchSpec chatty = Spec({"sh", "-c", "i=0; while [ $i -lt 40 ]; do echo line-$i; i=$((i+1)); done"});
+  chatty.credentials = nobody_;
+  chatty.max_log_bytes = 64;
+  auto chatty_pid = Launch(chatty);
+  ASSERT_TRUE(chatty_pid.ok()) << chatty_pid.status();
+  ASSERT_TRUE(WaitForExit(*chatty_pid).has_value());
+  struct stat rotated;
+  ASSERT_EQ(stat((dir_ + "/out.log").c_str(), &rotated), 0);
+  EXPECT_EQ(rotated.st_uid, nobody_.uid);
+  EXPECT_EQ(rotated.st_mode & 0777, 0600u);
+}
+
+TEST_F(CredentialsTest, ADirectoryTheAccountCannotEnterIsPermissionDeniedNamingIt) {
+  const std::string locked = dir_ + "/locked";
+  ASSERT_EQ(mkdir(locked.c_str(), 0700), 0);
+  LaunchSpec spec = Spec({"/bin/true"});
+  spec.credentials = nobody_;
+  spec.working_dir = locked;
+  auto pid = Launch(spec);
+  EXPECT_EQ(pid.status().code(), absl::StatusCode::kPermissionDenied) << pid.status();
+  EXPECT_THAT(std::string(pid.status().message()), HasSubstr("as user nobody"));
+}
+
+TEST_F(CredentialsTest, TheWorkerStillDiesWithTheThreadThatStartedIt) {
+  // The credential change clears the parent-death signal; the launcher sets
+  // it again after the drop.
+  absl::StatusOr<pid_t> pid;
+  std::thread launching([&] {
+    LaunchSpec spec = Spec({"/bin/sleep", "30"});
+    spec.credentials = nobody_;
+    pid = Launch(spec);
+  });
+  launching.join();
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  EXPECT_TRUE(WaitUntil([&] { return WaitForExit(*pid, absl::Milliseconds(50)).has_value(); },
+                        absl::Seconds(5)))
+      << "the worker outlived the thread that launched it";
+}
+
+TEST_F(ProcessLauncherTest, AMissingCgroupIsAFailedPreconditionNamingIt) {
+  LaunchSpec spec = Spec({"/bin/true"});
+  spec.cgroup_dirs = {dir_ + "/no-such-cgroup"};
+  auto pid = Launch(spec);
+  EXPECT_EQ(pid.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(pid.status().message()), HasSubstr("no-such-cgroup/cgroup.procs"));
 }
 
 }  // namespace process_launcher_test

@@ -193,6 +193,63 @@ TEST_F(AuthTest, ShortKeyFileIsRejected) {
   EXPECT_EQ(auth.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(AuthTest, UnixAccountsMapUsersAndAdminsAndReload) {
+  auto auth = Create(R"(tokens:
+  - {name: ops, role: admin, token: "an-admin-token-0123", unix_user: mesh-ops}
+  - {name: alice, role: user, token: "a-user-token-of-alice", unix_user: alice}
+  - {name: alice, role: user, token: "alice-second-token-x", unix_user: alice}
+  - {name: rooty, role: user, token: "a-user-token-of-root", unix_user: root, allow_root: true}
+  - {name: bob, role: user, token: "a-user-token-of-bob-"}
+)");
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  auto alice = (*auth)->UnixAccountOf("alice");
+  ASSERT_TRUE(alice.has_value());
+  EXPECT_EQ(alice->unix_user, "alice");
+  EXPECT_FALSE(alice->allow_root);
+  EXPECT_EQ((*auth)->UnixAccountOf("ops")->unix_user, "mesh-ops");
+  EXPECT_TRUE((*auth)->UnixAccountOf("rooty")->allow_root);
+  EXPECT_FALSE((*auth)->UnixAccountOf("bob").has_value());
+  EXPECT_FALSE((*auth)->UnixAccountOf("nobody-here").has_value());
+
+  Write(tokens_, R"(tokens:
+  - {name: alice, role: user, token: "a-user-token-of-alice", unix_user: alice2}
+)");
+  ASSERT_TRUE((*auth)->ReloadIfChanged().ok());
+  EXPECT_EQ((*auth)->UnixAccountOf("alice")->unix_user, "alice2");
+  EXPECT_FALSE((*auth)->UnixAccountOf("ops").has_value());
+}
+
+TEST_F(AuthTest, BadUnixAccountsAreRejectedNamingTheEntry) {
+  struct Case {
+    const char* content;
+    const char* message;
+  };
+  for (const Case& c : {
+           Case{"tokens:\n  - {name: a, role: user, token: abcdefghijklmnopq, unix_user: root}\n",
+                "add `allow_root: true` if that is intended"},
+           Case{"tokens:\n  - {name: a, role: user, token: abcdefghijklmnopq, unix_user: 'a b'}\n",
+                "is not a Unix user name"},
+           Case{"tokens:\n  - {name: a, role: user, token: abcdefghijklmnopq, unix_user: 9lives}\n",
+                "is not a Unix user name"},
+           Case{"tokens:\n  - {name: a, role: user, token: abcdefghijklmnopq, allow_root: true}\n",
+                "allow_root needs a unix_user"},
+           Case{"tokens:\n  - {name: a, role: user, token: abcdefghijklmnopq, unix_user: x, "
+                "allow_root: maybe}\n",
+                "allow_root must be true or false"},
+           Case{"tokens:\n  - {name: n, role: agent, token: abcdefghijklmnopq, unix_user: x}\n",
+                "are for users and admins"},
+           Case{"tokens:\n  - {name: a, role: user, token: abcdefghijklmnopq, unix_user: x}\n"
+                "  - {name: a, role: user, token: bbcdefghijklmnopq, unix_user: y}\n",
+                "must give the same unix_user and allow_root"},
+       }) {
+    auto auth = Create(c.content);
+    ASSERT_FALSE(auth.ok()) << c.content;
+    EXPECT_EQ(auth.status().code(), absl::StatusCode::kInvalidArgument) << c.content;
+    EXPECT_THAT(std::string(auth.status().message()), HasSubstr(c.message)) << c.content;
+    EXPECT_THAT(std::string(auth.status().message()), HasSubstr("tokens[")) << c.content;
+  }
+}
+
 TEST_F(AuthTest, ReloadPicksUpEditsAndKeepsTheOldSetOnErrors) {
   auto auth = Create(Basic());
   ASSERT_TRUE(auth.ok());
