@@ -9,7 +9,9 @@ is checked instead:
   k8s      Kubernetes objects of deploy/k8s: apiVersion, kind, metadata.name;
            kustomization resources exist; Deployment/DaemonSet selectors
            match their template labels; every container has image, args,
-           readiness and liveness probes, resources and runAsNonRoot;
+           readiness and liveness probes, resources, runAsNonRoot (the
+           agent: root with only the capabilities of ROOT_CAPABILITIES),
+           no privilege escalation, drop ALL, no hostPID/IPC/Network;
            Services have named ports and select a workload; PVCs request
            storage; every Secret/ConfigMap/PVC a pod mounts is in the base;
            the coordinator ConfigMap obeys config.schema.json
@@ -19,7 +21,8 @@ is checked instead:
            stage with a non-root USER and a HEALTHCHECK
   systemd  `systemd-analyze verify` of deploy/systemd/*.service (ExecStart
            pointed at stub executables) and the `systemd-analyze security`
-           exposure at or below 2.0; exit 77 (skip) without systemd-analyze
+           exposure at or below 2.0 (mesh-agent.service: 4.0, MAX_EXPOSURE_BY_UNIT);
+           exit 77 (skip) without systemd-analyze
   selftest each check above fails on a deliberately broken copy of deploy/
 
 Usage: check_deploy.py [--root REPO] {yaml,k8s,compose,docker,systemd,selftest,all}
@@ -130,7 +133,15 @@ def pod_specs(obj):
     return []
 
 
-def check_container(where, c, pod, problems):
+# Workloads that may run as root, and the only capabilities they may add back
+# after dropping ALL: the agent starts workers as their owners' accounts in
+# cgroups of their own (deploy/k8s/agent-daemonset.yaml says why each).
+ROOT_CAPABILITIES = {
+    "mesh-agent": {"SETUID", "SETGID", "KILL", "CHOWN", "FOWNER", "DAC_OVERRIDE", "SYS_ADMIN"},
+}
+
+
+def check_container(where, c, pod, problems, workload=""):
     name = c.get("name", "?")
     w = f"{where} container {name}"
     for key in ("image", "args", "resources"):
@@ -147,12 +158,22 @@ def check_container(where, c, pod, problems):
         problems.add(w, "has no memory limit")
     sc = c.get("securityContext") or {}
     psc = pod.get("securityContext") or {}
-    if not (sc.get("runAsNonRoot") or psc.get("runAsNonRoot")):
+    allowed = ROOT_CAPABILITIES.get(workload)
+    if allowed is None and not (sc.get("runAsNonRoot") or psc.get("runAsNonRoot")):
         problems.add(w, "does not set securityContext.runAsNonRoot: true")
     if sc.get("allowPrivilegeEscalation") is not False:
         problems.add(w, "does not set allowPrivilegeEscalation: false")
-    if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+    if sc.get("privileged"):
+        problems.add(w, "is privileged")
+    caps = sc.get("capabilities") or {}
+    if "ALL" not in (caps.get("drop") or []):
         problems.add(w, "does not drop ALL capabilities")
+    extra = sorted(set(caps.get("add") or []) - (allowed or set()))
+    if extra:
+        problems.add(w, f"adds capabilities {extra}")
+    for key in ("hostPID", "hostIPC", "hostNetwork"):
+        if pod.get(key):
+            problems.add(w, f"sets {key}")
     mounts = {m.get("name") for m in c.get("volumeMounts") or []}
     volumes = {v.get("name") for v in pod.get("volumes") or []}
     for m in sorted(mounts - volumes):
@@ -203,7 +224,7 @@ def check_k8s(root, problems):
             if not pod.get("containers"):
                 problems.add(w, "has no containers")
             for c in pod.get("containers") or []:
-                check_container(w, c, pod, problems)
+                check_container(w, c, pod, problems, workload=name)
             for v in pod.get("volumes") or []:
                 for src, field, ref_kind in (("secret", "secretName", "Secret"),
                                              ("configMap", "name", "ConfigMap"),
@@ -414,6 +435,8 @@ BREAKAGES = [
     ("k8s", "k8s/agent-daemonset.yaml", "secretName: mesh-agent-tokens",
      "secretName: mesh-agent-tokenz"),
     ("k8s", "k8s/agent-daemonset.yaml", "          livenessProbe:", "          livenessProbX:"),
+    ("k8s", "k8s/agent-daemonset.yaml", "DAC_OVERRIDE, SYS_ADMIN]",
+     "DAC_OVERRIDE, SYS_ADMIN, SYS_PTRACE]"),
     ("k8s", "k8s/pvc.yaml", "storage: 10Gi", "storagee: 10Gi"),
     ("k8s", "k8s/configmap.yaml", "log-format: json", "log-format: xml"),
     ("k8s", "k8s/coordinator-deployment.yaml", "type: Recreate", "type: RollingUpdate"),

@@ -37,6 +37,10 @@ RUN groupadd --system --gid 10001 mesh \
 # compute: libcuda; utility: NVML (GPU discovery in the agent).
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
+# Non-root by default: every worker then runs as uid 10001 and the agent
+# says job isolation is off (compose runs it so). Job isolation needs the
+# agent as root with a few capabilities and the node's cgroups, which the
+# Kubernetes DaemonSet grants (deploy/k8s/agent-daemonset.yaml).
 USER 10001:10001
 # Per-rank logs; a volume so that `meshctl logs` survives a container restart.
 VOLUME ["/var/lib/mesh/agent"]
