@@ -250,6 +250,89 @@ TEST_F(AuthTest, BadUnixAccountsAreRejectedNamingTheEntry) {
   }
 }
 
+TEST_F(AuthTest, UnixUserNamesFollowThePortableForm) {
+  const std::string longest(32, 'u');
+  for (const std::string& good : {std::string("_svc"), std::string("a.b-c_9"),
+                                  std::string("machine$"), longest}) {
+    auto auth = Create(absl::StrCat(
+        "tokens:\n  - {name: a, role: user, token: abcdefghijklmnopq, unix_user: '", good, "'}\n"));
+    ASSERT_TRUE(auth.ok()) << good << ": " << auth.status();
+    EXPECT_EQ((*auth)->UnixAccountOf("a")->unix_user, good);
+  }
+  for (const std::string& bad : {std::string(""), std::string("-x"), std::string(".x"),
+                                 std::string("a$b"), std::string("a/b"), std::string("a:b"),
+                                 longest + "u"}) {
+    auto auth = Create(absl::StrCat(
+        "tokens:\n  - {name: a, role: user, token: abcdefghijklmnopq, unix_user: '", bad, "'}\n"));
+    ASSERT_FALSE(auth.ok()) << "'" << bad << "'";
+    EXPECT_EQ(auth.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(auth.status().message()), HasSubstr("is not a Unix user name")) << bad;
+  }
+}
+
+TEST_F(AuthTest, EntriesOfOneNameMustAgreeEvenWhenOneGivesNoAccount) {
+  for (const char* content : {
+           // The second token of alice would run her jobs as nobody known.
+           "tokens:\n  - {name: a, role: user, token: abcdefghijklmnopq, unix_user: x}\n"
+           "  - {name: a, role: user, token: bbcdefghijklmnopq}\n",
+           "tokens:\n  - {name: a, role: user, token: abcdefghijklmnopq}\n"
+           "  - {name: a, role: user, token: bbcdefghijklmnopq, unix_user: x}\n",
+           "tokens:\n  - {name: a, role: admin, token: abcdefghijklmnopq, unix_user: x}\n"
+           "  - {name: a, role: admin, token: bbcdefghijklmnopq, unix_user: x, "
+           "allow_root: true}\n",
+       }) {
+    auto auth = Create(content);
+    ASSERT_FALSE(auth.ok()) << content;
+    EXPECT_EQ(auth.status().code(), absl::StatusCode::kInvalidArgument) << content;
+    EXPECT_THAT(std::string(auth.status().message()), HasSubstr("tokens[1] (a)")) << content;
+  }
+  // Explicit `allow_root: false` is the default, so these agree.
+  auto agree = Create(
+      "tokens:\n  - {name: a, role: user, token: abcdefghijklmnopq, unix_user: x}\n"
+      "  - {name: a, role: user, token: bbcdefghijklmnopq, unix_user: x, allow_root: false}\n");
+  ASSERT_TRUE(agree.ok()) << agree.status();
+  // And root refused even when `allow_root: false` is spelled out.
+  auto root = Create(
+      "tokens:\n  - {name: a, role: admin, token: abcdefghijklmnopq, unix_user: root, "
+      "allow_root: false}\n");
+  EXPECT_EQ(root.status().code(), absl::StatusCode::kInvalidArgument);
+  // Agents may carry neither field, allow_root alone included.
+  auto agent = Create("tokens:\n  - {name: n, role: agent, token: abcdefghijklmnopq, "
+                      "allow_root: false}\n");
+  EXPECT_THAT(std::string(agent.status().message()), HasSubstr("are for users and admins"));
+}
+
+TEST_F(AuthTest, ABadAccountEditKeepsTheOldMappingAndAFixIsPickedUp) {
+  auto auth = Create(R"(tokens:
+  - {name: alice, role: user, token: "a-user-token-of-alice", unix_user: alice}
+)");
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  Write(tokens_, R"(tokens:
+  - {name: alice, role: user, token: "a-user-token-of-alice", unix_user: root}
+)");
+  const absl::Status refused = (*auth)->ReloadIfChanged();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("allow_root: true"));
+  ASSERT_TRUE((*auth)->UnixAccountOf("alice").has_value());
+  EXPECT_EQ((*auth)->UnixAccountOf("alice")->unix_user, "alice");
+  EXPECT_FALSE((*auth)->UnixAccountOf("alice")->allow_root);
+
+  Write(tokens_, R"(tokens:
+  - {name: alice, role: user, token: "a-user-token-of-alice", unix_user: root, allow_root: true}
+)");
+  ASSERT_TRUE((*auth)->ReloadIfChanged().ok());
+  EXPECT_EQ((*auth)->UnixAccountOf("alice")->unix_user, "root");
+  EXPECT_TRUE((*auth)->UnixAccountOf("alice")->allow_root);
+
+  // Removing the field removes the mapping.
+  Write(tokens_, R"(tokens:
+  - {name: alice, role: user, token: "a-user-token-of-alice"}
+)");
+  ASSERT_TRUE((*auth)->ReloadIfChanged().ok());
+  EXPECT_FALSE((*auth)->UnixAccountOf("alice").has_value());
+  EXPECT_TRUE((*auth)->Authenticate(kAliceToken).ok());
+}
+
 TEST_F(AuthTest, ReloadPicksUpEditsAndKeepsTheOldSetOnErrors) {
   auto auth = Create(Basic());
   ASSERT_TRUE(auth.ok());

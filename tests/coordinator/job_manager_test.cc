@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -255,10 +256,11 @@ class JobManagerTest : public ::testing::Test {
   }
 
   void CreateManager() {
-    ASSERT_THAT(ValidateJobManagerOptions(TestOptions()), IsOk());
+    JobManagerOptions options = TestOptions();
+    options.unix_account = unix_account_;
+    ASSERT_THAT(ValidateJobManagerOptions(options), IsOk());
     coordination_ = std::make_unique<Coordination>(&clock_, CoordinationOptions{});
-    manager_ =
-        std::make_unique<JobManager>(&clock_, store_.get(), coordination_.get(), TestOptions());
+    manager_ = std::make_unique<JobManager>(&clock_, store_.get(), coordination_.get(), options);
   }
 
   // Switches to a store file in a temporary directory (for recovery tests).
@@ -459,6 +461,8 @@ class JobManagerTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  // JobManagerOptions.unix_account of the next CreateManager; null: none.
+  std::function<std::optional<JobManagerOptions::UnixAccount>(absl::string_view)> unix_account_;
   std::unique_ptr<TempDir> dir_;
   // Declared before the manager so that they outlive it.
   std::vector<std::shared_ptr<void>> keep_alive_;
@@ -853,6 +857,65 @@ TEST_F(JobManagerTest, AllRanksExitingZeroSucceedsKillsAndReleases) {
   absl::StatusOr<JobRecord> stored = store_->GetJob(id);
   ASSERT_THAT(stored, IsOk());
   EXPECT_EQ(stored->state, "SUCCEEDED");
+}
+
+// The token file's account of the owner (docs/security.md) and the spec's
+// limits travel in every LAUNCH; an agent running as root acts on them.
+TEST_F(JobManagerTest, LaunchCarriesTheOwnersUnixAccountAndTheLimits) {
+  std::vector<std::string> asked;
+  unix_account_ = [&asked](absl::string_view owner)
+      -> std::optional<JobManagerOptions::UnixAccount> {
+    asked.emplace_back(owner);
+    if (owner == "alice") return JobManagerOptions::UnixAccount{"alice-unix", false};
+    if (owner == "ops") return JobManagerOptions::UnixAccount{"root", true};
+    return std::nullopt;
+  };
+  manager_.reset();
+  CreateManager();
+  Agent& node = AddAgent("node-a", /*slots=*/8);  // room for the four 2-rank jobs
+
+  struct Case {
+    std::string owner;
+    std::string unix_user;
+    bool allow_root;
+  };
+  for (const Case& c : {Case{"alice", "alice-unix", false}, Case{"ops", "root", true},
+                        Case{"bob", "", false}, Case{"", "", false}}) {
+    SCOPED_TRACE(absl::StrCat("owner '", c.owner, "'"));
+    v1::JobSpec spec = Spec(/*nodes=*/1, /*nproc=*/2);
+    spec.set_memory_per_proc_bytes(int64_t{512} << 20);
+    spec.set_max_pids(256);
+    const size_t before = node.orders->messages().size();
+    absl::StatusOr<v1::SubmitJobResponse> submitted = manager().Submit(spec, c.owner);
+    ASSERT_THAT(submitted, IsOk());
+    const std::string id = submitted->job().id();
+    ASSERT_EQ(StateOf(id), v1::JOB_STATE_SCHEDULED);
+    ASSERT_THAT(node.orders->messages(), SizeIs(before + 1));
+    const v1::Assignment& launch = node.orders->messages().back();
+    ASSERT_EQ(launch.action(), kLaunch);
+    EXPECT_EQ(launch.job_id(), id);
+    EXPECT_EQ(launch.owner(), c.owner);
+    EXPECT_EQ(launch.unix_user(), c.unix_user);
+    EXPECT_EQ(launch.allow_root(), c.allow_root);
+    EXPECT_EQ(launch.memory_per_proc_bytes(), int64_t{512} << 20);
+    EXPECT_EQ(launch.max_pids(), 256);
+  }
+  // An unowned job is not looked up at all: no name could stand for it.
+  EXPECT_THAT(asked, ElementsAre("alice", "ops", "bob"));
+}
+
+TEST_F(JobManagerTest, LaunchWithoutAnAccountLookupCarriesNone) {
+  Agent& node = AddAgent("node-a");
+  absl::StatusOr<v1::SubmitJobResponse> submitted =
+      manager().Submit(Spec(/*nodes=*/1, /*nproc=*/2), "alice");
+  ASSERT_THAT(submitted, IsOk());
+  ASSERT_THAT(node.orders->messages(), SizeIs(1));
+  const v1::Assignment& launch = node.orders->messages()[0];
+  EXPECT_EQ(launch.owner(), "alice");
+  EXPECT_THAT(launch.unix_user(), IsEmpty());
+  EXPECT_FALSE(launch.allow_root());
+  EXPECT_EQ(launch.memory_per_proc_bytes(), 0);
+  EXPECT_EQ(launch.max_pids(), 0);
 }
 
 // ---- Failures and restarts --------------------------------------------------------
