@@ -4,25 +4,24 @@
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
 #include <spdlog/spdlog.h>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "agent/cgroup_bpf.h"
 #include "agent/cgroup_fs.h"
+#include "agent/cgroup_internal.h"
+#include "agent/job_paths.h"
 
 namespace mesh::agent {
 
@@ -41,16 +40,6 @@ const char* CgroupVersionName(CgroupVersion version) {
 namespace cgroup_internal {
 
 namespace fs = cgroup_fs;
-
-// One mounted hierarchy: where it is, and the agent's subtree in it.
-struct Hierarchy {
-  std::string controller;  // v1 controller name; "" for v2
-  std::string mount;       // e.g. /sys/fs/cgroup/memory
-  std::string parent;      // e.g. /process_api/x (relative to the mount)
-  std::string Base(const std::string& agent_dir) const {
-    return absl::StrCat(mount, parent == "/" ? "" : parent, "/", agent_dir);
-  }
-};
 
 bool IsFsType(const std::string& path, int64_t magic) {
   struct statfs st;
@@ -111,27 +100,37 @@ CgroupVersion Detect(const CgroupOptions& options) {
   return CgroupVersion::kNone;
 }
 
-// Kills and removes every subtree mesh-<name>-<pid>[-self] under `dir`
-// whose pid is dead, or whose pid is `only_pid` when that is > 0.
+// Kills and removes every subtree mesh-<name>-<pid> under the parent in
+// `h` whose pid is dead, or whose pid is `only_pid` when that is > 0; a
+// subtree of a live agent is never touched (agents of the same name may
+// share a host). A v2 leaf mesh-<name>-<pid>-self (where an agent moved
+// itself, see CreateV2) is only removed once empty, never killed: it holds
+// the agent and the processes it forked for itself, such as its watchdog.
 int RemoveAgentSubtrees(const Hierarchy& h, const std::string& name, pid_t only_pid, bool v2,
                         const Hierarchy* freezer) {
-  const std::string dir = absl::StrCat(h.mount, h.parent == "/" ? "" : h.parent);
+  const std::string dir = h.ParentDir();
   const std::string prefix = absl::StrCat("mesh-", name, "-");
   int killed = 0;
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return 0;
   std::vector<std::string> victims;
+  std::vector<std::string> self_leaves;
   while (const dirent* entry = readdir(d)) {
     const std::string entry_name = entry->d_name;
-    if (!absl::StartsWith(entry_name, prefix)) continue;
+    if (entry->d_type != DT_DIR || !absl::StartsWith(entry_name, prefix)) continue;
     std::string rest = entry_name.substr(prefix.size());
-    if (absl::EndsWith(rest, "-self")) rest.resize(rest.size() - 5);
+    const bool self_leaf = absl::EndsWith(rest, "-self");
+    if (self_leaf) rest.resize(rest.size() - 5);
     int pid = 0;
     if (!absl::SimpleAtoi(rest, &pid) || pid <= 0) continue;
     const bool chosen = only_pid > 0 ? pid == only_pid : !fs::PidAlive(pid);
-    if (chosen) victims.push_back(entry_name);
+    if (!chosen) continue;
+    (self_leaf ? self_leaves : victims).push_back(entry_name);
   }
   closedir(d);
+  for (const std::string& leaf : self_leaves) {
+    rmdir((dir + "/" + leaf).c_str());  // EBUSY while it holds processes: fine.
+  }
   for (const std::string& victim : victims) {
     const std::string path = dir + "/" + victim;
     if (v2) {
@@ -140,7 +139,9 @@ int RemoveAgentSubtrees(const Hierarchy& h, const std::string& name, pid_t only_
       const std::string freezer_path = freezer != nullptr ? freezer->Base(victim) : "";
       killed += fs::KillTreeV1(path, freezer_path);
     }
-    fs::WaitTreeEmpty(path, absl::Now() + absl::Seconds(2));
+    if (!fs::WaitTreeEmpty(path, absl::Now() + absl::Seconds(2))) {
+      spdlog::warn("cgroups: processes still in {} 2s after SIGKILL", path);
+    }
     if (absl::Status s = fs::RemoveTree(path); !s.ok()) {
       spdlog::warn("cgroups: cannot remove {}: {}", path, std::string(s.message()));
     }
@@ -150,185 +151,18 @@ int RemoveAgentSubtrees(const Hierarchy& h, const std::string& name, pid_t only_
 
 // ---------------------------------------------------------------------------
 
-class GenerationImpl final : public GenerationCgroup {
- public:
-  GenerationImpl(CgroupVersion version, std::vector<Hierarchy> hierarchies, std::string agent_dir,
-                 std::string job, int64_t generation, std::unique_ptr<DeviceProgram> program)
-      : version_(version),
-        hierarchies_(std::move(hierarchies)),
-        agent_dir_(std::move(agent_dir)),
-        job_(std::move(job)),
-        generation_(generation),
-        program_(std::move(program)) {}
-
-  ~GenerationImpl() override {
-    bool removed;
-    {
-      absl::MutexLock lock(&mu_);
-      removed = removed_;
-    }
-    if (removed) return;
-    if (absl::StatusOr<int> killed = KillAll(absl::Seconds(5)); !killed.ok()) {
-      spdlog::warn("cgroups: job {} generation {}: {}", job_, generation_,
-                   std::string(killed.status().message()));
-    }
-    if (absl::Status s = Remove(); !s.ok()) {
-      spdlog::warn("cgroups: job {} generation {}: {}", job_, generation_, std::string(s.message()));
-    }
-  }
-
-  std::string JobDir(const Hierarchy& h) const { return absl::StrCat(h.Base(agent_dir_), "/", job_); }
-  std::string GenDir(const Hierarchy& h) const {
-    return absl::StrCat(JobDir(h), "/gen-", generation_);
-  }
-  std::string RankDir(const Hierarchy& h, int rank) const {
-    return absl::StrCat(GenDir(h), "/rank-", rank);
-  }
-  const Hierarchy* Find(const std::string& controller) const {
-    for (const Hierarchy& h : hierarchies_) {
-      if (version_ == CgroupVersion::kV2 || h.controller == controller) return &h;
-    }
-    return nullptr;
-  }
-
-  absl::StatusOr<std::vector<std::string>> CreateRank(int rank, const CgroupLimits& limits) override {
-    std::vector<std::string> dirs;
-    for (const Hierarchy& h : hierarchies_) {
-      const std::string dir = RankDir(h, rank);
-      if (absl::Status s = fs::MakeDir(dir); !s.ok()) return s;
-      dirs.push_back(dir);
-    }
-    if (limits.memory_bytes > 0) {
-      const Hierarchy* memory = Find("memory");
-      const std::string file = version_ == CgroupVersion::kV2 ? "memory.max" : "memory.limit_in_bytes";
-      if (memory == nullptr || !fs::Exists(RankDir(*memory, rank) + "/" + file)) {
-        return absl::UnimplementedError("no memory controller for this job's cgroup");
-      }
-      const std::string bytes = absl::StrCat(limits.memory_bytes);
-      if (absl::Status s = fs::WriteText(RankDir(*memory, rank) + "/" + file, bytes); !s.ok()) {
-        return s;
-      }
-      // No way around the limit through swap: v1 memory+swap, v2 swap.
-      if (version_ == CgroupVersion::kV1) {
-        const std::string memsw = RankDir(*memory, rank) + "/memory.memsw.limit_in_bytes";
-        if (fs::Exists(memsw)) fs::WriteText(memsw, bytes).IgnoreError();
-      } else {
-        const std::string swap = RankDir(*memory, rank) + "/memory.swap.max";
-        if (fs::Exists(swap)) fs::WriteText(swap, "0").IgnoreError();
-      }
-    }
-    if (limits.max_pids > 0) {
-      const Hierarchy* pids = Find("pids");
-      if (pids == nullptr || !fs::Exists(RankDir(*pids, rank) + "/pids.max")) {
-        return absl::UnimplementedError("no pids controller for this job's cgroup");
-      }
-      if (absl::Status s =
-              fs::WriteText(RankDir(*pids, rank) + "/pids.max", absl::StrCat(limits.max_pids));
-          !s.ok()) {
-        return s;
-      }
-    }
-    absl::MutexLock lock(&mu_);
-    ranks_.insert(rank);
-    return dirs;
-  }
-
-  absl::StatusOr<int> KillAll(absl::Duration timeout) override {
-    const Hierarchy& main = hierarchies_[0];  // v2's only one, or v1's freezer
-    const std::string dir = GenDir(main);
-    if (!fs::Exists(dir)) return 0;
-    const int killed = version_ == CgroupVersion::kV2 ? fs::KillTreeV2(dir)
-                                                      : fs::KillTreeV1(dir, dir);
-    if (!fs::WaitTreeEmpty(dir, absl::Now() + timeout)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "processes of job ", job_, " generation ", generation_, " still in ", dir, " after ",
-          absl::FormatDuration(timeout)));
-    }
-    return killed;
-  }
-
-  bool Empty() const override {
-    for (pid_t pid : fs::TreePids(GenDir(hierarchies_[0]))) {
-      if (fs::PidAlive(pid)) return false;
-    }
-    return true;
-  }
-
-  int64_t OomKills(int rank) const override {
-    const Hierarchy* memory = Find("memory");
-    if (memory == nullptr) return 0;
-    if (version_ == CgroupVersion::kV2) {
-      return fs::ReadKeyedValue(RankDir(*memory, rank) + "/memory.events", "oom_kill").value_or(0);
-    }
-    return fs::ReadKeyedValue(RankDir(*memory, rank) + "/memory.oom_control", "oom_kill")
-        .value_or(0);
-  }
-
-  CgroupUsage Usage() const override {
-    CgroupUsage usage;
-    if (version_ == CgroupVersion::kV2) {
-      const std::string dir = GenDir(hierarchies_[0]);
-      usage.cpu_seconds =
-          static_cast<double>(fs::ReadKeyedValue(dir + "/cpu.stat", "usage_usec").value_or(0)) /
-          1e6;
-      usage.memory_bytes = fs::ReadInteger(dir + "/memory.current").value_or(0);
-      usage.processes = fs::ReadInteger(dir + "/pids.current")
-                            .value_or(static_cast<int64_t>(fs::TreePids(dir).size()));
-      return usage;
-    }
-    if (const Hierarchy* cpu = Find("cpuacct")) {
-      usage.cpu_seconds =
-          static_cast<double>(fs::ReadInteger(GenDir(*cpu) + "/cpuacct.usage").value_or(0)) / 1e9;
-    }
-    if (const Hierarchy* memory = Find("memory")) {
-      usage.memory_bytes = fs::ReadInteger(GenDir(*memory) + "/memory.usage_in_bytes").value_or(0);
-    }
-    if (const Hierarchy* pids = Find("pids")) {
-      usage.processes = fs::ReadInteger(GenDir(*pids) + "/pids.current").value_or(0);
-    } else {
-      usage.processes = static_cast<int64_t>(fs::TreePids(GenDir(hierarchies_[0])).size());
-    }
-    return usage;
-  }
-
-  absl::Status Remove() override {
-    if (!Empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", job_, " generation ", generation_, " still has processes in its cgroup"));
-    }
-    absl::Status first = absl::OkStatus();
-    for (const Hierarchy& h : hierarchies_) {
-      if (absl::Status s = fs::RemoveTree(GenDir(h)); !s.ok() && first.ok()) first = s;
-      rmdir(JobDir(h).c_str());  // Fails while another generation is there: fine.
-    }
-    if (first.ok()) {
-      absl::MutexLock lock(&mu_);
-      removed_ = true;
-    }
-    return first;
-  }
-
- private:
-  const CgroupVersion version_;
-  const std::vector<Hierarchy> hierarchies_;
-  const std::string agent_dir_;
-  const std::string job_;
-  const int64_t generation_;
-  const std::unique_ptr<DeviceProgram> program_;  // v2 device rules; may be null
-  mutable absl::Mutex mu_;
-  std::set<int> ranks_ ABSL_GUARDED_BY(mu_);
-  bool removed_ ABSL_GUARDED_BY(mu_) = false;
-};
-
 class ManagerImpl final : public CgroupManager {
  public:
+  // `controllers`: v2, the controllers enabled for the agent's subtree.
   ManagerImpl(CgroupVersion version, std::vector<Hierarchy> hierarchies, std::string agent_dir,
-              CgroupCapabilities can, std::string describe)
+              CgroupCapabilities can, std::string describe,
+              std::vector<std::string> controllers = {})
       : version_(version),
         hierarchies_(std::move(hierarchies)),
         agent_dir_(std::move(agent_dir)),
         can_(can),
-        describe_(std::move(describe)) {}
+        describe_(std::move(describe)),
+        controllers_(std::move(controllers)) {}
 
   ~ManagerImpl() override {
     // Generations are gone by now (their owners destroyed them); what is
@@ -353,35 +187,52 @@ class ManagerImpl final : public CgroupManager {
       return absl::UnimplementedError(
           absl::StrCat("device rules asked, and this node cannot enforce them: ", describe_));
     }
+    if (!IsSafeJobId(job_id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job id \"", job_id, "\" is not a safe cgroup name ([A-Za-z0-9._-])"));
+    }
+    std::vector<std::string> made;  // removed again when a step fails
+    auto fail = [&made](absl::Status status) {
+      for (const std::string& gen : made) fs::RemoveTree(gen).IgnoreError();
+      return status;
+    };
     std::unique_ptr<DeviceProgram> program;
     for (const Hierarchy& h : hierarchies_) {
-      const std::string gen = absl::StrCat(h.Base(agent_dir_), "/", job_id, "/gen-", generation);
-      if (absl::Status s = fs::MakeDir(gen); !s.ok()) return s;
+      const std::string job_dir = absl::StrCat(h.Base(agent_dir_), "/", job_id);
+      const std::string gen = absl::StrCat(job_dir, "/gen-", generation);
+      const bool existed = fs::Exists(gen);
+      if (absl::Status s = fs::MakeDir(gen); !s.ok()) return fail(s);
+      if (!existed) made.push_back(gen);
       if (version_ == CgroupVersion::kV2) {
         // Ranks get the controllers this subtree has.
-        for (const std::string& dir : {absl::StrCat(h.Base(agent_dir_), "/", job_id), gen}) {
-          EnableControllers(dir);
-        }
+        for (const std::string& dir : {job_dir, gen}) EnableControllers(dir);
         if (!devices.deny.empty()) {
           absl::StatusOr<std::unique_ptr<DeviceProgram>> attached =
               DeviceProgram::Attach(gen, devices.deny);
-          if (!attached.ok()) return attached.status();
+          if (!attached.ok()) return fail(attached.status());
           program = *std::move(attached);
         }
-      } else if (h.controller == "devices") {
-        // Children copy their parent's list when made: rules go first.
-        for (const CharDevice& device : devices.deny) {
-          const std::string rule =
-              device.minor < 0 ? absl::StrCat("c ", device.major, ":* rwm")
-                               : absl::StrCat("c ", device.major, ":", device.minor, " rwm");
-          if (absl::Status s = fs::WriteText(gen + "/devices.deny", rule); !s.ok()) return s;
+      } else if (h.controller == "devices" && !devices.deny.empty()) {
+        // A v1 cgroup copies its parent's list when it is made: the rules go
+        // to the generation before any rank exists, and to the ranks that
+        // already do (a generation made again).
+        std::vector<std::string> targets = fs::TreeDepthFirst(gen);
+        std::reverse(targets.begin(), targets.end());  // the generation first
+        for (const std::string& target : targets) {
+          for (const CharDevice& device : devices.deny) {
+            if (absl::Status s = fs::WriteText(target + "/devices.deny", DenyRuleV1(device));
+                !s.ok()) {
+              return fail(s);
+            }
+          }
         }
       }
     }
-    return std::unique_ptr<GenerationCgroup>(new GenerationImpl(
-        version_, hierarchies_, agent_dir_, job_id, generation, std::move(program)));
+    return NewGeneration(version_, hierarchies_, agent_dir_, job_id, generation,
+                         std::move(program));
   }
 
+ private:
   // v2: the controllers the agent's subtree has, for `dir`'s children.
   void EnableControllers(const std::string& dir) const {
     for (const std::string& controller : controllers_) {
@@ -389,14 +240,12 @@ class ManagerImpl final : public CgroupManager {
     }
   }
 
-  std::vector<std::string> controllers_;  // v2: enabled for the subtree
-
- private:
   const CgroupVersion version_;
   const std::vector<Hierarchy> hierarchies_;
   const std::string agent_dir_;
   const CgroupCapabilities can_;
   const std::string describe_;
+  const std::vector<std::string> controllers_;
 };
 
 std::unique_ptr<CgroupManager> NoneManager(std::string why) {
@@ -421,15 +270,44 @@ absl::StatusOr<std::unique_ptr<CgroupManager>> CreateV1(const CgroupOptions& opt
   std::vector<std::string> names;
   for (const Hierarchy& h : hierarchies) {
     if (absl::Status s = fs::MakeDir(h.Base(agent_dir)); !s.ok()) return s;
+    if (h.controller == "memory") {
+      // Kernels before 5.16 let a v1 memory cgroup ignore its children's
+      // usage (use_hierarchy 0): a rank's charge would then escape the
+      // agent's limits. It must be set before the first child is made.
+      const std::string file = h.Base(agent_dir) + "/memory.use_hierarchy";
+      if (fs::ReadInteger(file).value_or(1) == 0) {
+        if (absl::Status s = fs::WriteText(file, "1"); !s.ok()) {
+          spdlog::warn("cgroups: {}", std::string(s.message()));
+        }
+      }
+    }
     names.push_back(h.controller);
     if (h.controller == "memory") can.memory_limit = can.memory_usage = true;
     if (h.controller == "pids") can.pids_limit = true;
     if (h.controller == "devices") can.devices = true;
     if (h.controller == "cpuacct") can.cpu_usage = true;
   }
-  const std::string describe =
-      absl::StrCat("cgroup v1 (", absl::StrJoin(names, ", "), ") at ", options.v1_root, "/*",
-                   hierarchies[0].parent == "/" ? "" : hierarchies[0].parent, "/", agent_dir);
+  // Where the subtree is: one path when every hierarchy has the same
+  // parent, else one per parent ("/sys/fs/cgroup/{freezer,pids}/mesh-n1-42,
+  // /sys/fs/cgroup/memory/process_api/x/mesh-n1-42").
+  std::vector<std::pair<std::string, std::vector<std::string>>> by_parent;
+  for (const Hierarchy& h : hierarchies) {
+    auto it = std::find_if(by_parent.begin(), by_parent.end(),
+                           [&](const auto& group) { return group.first == h.parent; });
+    if (it == by_parent.end()) it = by_parent.insert(by_parent.end(), {h.parent, {}});
+    it->second.push_back(h.controller);
+  }
+  std::vector<std::string> places;
+  for (const auto& [parent, controllers] : by_parent) {
+    const std::string which = by_parent.size() == 1 ? "*"
+                              : controllers.size() == 1
+                                  ? controllers[0]
+                                  : absl::StrCat("{", absl::StrJoin(controllers, ","), "}");
+    places.push_back(absl::StrCat(options.v1_root, "/", which, parent == "/" ? "" : parent, "/",
+                                  agent_dir));
+  }
+  const std::string describe = absl::StrCat("cgroup v1 (", absl::StrJoin(names, ", "), ") at ",
+                                            absl::StrJoin(places, ", "));
   return std::unique_ptr<CgroupManager>(
       new ManagerImpl(CgroupVersion::kV1, std::move(hierarchies), agent_dir, can, describe));
 }
@@ -444,7 +322,7 @@ absl::StatusOr<std::unique_ptr<CgroupManager>> CreateV2(const CgroupOptions& opt
   const std::string agent_dir = AgentDir(options.agent_name, getpid());
   const int stale = RemoveAgentSubtrees(h, options.agent_name, 0, true, nullptr);
   if (stale > 0) spdlog::warn("cgroups: killed {} process(es) left by an earlier agent", stale);
-  const std::string parent_dir = absl::StrCat(h.mount, h.parent == "/" ? "" : h.parent);
+  const std::string parent_dir = h.ParentDir();
   std::set<std::string> available;
   if (absl::StatusOr<std::string> text = fs::ReadText(parent_dir + "/cgroup.controllers");
       text.ok()) {
@@ -457,15 +335,23 @@ absl::StatusOr<std::unique_ptr<CgroupManager>> CreateV2(const CgroupOptions& opt
     if (available.count(controller) > 0) wanted.push_back(controller);
   }
   // The kernel enables controllers for a cgroup's children only while the
-  // cgroup itself holds no process. When the agent is its parent's only
-  // process (a systemd unit with Delegate=yes), it moves into a leaf first.
+  // cgroup itself holds no process (the no-internal-process rule: EBUSY).
+  // When the agent is its parent's only process (a systemd unit with
+  // Delegate=yes), it moves itself into the leaf <parent>/mesh-<name>-<pid>-self
+  // first and stays there; a later agent removes that leaf once it is
+  // empty. When other processes share the parent, the agent goes on without
+  // the controllers, and Describe says why.
   std::vector<std::string> enabled;
   std::string note;
+  std::string refused;  // why the last refused controller was refused
   auto enable_all = [&] {
     enabled.clear();
     for (const std::string& controller : wanted) {
-      if (fs::WriteText(parent_dir + "/cgroup.subtree_control", "+" + controller).ok()) {
+      absl::Status s = fs::WriteText(parent_dir + "/cgroup.subtree_control", "+" + controller);
+      if (s.ok()) {
         enabled.push_back(controller);
+      } else {
+        refused = std::string(s.message());
       }
     }
   };
@@ -484,6 +370,10 @@ absl::StatusOr<std::unique_ptr<CgroupManager>> CreateV2(const CgroupOptions& opt
         note = absl::StrCat("; the agent moved itself to ", leaf);
         enable_all();
       }
+    } else if (!members.empty()) {
+      refused = absl::StrCat(refused, " (", parent_dir, " holds ", members.size(),
+                             " process(es) and the kernel enables controllers only for a cgroup "
+                             "without processes)");
     }
   }
   const std::string base = h.Base(agent_dir);
@@ -501,19 +391,25 @@ absl::StatusOr<std::unique_ptr<CgroupManager>> CreateV2(const CgroupOptions& opt
   can.pids_limit = has("pids");
   std::string bpf_problem;
   can.devices = DeviceProgram::Supported(&bpf_problem);
-  std::vector<std::string> missing;
+  std::vector<std::string> unavailable;  // not in the parent's cgroup.controllers
+  std::vector<std::string> not_enabled;  // available, and the kernel refused them
   for (const char* c : {"memory", "pids"}) {
-    if (!has(c)) missing.push_back(c);
+    if (has(c)) continue;
+    (available.count(c) > 0 ? not_enabled : unavailable).push_back(c);
   }
   std::string describe = absl::StrCat(
       "cgroup v2 (", enabled.empty() ? std::string("no controllers") : absl::StrJoin(enabled, ", "),
-      missing.empty() ? "" : absl::StrCat("; no ", absl::StrJoin(missing, ", "), " controller"),
+      unavailable.empty() ? ""
+                          : absl::StrCat("; no ", absl::StrJoin(unavailable, ", "),
+                                         " controller: not in ", parent_dir, "/cgroup.controllers"),
+      not_enabled.empty() ? ""
+                          : absl::StrCat("; no ", absl::StrJoin(not_enabled, ", "),
+                                         " controller: ", refused),
       can.devices ? "; eBPF device rules" : absl::StrCat("; no device rules: ", bpf_problem),
       ") at ", base, note);
-  auto manager = std::make_unique<ManagerImpl>(CgroupVersion::kV2, std::vector<Hierarchy>{h},
-                                               agent_dir, can, std::move(describe));
-  manager->controllers_ = enabled;
-  return std::unique_ptr<CgroupManager>(std::move(manager));
+  return std::unique_ptr<CgroupManager>(new ManagerImpl(CgroupVersion::kV2,
+                                                        std::vector<Hierarchy>{h}, agent_dir, can,
+                                                        std::move(describe), enabled));
 }
 
 }  // namespace cgroup_internal
@@ -560,54 +456,6 @@ int KillAgentCgroups(const CgroupOptions& options, pid_t agent_pid) {
     }
   }
   return 0;
-}
-
-NvidiaDevices FindNvidiaDevices(const std::string& dev_dir) {
-  NvidiaDevices found;
-  auto char_device = [](const std::string& path) -> std::optional<CharDevice> {
-    struct stat st;
-    if (stat(path.c_str(), &st) != 0 || !S_ISCHR(st.st_mode)) return std::nullopt;
-    return CharDevice{major(st.st_rdev), static_cast<int64_t>(minor(st.st_rdev))};
-  };
-  if (DIR* d = opendir(dev_dir.c_str()); d != nullptr) {
-    while (const dirent* entry = readdir(d)) {
-      const std::string name = entry->d_name;
-      if (!absl::StartsWith(name, "nvidia")) continue;
-      const std::string rest = name.substr(6);
-      int index = 0;
-      if (!rest.empty() && absl::SimpleAtoi(rest, &index) &&
-          rest.find_first_not_of("0123456789") == std::string::npos) {
-        if (auto device = char_device(dev_dir + "/" + name)) found.gpus.emplace_back(index, *device);
-      } else if (name == "nvidiactl" || name == "nvidia-uvm" || name == "nvidia-uvm-tools" ||
-                 name == "nvidia-modeset") {
-        if (auto device = char_device(dev_dir + "/" + name)) found.shared.push_back(*device);
-      }
-    }
-    closedir(d);
-  }
-  if (DIR* d = opendir((dev_dir + "/nvidia-caps").c_str()); d != nullptr) {
-    while (const dirent* entry = readdir(d)) {
-      if (auto device = char_device(dev_dir + "/nvidia-caps/" + entry->d_name)) {
-        found.shared.push_back(*device);
-      }
-    }
-    closedir(d);
-  }
-  std::sort(found.gpus.begin(), found.gpus.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  return found;
-}
-
-DeviceRules GpuConfinement(const NvidiaDevices& devices, const std::vector<int>& job_gpu_minors) {
-  DeviceRules rules;
-  const std::set<int> own(job_gpu_minors.begin(), job_gpu_minors.end());
-  for (const auto& [minor, device] : devices.gpus) {
-    if (own.count(minor) == 0) rules.deny.push_back(device);
-  }
-  if (own.empty()) {
-    for (const CharDevice& device : devices.shared) rules.deny.push_back(device);
-  }
-  return rules;
 }
 
 }  // namespace mesh::agent

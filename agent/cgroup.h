@@ -164,7 +164,10 @@ class CgroupManager {
   // agents of the same name. A mode kAuto that finds no usable hierarchy,
   // or mode kNone, gives a manager with version() kNone whose
   // CreateGeneration is FAILED_PRECONDITION. An explicit kV1 or kV2 that
-  // cannot be used is an error.
+  // cannot be used is an error. On v2, when the parent refuses controllers
+  // because it holds processes and the agent is the only one, the agent
+  // moves itself into <parent>/mesh-<name>-<pid>-self first; with other
+  // processes there, it goes on without them and Describe() says why.
   static absl::StatusOr<std::unique_ptr<CgroupManager>> Create(const CgroupOptions& options);
 
   virtual ~CgroupManager() = default;

@@ -179,7 +179,8 @@ bool PollUntil(F done, absl::Time deadline) {
 
 }  // namespace
 
-int KillTreeV1(const std::string& dir, const std::string& freezer_dir) {
+int KillTreeV1(const std::string& dir, const std::string& freezer_dir,
+               absl::Duration freeze_wait) {
   const bool freeze = !freezer_dir.empty() && Exists(freezer_dir + "/freezer.state");
   if (freeze && WriteText(freezer_dir + "/freezer.state", "FROZEN").ok()) {
     // FREEZING until every task stopped; a task in an uninterruptible sleep
@@ -189,14 +190,14 @@ int KillTreeV1(const std::string& dir, const std::string& freezer_dir) {
           absl::StatusOr<std::string> state = ReadText(freezer_dir + "/freezer.state");
           return state.ok() && absl::StripAsciiWhitespace(*state) == "FROZEN";
         },
-        absl::Now() + absl::Seconds(1));
+        absl::Now() + freeze_wait);
   }
   int killed = KillAll(TreePids(dir));
   if (freeze) WriteText(freezer_dir + "/freezer.state", "THAWED").IgnoreError();
   return killed + KillStragglers(dir);
 }
 
-int KillTreeV2(const std::string& dir) {
+int KillTreeV2(const std::string& dir, absl::Duration freeze_wait) {
   if (Exists(dir + "/cgroup.kill")) {
     const int count = static_cast<int>(TreePids(dir).size());
     if (WriteText(dir + "/cgroup.kill", "1").ok()) return count;
@@ -204,7 +205,7 @@ int KillTreeV2(const std::string& dir) {
   const bool freeze = Exists(dir + "/cgroup.freeze") && WriteText(dir + "/cgroup.freeze", "1").ok();
   if (freeze) {
     PollUntil([&] { return ReadKeyedValue(dir + "/cgroup.events", "frozen").value_or(1) == 1; },
-              absl::Now() + absl::Seconds(1));
+              absl::Now() + freeze_wait);
   }
   int killed = KillAll(TreePids(dir));
   if (freeze) WriteText(dir + "/cgroup.freeze", "0").IgnoreError();

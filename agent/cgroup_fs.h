@@ -41,9 +41,12 @@ std::vector<pid_t> TreePids(const std::string& dir);
 // SIGKILLs every process of the tree at `dir`: v1 freezes it through
 // `freezer_dir` (the same cgroup in the freezer hierarchy; empty: no
 // freezer) and thaws it after; v2 writes cgroup.kill, or freezes with
-// cgroup.freeze where that is missing. Returns the number signalled.
-int KillTreeV1(const std::string& dir, const std::string& freezer_dir);
-int KillTreeV2(const std::string& dir);
+// cgroup.freeze where that is missing. A freeze that has not completed
+// after `freeze_wait` (a task in uninterruptible sleep) goes on to the
+// kill anyway. Returns the number signalled.
+int KillTreeV1(const std::string& dir, const std::string& freezer_dir,
+               absl::Duration freeze_wait = absl::Seconds(1));
+int KillTreeV2(const std::string& dir, absl::Duration freeze_wait = absl::Seconds(1));
 // Waits until no process is left in the tree at `dir` or `deadline`.
 bool WaitTreeEmpty(const std::string& dir, absl::Time deadline);
 // rmdir of the tree, children first; the first error (ENOENT ignored).
