@@ -10,51 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/job_manager_internal.h"
+#include "coordinator/worker_exit_message.h"
 
 namespace mesh::coordinator {
 
 using ::mesh::v1::JOB_STATE_SCHEDULED;
 using ::mesh::v1::RootCause;
-
-namespace {
-
-const char* SignalName(int signal) {
-  switch (signal) {
-    case 1:
-      return "SIGHUP";
-    case 2:
-      return "SIGINT";
-    case 3:
-      return "SIGQUIT";
-    case 4:
-      return "SIGILL";
-    case 6:
-      return "SIGABRT";
-    case 7:
-      return "SIGBUS";
-    case 8:
-      return "SIGFPE";
-    case 9:
-      return "SIGKILL";
-    case 11:
-      return "SIGSEGV";
-    case 13:
-      return "SIGPIPE";
-    case 14:
-      return "SIGALRM";
-    case 15:
-      return "SIGTERM";
-    default:
-      return "";
-  }
-}
-
-std::string DescribeSignal(int signal) {
-  const char* name = SignalName(signal);
-  return *name ? absl::StrCat(signal, " (", name, ")") : absl::StrCat(signal);
-}
-
-}  // namespace
 
 absl::Status JobManager::ReportWorkersStarted(
     const mesh::v1::ReportWorkersStartedRequest& request) {
@@ -149,37 +110,24 @@ absl::Status JobManager::ReportWorkerExit(const mesh::v1::ReportWorkerExitReques
       cause.set_node(node.name);
       cause.set_host(node.address);
       cause.set_generation(request.generation());
-      const std::string who = absl::StrCat("rank ", rank, " (node ", node.name, ")");
       switch (how) {
         case Termination::kExitCode:
           cause.set_exit_code(request.exit_code());
-          cause.set_message(absl::StrCat(who, " exited with code ", request.exit_code()));
           break;
         case Termination::kSignal:
           cause.set_signal(request.signal());
-          cause.set_message(
-              absl::StrCat(who, " was killed by signal ", DescribeSignal(request.signal())));
           break;
         case Termination::kLaunchError:
-          cause.set_message(absl::StrCat(who, " could not be started: ", request.launch_error()));
           break;
         default:
           return absl::InvalidArgumentError(
               "ReportWorkerExit needs an exit_code, a signal or a launch_error");
       }
-      // What the agent knows beyond the status: an OOM kill in the rank's
-      // cgroup, the dynamic loader's message for exit code 127.
-      if (request.oom_killed()) {
-        cause.set_oom_killed(true);
-        cause.set_message(absl::StrCat(
-            who, " ",
-            request.detail().empty() ? "was killed by the kernel: out of memory" : request.detail(),
-            how == Termination::kSignal
-                ? absl::StrCat("; signal ", DescribeSignal(request.signal()))
-                : absl::StrCat("; exit code ", request.exit_code())));
-      } else if (!request.detail().empty() && how != Termination::kLaunchError) {
-        absl::StrAppend(cause.mutable_message(), ": ", request.detail());
-      }
+      // With what the agent knows beyond the status: an OOM kill in the
+      // rank's cgroup, the dynamic loader's message for exit code 127.
+      cause.set_oom_killed(request.oom_killed());
+      cause.set_message(
+          WorkerExitMessage(absl::StrCat("rank ", rank, " (node ", node.name, ")"), request));
       FailJobLocked(*job, std::move(cause), effects);
     }
     while (effects.TakeReschedule()) ScheduleLocked(effects);

@@ -143,8 +143,8 @@ TEST_F(WorkerEnvTest, AMissingLibraryIsTheRootCauseAndTheOperatorsLibraryPathFix
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(failed->root_cause().exit_code(), 127);
   EXPECT_THAT(failed->root_cause().message(),
-              HasSubstr("exited with code 127: the dynamic loader could not start it: error while "
-                        "loading shared libraries: libmesh_test_missing_lib.so"));
+              HasSubstr("exited with code 127: error while loading shared libraries: "
+                        "libmesh_test_missing_lib.so"));
   std::printf("root cause: %s\n", failed->root_cause().message().c_str());
 
   const std::string file = WriteEnvFile(absl::StrCat("LD_LIBRARY_PATH=", MISSING_LIB_DIR, "\n"));
