@@ -1,5 +1,6 @@
 #include "agent/job_isolation.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -147,10 +148,25 @@ absl::Status JobIsolation::PrepareDirectory(const std::string& dir,
     return absl::FailedPreconditionError(
         absl::StrCat("cannot make ", jobs_dir, " passable (0711): ", ErrnoText(errno)));
   }
+  // By handle, never by name: the job directory belongs to the account
+  // already, so a worker of an earlier generation may have put a symlink
+  // where this generation's directory goes (gen-1 -> /etc), and chown(2)
+  // by name would follow it and hand the target to the account. The job
+  // directory's own parent is the agent's, so its name cannot be swapped.
   for (const std::string& path : {job_dir, dir}) {
-    if (chown(path.c_str(), account->uid, account->gid) != 0 || chmod(path.c_str(), 0700) != 0) {
+    const int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot give ", path, " to ", account->user, ": ", ErrnoText(err),
+          err == ELOOP || err == ENOTDIR ? " (not a directory the agent made: a symlink?)" : ""));
+    }
+    const bool given = fchown(fd, account->uid, account->gid) == 0 && fchmod(fd, 0700) == 0;
+    const int err = errno;
+    close(fd);
+    if (!given) {
       return absl::FailedPreconditionError(
-          absl::StrCat("cannot give ", path, " to ", account->user, ": ", ErrnoText(errno)));
+          absl::StrCat("cannot give ", path, " to ", account->user, ": ", ErrnoText(err)));
     }
   }
   return absl::OkStatus();

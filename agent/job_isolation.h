@@ -73,6 +73,9 @@ class JobIsolation {
   // Makes the generation directory `dir` (and its parents) and, for a
   // worker account, gives it to that account with mode 0700, so no other
   // job's account can enter it or read the logs inside.
+  // Possible errors: FAILED_PRECONDITION when a directory cannot be made or
+  // given, or `dir` or its job directory is a symlink (which a worker of an
+  // earlier generation could plant: it is refused, never followed).
   absl::Status PrepareDirectory(const std::string& dir,
                                 const std::optional<WorkerCredentials>& account) const;
 

@@ -28,18 +28,31 @@ void CloseFd(int& fd) {
 }
 
 // Opens a log file for the agent to write: mode 0600, owned by the worker's
-// account when it has one.
+// account when it has one. Returns the fd, or -1 with errno set.
+//
+// The directory belongs to the worker's account, so whatever is at `path`
+// may have been put there by a worker: a symlink or hard link to a file of
+// root's (which O_TRUNC and fchown would truncate and hand over), or a FIFO
+// (which would block the open). Only a regular file with one link is
+// accepted, and it is truncated only after that check.
 int OpenLogFile(const std::string& path, const std::optional<WorkerCredentials>& owner) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
   if (fd < 0) return fd;
-  // A file left by an earlier run keeps its old mode; O_CREAT's does not apply.
-  fchmod(fd, 0600);
-  if (owner.has_value() && fchown(fd, owner->uid, owner->gid) != 0) {
-    const int err = errno;
+  auto fail = [fd](int err) {
     close(fd);
     errno = err;
     return -1;
-  }
+  };
+  struct stat st;
+  if (fstat(fd, &st) != 0) return fail(errno);
+  if (!S_ISREG(st.st_mode)) return fail(EINVAL);
+  if (st.st_nlink != 1) return fail(EMLINK);
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) return fail(errno);
+  if (ftruncate(fd, 0) != 0) return fail(errno);
+  // A file left by an earlier run keeps its old mode; O_CREAT's does not apply.
+  fchmod(fd, 0600);
+  if (owner.has_value() && fchown(fd, owner->uid, owner->gid) != 0) return fail(errno);
   return fd;
 }
 
@@ -199,8 +212,13 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec, ExitC
     stream.owner = spec.credentials;
     stream.file_fd = OpenLogFile(path, spec.credentials);
     if (stream.file_fd < 0) {
-      return fail(absl::FailedPreconditionError(
-          absl::StrCat("cannot open log file '", path, "': ", ErrnoText(errno))));
+      const int err = errno;
+      const bool planted = err == ELOOP || err == EINVAL || err == EMLINK;
+      return fail(absl::FailedPreconditionError(absl::StrCat(
+          "cannot open log file '", path, "': ", ErrnoText(err),
+          planted ? " (a log file must be a regular file with one link: not a symlink, hard "
+                    "link or FIFO)"
+                  : "")));
     }
   }
   // The cgroup.procs files are opened here: the child may only write().

@@ -55,6 +55,9 @@ struct LaunchSpec {
   // Directory the worker starts in; empty means the agent's own.
   std::string working_dir;
   // Log files for the worker's stdout and stderr (created or truncated).
+  // What is there already must be a regular file with one link: a symlink,
+  // hard link or FIFO (which a worker of the account owning the directory
+  // may have planted) is refused, not followed.
   // An empty stderr_log, or one equal to stdout_log, sends stderr to the
   // stdout log (2>&1). An empty stdout_log discards both.
   std::string stdout_log;

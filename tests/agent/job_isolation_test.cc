@@ -4,12 +4,14 @@
 // they skip without it.
 #include "agent/job_isolation.h"
 
+#include <grp.h>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -29,6 +31,24 @@ v1::Assignment Launch(const std::string& owner, const std::string& unix_user,
   order.set_unix_user(unix_user);
   order.set_allow_root(allow_root);
   return order;
+}
+
+// The account's groups as the C library lists them, its primary one included.
+std::vector<gid_t> GroupsOf(const char* name) {
+  const struct passwd* pw = getpwnam(name);
+  if (pw == nullptr) return {};
+  const gid_t primary = pw->pw_gid;
+  int count = 256;
+  std::vector<gid_t> groups(count);
+  if (getgrouplist(name, primary, groups.data(), &count) < 0) return {};
+  groups.resize(count);
+  return groups;
+}
+
+struct stat StatOf(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(lstat(path.c_str(), &st), 0) << path;
+  return st;
 }
 
 std::unique_ptr<JobIsolation> Make(JobIsolationOptions options) {
@@ -55,7 +75,7 @@ TEST_F(JobIsolationTest, OwnersRunAsTheirAccountWithItsGroupsAndHome) {
   const struct passwd* nobody = getpwnam("nobody");
   EXPECT_EQ((*run_as)->uid, nobody->pw_uid);
   EXPECT_EQ((*run_as)->gid, nobody->pw_gid);
-  EXPECT_THAT((*run_as)->groups, ::testing::Contains(nobody->pw_gid));
+  EXPECT_THAT((*run_as)->groups, ::testing::UnorderedElementsAreArray(GroupsOf("nobody")));
   EXPECT_EQ((*run_as)->user, "nobody");
   EXPECT_EQ((*run_as)->home, nobody->pw_dir);
 }
@@ -108,11 +128,77 @@ TEST_F(JobIsolationTest, DirectoriesGoToTheAccountAndOnlyIt) {
     struct stat st;
     ASSERT_EQ(stat(dir.c_str(), &st), 0) << dir;
     EXPECT_EQ(st.st_uid, (*account)->uid) << dir;
+    EXPECT_EQ(st.st_gid, (*account)->gid) << dir;
     EXPECT_EQ(st.st_mode & 0777, 0700u) << dir;
   }
   struct stat jobs;
   ASSERT_EQ(stat((work + "/jobs").c_str(), &jobs), 0);
   EXPECT_EQ(jobs.st_mode & 0777, 0711u);
+  std::filesystem::remove_all(work);
+}
+
+TEST_F(JobIsolationTest, AnOwnerWithoutAnAccountNeverGetsTheUnownedJobsOne) {
+  JobIsolationOptions options;
+  options.unowned_job_user = "nobody";
+  auto isolation = Make(options);
+  ASSERT_NE(isolation, nullptr);
+  auto owned = isolation->RunAs(Launch("alice", ""));
+  EXPECT_EQ(owned.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(owned.status().message()), HasSubstr("job job-7 of alice"));
+  auto unowned = isolation->RunAs(Launch("", ""));
+  ASSERT_TRUE(unowned.ok()) << unowned.status();
+  EXPECT_EQ((*unowned)->user, "nobody");
+  EXPECT_EQ((*unowned)->uid, getpwnam("nobody")->pw_uid);
+  // An owner whose account is root still needs allow_root, whatever the
+  // operator allows for unowned jobs.
+  options.unowned_job_user = "root";
+  isolation = Make(options);
+  ASSERT_NE(isolation, nullptr);
+  EXPECT_EQ(isolation->RunAs(Launch("alice", "root")).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(JobIsolationTest, AnUnknownUnownedJobUserIsNamedAtCreate) {
+  JobIsolationOptions options;
+  options.unowned_job_user = "mesh-no-such-user";
+  auto made = JobIsolation::Create(options, nullptr);
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(made.status().message()), HasSubstr("--unowned-job-user"));
+  EXPECT_THAT(std::string(made.status().message()), HasSubstr("mesh-no-such-user"));
+}
+
+TEST_F(JobIsolationTest, WithoutAnAccountTheDirectoryStaysTheAgents) {
+  const std::string work = testing::MakeTempDir("mesh-isolation-own");
+  const std::string gen = work + "/jobs/job-7/gen-0";
+  auto isolation = Make({});
+  ASSERT_NE(isolation, nullptr);
+  ASSERT_TRUE(isolation->PrepareDirectory(gen, std::nullopt).ok());
+  EXPECT_EQ(StatOf(gen).st_uid, geteuid());
+  EXPECT_EQ(StatOf(work + "/jobs/job-7").st_uid, geteuid());
+  std::filesystem::remove_all(work);
+}
+
+// The job directory is the account's, so a worker of generation 0 can put a
+// symlink where generation 1's directory goes. Following it would give the
+// target (here a directory standing for /etc) to the account.
+TEST_F(JobIsolationTest, APlantedSymlinkIsRefusedAndItsTargetUntouched) {
+  const std::string work = testing::MakeTempDir("mesh-isolation-planted");
+  const std::string target = work + "/etc";
+  ASSERT_EQ(mkdir(target.c_str(), 0755), 0);
+  auto isolation = Make({});
+  ASSERT_NE(isolation, nullptr);
+  auto account = isolation->RunAs(Launch("alice", "nobody"));
+  ASSERT_TRUE(account.ok());
+  ASSERT_TRUE(isolation->PrepareDirectory(work + "/jobs/job-7/gen-0", *account).ok());
+  const std::string gen1 = work + "/jobs/job-7/gen-1";
+  ASSERT_EQ(symlink(target.c_str(), gen1.c_str()), 0);
+  const absl::Status refused = isolation->PrepareDirectory(gen1, *account);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr(gen1));
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("symlink"));
+  const struct stat st = StatOf(target);
+  EXPECT_EQ(st.st_uid, 0u) << "the symlink's target was given to the account";
+  EXPECT_EQ(st.st_mode & 0777, 0755u);
   std::filesystem::remove_all(work);
 }
 

@@ -10,19 +10,23 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "agent/job_isolation.h"
 #include "agent/worker_supervisor.h"
 #include "tests/util/proc.h"
@@ -436,35 +440,103 @@ class CredentialsTest : public ProcessLauncherTest {
   WorkerCredentials nobody_;
 };
 
-TEST_F(CredentialsTest, TheWorkerRunsAsTheAccountAndItsLogsAreItsOwn) {
-  LaunchSpec spec = Spec({"sh", "-c", "echo uid=$(id -u) gid=$(id -g) groups=$(id -G)"});
+// The numbers after "<key>=" in `text` up to the end of its line, as a set.
+std::set<gid_t> NumbersAfter(const std::string& text, const std::string& key) {
+  std::set<gid_t> out;
+  const size_t at = text.find(key + "=");
+  if (at == std::string::npos) return out;
+  const size_t from = at + key.size() + 1;
+  const std::string line = text.substr(from, text.find('\n', from) - from);
+  for (absl::string_view word : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+    gid_t id = 0;
+    if (absl::SimpleAtoi(word, &id)) out.insert(id);
+  }
+  return out;
+}
+
+// The "Uid:" line of /proc/<pid>/status: real, effective, saved, fs.
+std::string UidLineOf(pid_t pid) {
+  std::istringstream status(ReadFile(absl::StrCat("/proc/", pid, "/status")));
+  for (std::string line; std::getline(status, line);) {
+    if (absl::StartsWith(line, "Uid:")) return line;
+  }
+  return "";
+}
+
+TEST_F(CredentialsTest, TheWorkerRunsAsTheAccountWithItsGroupsOnly) {
+  LaunchSpec spec =
+      Spec({"sh", "-c", "echo uid=$(id -u); echo gid=$(id -g); echo groups=$(id -G)"});
   spec.credentials = nobody_;
   spec.working_dir = dir_;
-  spec.max_log_bytes = 64;
   auto pid = Launch(spec);
   ASSERT_TRUE(pid.ok()) << pid.status();
   auto exit = WaitForExit(*pid);
   ASSERT_TRUE(exit.has_value());
   EXPECT_EQ(exit->exit_code, 0);
-  EXPECT_THAT(ReadFile(dir_ + "/out.log"),
-              HasSubstr(absl::StrCat("uid=", nobody_.uid, " gid=", nobody_.gid)));
-  for (const char* log : {"/out.log", "/err.log"}) {
+  const std::string out = ReadFile(dir_ + "/out.log");
+  EXPECT_THAT(NumbersAfter(out, "uid"), ::testing::ElementsAre(nobody_.uid)) << out;
+  EXPECT_THAT(NumbersAfter(out, "gid"), ::testing::ElementsAre(nobody_.gid)) << out;
+  EXPECT_EQ(NumbersAfter(out, "groups"),
+            std::set<gid_t>(nobody_.groups.begin(), nobody_.groups.end()))
+      << out;
+  EXPECT_THAT(ReadFile(dir_ + "/err.log"), IsEmpty());
+}
+
+TEST_F(CredentialsTest, LogsAreTheAccountsWithMode0600AlsoAfterRotation) {
+  // An earlier run's files, with a looser mode and the agent as owner.
+  for (const char* log : {"/out.log", "/out.log.1"}) {
+    std::ofstream(dir_ + log) << "old\n";
+    ASSERT_EQ(chmod((dir_ + log).c_str(), 0644), 0);
+  }
+  LaunchSpec spec =
+      Spec({"sh", "-c", "i=0; while [ $i -lt 40 ]; do echo line-$i; i=$((i+1)); done"});
+  spec.credentials = nobody_;
+  spec.max_log_bytes = 64;
+  auto pid = Launch(spec);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_TRUE(WaitForExit(*pid).has_value());
+  EXPECT_THAT(ReadFile(dir_ + "/out.log"), HasSubstr("line-39"));
+  EXPECT_THAT(ReadFile(dir_ + "/out.log.1"), HasSubstr("line-3"))
+      << "the log did not rotate, so rotation is not tested";
+  for (const char* log : {"/out.log", "/out.log.1", "/err.log"}) {
     struct stat st;
     ASSERT_EQ(stat((dir_ + log).c_str(), &st), 0) << log;
     EXPECT_EQ(st.st_uid, nobody_.uid) << log;
+    EXPECT_EQ(st.st_gid, nobody_.gid) << log;
     EXPECT_EQ(st.st_mode & 0777, 0600u) << log;
+    EXPECT_LE(st.st_size, 64) << log;
   }
-  // A rotated log keeps owner and mode.
-  LaunchSpec chatty = Spec({"sh", "-c", "i=0; while [ $i -lt 40 ]; do echo line-$i; i=$((i+1)); done"});
-  chatty.credentials = nobody_;
-  chatty.max_log_bytes = 64;
-  auto chatty_pid = Launch(chatty);
-  ASSERT_TRUE(chatty_pid.ok()) << chatty_pid.status();
-  ASSERT_TRUE(WaitForExit(*chatty_pid).has_value());
-  struct stat rotated;
-  ASSERT_EQ(stat((dir_ + "/out.log").c_str(), &rotated), 0);
-  EXPECT_EQ(rotated.st_uid, nobody_.uid);
-  EXPECT_EQ(rotated.st_mode & 0777, 0600u);
+}
+
+// The log directory is the account's, so a worker may leave a symlink or a
+// hard link where the next run's log goes. The agent, as root, must not
+// truncate the target and hand it to the account.
+TEST_F(CredentialsTest, APlantedLogLinkIsRefusedAndItsTargetUntouched) {
+  const std::string target = dir_ + "/shadow";
+  std::ofstream(target) << "root's secret\n";
+  ASSERT_EQ(chmod(target.c_str(), 0640), 0);
+  const std::string log = dir_ + "/out.log";
+  auto refused = [&](const char* what) {
+    SCOPED_TRACE(what);
+    LaunchSpec spec = Spec({"/bin/true"});
+    spec.credentials = nobody_;
+    auto pid = Launch(spec);
+    EXPECT_EQ(pid.status().code(), absl::StatusCode::kFailedPrecondition) << pid.status();
+    EXPECT_THAT(std::string(pid.status().message()), HasSubstr(log));
+    EXPECT_EQ(ReadFile(target), "root's secret\n");
+    struct stat st;
+    ASSERT_EQ(stat(target.c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, 0u);
+    EXPECT_EQ(st.st_mode & 0777, 0640u);
+  };
+  ASSERT_EQ(symlink(target.c_str(), log.c_str()), 0);
+  refused("symlink");
+  ASSERT_EQ(unlink(log.c_str()), 0);
+  ASSERT_EQ(link(target.c_str(), log.c_str()), 0);
+  refused("hard link");
+  ASSERT_EQ(unlink(log.c_str()), 0);
+  ASSERT_EQ(mkfifo(log.c_str(), 0600), 0);
+  refused("FIFO: refused at once, not a blocked agent");
 }
 
 TEST_F(CredentialsTest, ADirectoryTheAccountCannotEnterIsPermissionDeniedNamingIt) {
@@ -476,30 +548,141 @@ TEST_F(CredentialsTest, ADirectoryTheAccountCannotEnterIsPermissionDeniedNamingI
   auto pid = Launch(spec);
   EXPECT_EQ(pid.status().code(), absl::StatusCode::kPermissionDenied) << pid.status();
   EXPECT_THAT(std::string(pid.status().message()), HasSubstr("as user nobody"));
+  EXPECT_THAT(std::string(pid.status().message()), HasSubstr(absl::StrCat("uid ", nobody_.uid)));
+  // The agent's own workers may enter it.
+  spec.credentials.reset();
+  auto own = Launch(spec);
+  ASSERT_TRUE(own.ok()) << own.status();
+  ASSERT_TRUE(WaitForExit(*own).has_value());
 }
 
 TEST_F(CredentialsTest, TheWorkerStillDiesWithTheThreadThatStartedIt) {
   // The credential change clears the parent-death signal; the launcher sets
   // it again after the drop.
   absl::StatusOr<pid_t> pid;
+  absl::Notification launched;
+  absl::Notification release;
   std::thread launching([&] {
     LaunchSpec spec = Spec({"/bin/sleep", "30"});
     spec.credentials = nobody_;
     pid = Launch(spec);
+    launched.Notify();
+    release.WaitForNotification();
   });
+  launched.WaitForNotification();
+  if (!pid.ok()) {
+    release.Notify();
+    launching.join();
+    FAIL() << pid.status();
+  }
+  EXPECT_TRUE(IsAlive(*pid));
+  EXPECT_EQ(UidLineOf(*pid), absl::StrCat("Uid:\t", nobody_.uid, "\t", nobody_.uid, "\t",
+                                          nobody_.uid, "\t", nobody_.uid));
+  release.Notify();
   launching.join();
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  EXPECT_TRUE(WaitUntil([&] { return WaitForExit(*pid, absl::Milliseconds(50)).has_value(); },
-                        absl::Seconds(5)))
+  EXPECT_TRUE(WaitUntil([&] { return !IsAlive(*pid); }, absl::Seconds(3)))
       << "the worker outlived the thread that launched it";
+  auto exit = WaitForExit(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->signal, SIGKILL) << exit->ToString();
 }
+
+// ---- Cgroups ------------------------------------------------------------------
 
 TEST_F(ProcessLauncherTest, AMissingCgroupIsAFailedPreconditionNamingIt) {
   LaunchSpec spec = Spec({"/bin/true"});
   spec.cgroup_dirs = {dir_ + "/no-such-cgroup"};
   auto pid = Launch(spec);
   EXPECT_EQ(pid.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(pid.status().message()), HasSubstr("no-such-cgroup/cgroup.procs"));
+  EXPECT_THAT(std::string(pid.status().message()),
+              HasSubstr(dir_ + "/no-such-cgroup/cgroup.procs"));
+}
+
+// A v1 pids cgroup of the test's own, removed with whatever is left in it.
+class ScopedPidsCgroup {
+ public:
+  static constexpr char kRoot[] = "/sys/fs/cgroup/pids";
+
+  // Empty dir() and the reason in why() when none can be made here.
+  ScopedPidsCgroup() {
+    if (geteuid() != 0) {
+      why_ = "making a cgroup needs root";
+      return;
+    }
+    if (access(absl::StrCat(kRoot, "/cgroup.procs").c_str(), W_OK) != 0) {
+      why_ = absl::StrCat("no writable v1 pids hierarchy at ", kRoot);
+      return;
+    }
+    const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+    const std::string dir =
+        absl::StrCat(kRoot, "/mesh-launcher-test-", getpid(), "-", test->name());
+    if (mkdir(dir.c_str(), 0755) != 0) {
+      why_ = absl::StrCat("cannot make ", dir, ": ", std::strerror(errno));
+      return;
+    }
+    dir_ = dir;
+  }
+  ~ScopedPidsCgroup() {
+    if (dir_.empty()) return;
+    const bool removed = WaitUntil(
+        [&] {
+          std::istringstream procs(ReadFile(dir_ + "/cgroup.procs"));
+          for (pid_t pid; procs >> pid;) kill(pid, SIGKILL);
+          return rmdir(dir_.c_str()) == 0;
+        },
+        absl::Seconds(5));
+    EXPECT_TRUE(removed) << "cgroup " << dir_ << " left behind: " << std::strerror(errno);
+  }
+  const std::string& dir() const { return dir_; }
+  const std::string& why() const { return why_; }
+  // The name under the hierarchy's root, as /proc/<pid>/cgroup shows it.
+  std::string path() const { return dir_.substr(std::strlen(kRoot)); }
+
+ private:
+  std::string dir_;
+  std::string why_;
+};
+
+// The worker's line for the pids controller in /proc/<pid>/cgroup.
+std::string PidsCgroupOf(pid_t pid) {
+  std::istringstream lines(ReadFile(absl::StrCat("/proc/", pid, "/cgroup")));
+  for (std::string line; std::getline(lines, line);) {
+    std::vector<std::string> fields = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (fields.size() != 3) continue;
+    for (absl::string_view controller : absl::StrSplit(fields[1], ',')) {
+      if (controller == "pids") return fields[2];
+    }
+  }
+  return "";
+}
+
+TEST_F(ProcessLauncherTest, TheWorkerStartsInsideItsCgroup) {
+  ScopedPidsCgroup cgroup;
+  if (cgroup.dir().empty()) GTEST_SKIP() << cgroup.why();
+  LaunchSpec spec = Spec({"/bin/sleep", "30"});
+  spec.cgroup_dirs = {cgroup.dir()};
+  auto pid = Launch(spec);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  EXPECT_EQ(PidsCgroupOf(*pid), cgroup.path());
+  EXPECT_THAT(ReadFile(cgroup.dir() + "/cgroup.procs"), HasSubstr(absl::StrCat(*pid, "\n")));
+  EXPECT_NE(PidsCgroupOf(getpid()), cgroup.path()) << "the agent itself must stay outside";
+  ASSERT_TRUE(launcher_->Signal(*pid, SIGKILL).ok());
+  ASSERT_TRUE(WaitForExit(*pid).has_value());
+}
+
+// Joining comes before the drop: the account may not write cgroup.procs.
+TEST_F(CredentialsTest, TheAccountsWorkerStartsInsideItsCgroupToo) {
+  ScopedPidsCgroup cgroup;
+  if (cgroup.dir().empty()) GTEST_SKIP() << cgroup.why();
+  LaunchSpec spec = Spec({"/bin/sleep", "30"});
+  spec.credentials = nobody_;
+  spec.cgroup_dirs = {cgroup.dir()};
+  auto pid = Launch(spec);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  EXPECT_EQ(PidsCgroupOf(*pid), cgroup.path());
+  EXPECT_THAT(UidLineOf(*pid), HasSubstr(absl::StrCat("\t", nobody_.uid)));
+  ASSERT_TRUE(launcher_->Signal(*pid, SIGKILL).ok());
+  ASSERT_TRUE(WaitForExit(*pid).has_value());
 }
 
 }  // namespace process_launcher_test
