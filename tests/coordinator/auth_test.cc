@@ -252,16 +252,16 @@ TEST_F(AuthTest, BadUnixAccountsAreRejectedNamingTheEntry) {
 
 TEST_F(AuthTest, UnixUserNamesFollowThePortableForm) {
   const std::string longest(32, 'u');
-  for (const std::string& good : {std::string("_svc"), std::string("a.b-c_9"),
-                                  std::string("machine$"), longest}) {
+  for (const std::string& good :
+       {std::string("_svc"), std::string("a.b-c_9"), std::string("machine$"), longest}) {
     auto auth = Create(absl::StrCat(
         "tokens:\n  - {name: a, role: user, token: abcdefghijklmnopq, unix_user: '", good, "'}\n"));
     ASSERT_TRUE(auth.ok()) << good << ": " << auth.status();
     EXPECT_EQ((*auth)->UnixAccountOf("a")->unix_user, good);
   }
-  for (const std::string& bad : {std::string(""), std::string("-x"), std::string(".x"),
-                                 std::string("a$b"), std::string("a/b"), std::string("a:b"),
-                                 longest + "u"}) {
+  for (const std::string& bad :
+       {std::string(""), std::string("-x"), std::string(".x"), std::string("a$b"),
+        std::string("a/b"), std::string("a:b"), longest + "u"}) {
     auto auth = Create(absl::StrCat(
         "tokens:\n  - {name: a, role: user, token: abcdefghijklmnopq, unix_user: '", bad, "'}\n"));
     ASSERT_FALSE(auth.ok()) << "'" << bad << "'";

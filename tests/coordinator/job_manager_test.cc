@@ -863,8 +863,8 @@ TEST_F(JobManagerTest, AllRanksExitingZeroSucceedsKillsAndReleases) {
 // limits travel in every LAUNCH; an agent running as root acts on them.
 TEST_F(JobManagerTest, LaunchCarriesTheOwnersUnixAccountAndTheLimits) {
   std::vector<std::string> asked;
-  unix_account_ = [&asked](absl::string_view owner)
-      -> std::optional<JobManagerOptions::UnixAccount> {
+  unix_account_ =
+      [&asked](absl::string_view owner) -> std::optional<JobManagerOptions::UnixAccount> {
     asked.emplace_back(owner);
     if (owner == "alice") return JobManagerOptions::UnixAccount{"alice-unix", false};
     if (owner == "ops") return JobManagerOptions::UnixAccount{"root", true};
