@@ -70,8 +70,11 @@ absl::Status CheckUserVariable(const std::string& name, const std::string& value
   // this node's operator's own allow list.
   if (std::string problem = WorkerEnvNameProblem(name, allowed); !problem.empty()) {
     if (IsDeniedEnvName(name)) {
-      problem = absl::StrCat("denied on this node: its operator has not allowed ", name,
-                             " (mesh-agent --allow-job-env)");
+      // The coordinator allowed it (or did not check): say whose list lacks it.
+      problem = absl::StrCat(
+          "denied on this node: a job may set it only where the node's operator allows it "
+          "(mesh-agent --allow-job-env ",
+          name, ")");
     }
     return absl::InvalidArgumentError(absl::StrCat("env: ", absl::CEscape(name), ": ", problem));
   }

@@ -8,16 +8,29 @@
 //   LD_LIBRARY_PATH=/usr/local/cuda/lib64
 //   HTTPS_PROXY=http://proxy:3128
 //
-// Each other line is NAME=VALUE, taken literally: no quotes are removed, no
-// variables are expanded, no escapes are read, and leading or trailing
-// spaces of the value are kept (trailing '\r' of a CRLF file is dropped).
-// The operator is trusted, so names a job may not set (LD_LIBRARY_PATH) are
-// allowed here; names the agent sets for each rank (MESH_*, RANK,
-// CUDA_VISIBLE_DEVICES, ...) are not, nor is a name given twice.
+// Contract:
+//   - Lines are separated by '\n'; a trailing '\r' (CRLF files) is dropped.
+//   - A line that is empty or all blanks, or whose first non-blank character
+//     is '#', is ignored. A '#' after a value is part of the value.
+//   - Every other line is NAME=VALUE, split at the first '='. Blanks before
+//     NAME are ignored; NAME is [A-Za-z_][A-Za-z0-9_]* (so "NAME = v" and
+//     "export NAME=v" are errors, not silently different names).
+//   - VALUE is taken literally, to the end of the line: no quotes are
+//     removed ("a b" keeps its quotes), no $VARIABLES or ~ are expanded, no
+//     backslash escapes are read, and blanks around it are kept. It may be
+//     empty and may contain '='.
+//   - The operator is trusted, so names a job may not set by default
+//     (LD_LIBRARY_PATH, LD_PRELOAD: common/worker_env_policy.h) are allowed
+//     here. Names the agent sets for each rank (MESH_*, RANK,
+//     CUDA_VISIBLE_DEVICES, ...) are errors, as is a name given twice.
+//   - Order is kept. In a worker's environment these variables override the
+//     agent's inherited base and are overridden by the job spec's env
+//     (agent/worker_env.h).
 //
-// Errors: INVALID_ARGUMENT naming the file, the line number and the problem;
-// the errno of an unreadable file (NOT_FOUND, PERMISSION_DENIED, ...).
-// Thread safety: pure functions.
+// Errors: INVALID_ARGUMENT "FILE:LINE: problem" for the first bad line
+// (1-based); reading: NOT_FOUND, PERMISSION_DENIED, or FAILED_PRECONDITION
+// (not a regular file, over 1 MiB, another errno), each naming the file.
+// Thread safety: pure functions (ReadWorkerEnvFile reads the file).
 #pragma once
 
 #include <string>

@@ -1,5 +1,6 @@
 #include "common/worker_env_policy.h"
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
@@ -54,13 +55,19 @@ bool IsDeniedEnvName(absl::string_view name) {
 
 absl::Status CheckAllowedJobEnv(const std::set<std::string>& allowed) {
   for (const std::string& name : allowed) {
-    if (!IsDeniedEnvName(name)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--allow-job-env: ", name,
-          IsAgentSetEnvName(name) ? " is set by the agent for each rank and can never be allowed"
-                                  : " is not refused by default, so there is nothing to allow",
-          " (names refused by default: LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, BASH_ENV, ENV)"));
+    if (IsDeniedEnvName(name)) continue;
+    std::string why;
+    if (name.empty() || name.find_first_of(std::string("=\0 \t", 4)) != std::string::npos) {
+      why = "is not a variable name";
+    } else if (IsAgentSetEnvName(name)) {
+      why = "is set by the agent for each rank and can never be allowed";
+    } else {
+      why = "is not refused by default, so there is nothing to allow";
     }
+    return absl::InvalidArgumentError(
+        absl::StrCat("--allow-job-env: \"", absl::CHexEscape(name), "\" ", why,
+                     " (names refused by default: LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, "
+                     "BASH_ENV, ENV)"));
   }
   return absl::OkStatus();
 }

@@ -23,15 +23,17 @@ namespace mesh {
 //     validates specs, and of the agent, which checks them again);
 //   - reserved: a name the agent sets for every rank (IsAgentSetEnvName),
 //     whatever `allowed` says.
-std::string WorkerEnvNameProblem(absl::string_view name,
-                                 const std::set<std::string>& allowed = {});
+std::string WorkerEnvNameProblem(absl::string_view name, const std::set<std::string>& allowed = {});
 
 // True for the denied names above (the only ones an operator may allow).
 bool IsDeniedEnvName(absl::string_view name);
 
-// INVALID_ARGUMENT naming the first entry of an --allow-job-env list that
-// is not a denied name (a reserved name can never be allowed; any other
-// name needs no allowing).
+// Checks an operator's --allow-job-env list (mesh-coordinator, mesh-agent):
+// only denied names may be listed. A malformed name (empty, or with '=',
+// NUL, space or tab) or a reserved one, which can never be allowed, is an
+// error, and so is any other name, which needs no allowing (most likely a
+// typo). Possible errors: INVALID_ARGUMENT "--allow-job-env: \"NAME\" ..."
+// naming the first such entry in byte order and why.
 absl::Status CheckAllowedJobEnv(const std::set<std::string>& allowed);
 
 // True for the names the agent sets for every rank: MESH_*, the torchrun

@@ -5,13 +5,11 @@
 
 #include <cstdlib>
 
-#include "agent/exit_detail.h"
-#include "agent/worker_env_file.h"
-#include "common/worker_env_policy.h"
 
 namespace mesh::agent {
 namespace worker_env_test {
 
+using ::testing::AllOf;
 using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
@@ -146,8 +144,10 @@ TEST(BuildWorkerEnv, BadUserVariablesAreRejected) {
       {"RANK", "0", "reserved: the agent sets RANK"},
       {"MASTER_PORT", "1", "reserved: the agent sets MASTER_PORT"},
       {"CUDA_VISIBLE_DEVICES", "0", "reserved: the agent sets CUDA_VISIBLE_DEVICES"},
-      {"LD_PRELOAD", "/x.so", "denied on this node: its operator has not allowed LD_PRELOAD"},
-      {"LD_LIBRARY_PATH", "/x", "(mesh-agent --allow-job-env)"},
+      {"LD_PRELOAD", "/x.so",
+       "env: LD_PRELOAD: denied on this node: a job may set it only where the node's operator "
+       "allows it (mesh-agent --allow-job-env LD_PRELOAD)"},
+      {"LD_LIBRARY_PATH", "/x", "(mesh-agent --allow-job-env LD_LIBRARY_PATH)"},
       {"BASH_ENV", "/x", "denied on this node"},
       {"", "x", "the name is empty"},
       {"A=B", "x", "env: A=B: the name contains '='"},
@@ -234,7 +234,6 @@ TEST(InheritedBaseEnv, CopiesOnlyTheAllowlist) {
   }
 }
 
-
 TEST(BuildWorkerEnv, OperatorVariablesSitBetweenTheBaseAndTheJobsAndAllowDeniedNames) {
   WorkerAssignment a = TwoByTwoRank3();
   a.operator_env = {{"NCCL_SOCKET_IFNAME", "eth7"},
@@ -248,8 +247,24 @@ TEST(BuildWorkerEnv, OperatorVariablesSitBetweenTheBaseAndTheJobsAndAllowDeniedN
                                   "LD_LIBRARY_PATH=/usr/local/cuda/lib64", "PATH=/opt/node/bin",
                                   "HOME=/root", "HTTPS_PROXY=http://mine:8080"}));
 
-  // A denied name in the job's env needs this node's allow list.
+  // Each layer wins over the one before: base < operator < job < reserved.
+  a.operator_env = {{"HOME", "/operator"}, {"LANG", "C.UTF-8"}, {"LD_PRELOAD", "/opt/hook.so"}};
+  a.user_env = {{"LANG", "de_DE.UTF-8"}};
+  env = BuildWorkerEnv(a, {{"HOME", "/root"}, {"LANG", "C"}, {"TZ", "UTC"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_THAT(*env, IsSupersetOf({"HOME=/operator", "LANG=de_DE.UTF-8", "TZ=UTC",
+                                  "LD_PRELOAD=/opt/hook.so"}));
+  EXPECT_THAT(*env, Not(Contains("LANG=C")));
+
+  // A denied name in the job's env needs this node's allow list; the error
+  // names the variable and the operator's flag.
+  a.operator_env.clear();
   a.user_env = {{"LD_LIBRARY_PATH", "/opt/conda/lib"}};
+  EXPECT_EQ(BuildWorkerEnv(a, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(BuildWorkerEnv(a, {}).status().message()),
+              AllOf(HasSubstr("env: LD_LIBRARY_PATH: "), HasSubstr("this node"),
+                    HasSubstr("mesh-agent --allow-job-env LD_LIBRARY_PATH")));
+  a.allowed_job_env = {"LD_PRELOAD"};  // Another name allowed is not enough.
   EXPECT_EQ(BuildWorkerEnv(a, {}).status().code(), absl::StatusCode::kInvalidArgument);
   a.allowed_job_env = {"LD_LIBRARY_PATH"};
   env = BuildWorkerEnv(a, {});
@@ -264,77 +279,6 @@ TEST(BuildWorkerEnv, OperatorVariablesSitBetweenTheBaseAndTheJobsAndAllowDeniedN
   env = BuildWorkerEnv(a, {});
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_THAT(*env, Contains("RANK=3"));
-}
-
-TEST(WorkerEnvFile, ParsesNameValueLinesLiterally) {
-  auto entries = ParseWorkerEnvFile(
-      "# NCCL on this node\n"
-      "\n"
-      "   # indented comment\n"
-      "NCCL_SOCKET_IFNAME=eth0\r\n"
-      "LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH\n"
-      "QUOTED=\"a b\" \n"
-      "EMPTY=\n"
-      "EQUALS=a=b\n",
-      "worker.env");
-  ASSERT_TRUE(entries.ok()) << entries.status();
-  EXPECT_THAT(*entries,
-              ElementsAre(Pair("NCCL_SOCKET_IFNAME", "eth0"),
-                          Pair("LD_LIBRARY_PATH", "/usr/local/cuda/lib64:$LD_LIBRARY_PATH"),
-                          Pair("QUOTED", "\"a b\" "), Pair("EMPTY", ""), Pair("EQUALS", "a=b")));
-}
-
-TEST(WorkerEnvFile, BadLinesNameTheFileAndLine) {
-  struct Case {
-    std::string text, expect;
-  } cases[] = {
-      {"A=1\nnot a pair\n", "worker.env:2: expected NAME=VALUE"},
-      {"=x\n", "worker.env:1: \"\" is not a variable name"},
-      {"MY VAR=x\n", "worker.env:1: \"MY VAR\" is not a variable name"},
-      {"RANK=1\n", "worker.env:1: RANK: reserved"},
-      {"MESH_TOKEN=x\n", "worker.env:1: MESH_TOKEN: reserved"},
-      {"CUDA_VISIBLE_DEVICES=0\n", "worker.env:1: CUDA_VISIBLE_DEVICES: reserved"},
-      {"A=1\n# c\nA=2\n", "worker.env:3: A is set twice"},
-      {std::string("A=x\0y\n", 6), "worker.env:1: the value contains a NUL byte"},
-  };
-  for (const Case& c : cases) {
-    auto entries = ParseWorkerEnvFile(c.text, "worker.env");
-    EXPECT_EQ(entries.status().code(), absl::StatusCode::kInvalidArgument) << c.text;
-    EXPECT_THAT(std::string(entries.status().message()), HasSubstr(c.expect)) << c.text;
-  }
-  EXPECT_EQ(ReadWorkerEnvFile("/nonexistent/worker.env").status().code(),
-            absl::StatusCode::kNotFound);
-}
-
-TEST(WorkerEnvPolicy, OnlyDeniedNamesCanBeAllowed) {
-  EXPECT_TRUE(CheckAllowedJobEnv({"LD_LIBRARY_PATH", "LD_PRELOAD"}).ok());
-  EXPECT_THAT(std::string(CheckAllowedJobEnv({"RANK"}).message()),
-              HasSubstr("RANK is set by the agent for each rank and can never be allowed"));
-  EXPECT_THAT(std::string(CheckAllowedJobEnv({"PATH"}).message()),
-              HasSubstr("PATH is not refused by default"));
-  EXPECT_EQ(WorkerEnvNameProblem("LD_LIBRARY_PATH", {"LD_LIBRARY_PATH"}), "");
-  EXPECT_THAT(WorkerEnvNameProblem("LD_LIBRARY_PATH"), HasSubstr("--allow-job-env"));
-  EXPECT_THAT(WorkerEnvNameProblem("MESH_RANK", {"MESH_RANK"}), HasSubstr("reserved"));
-}
-
-TEST(ExitDetail, ExitCode127ExplainsItselfFromTheLog) {
-  ExitInfo loader;
-  loader.exit_code = 127;
-  EXPECT_EQ(ExitDetail(loader,
-                       "starting\n/opt/train: error while loading shared libraries: libcudart.so.12: "
-                       "cannot open shared object file: No such file or directory\n"),
-            "the dynamic loader could not start it: error while loading shared libraries: "
-            "libcudart.so.12: cannot open shared object file: No such file or directory");
-  EXPECT_EQ(ExitDetail(loader, "sh: 1: trian.py: not found\n\n"),
-            "its last output: sh: 1: trian.py: not found");
-  EXPECT_EQ(ExitDetail(loader, ""), "");
-  EXPECT_EQ(ExitDetail(loader, std::string(2000, 'x')).size(), 512u);
-  ExitInfo other;
-  other.exit_code = 1;
-  EXPECT_EQ(ExitDetail(other, "error while loading shared libraries: x"), "");
-  ExitInfo killed;
-  killed.signal = 9;
-  EXPECT_EQ(ExitDetail(killed, "anything"), "");
 }
 
 }  // namespace worker_env_test

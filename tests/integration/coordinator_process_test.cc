@@ -201,6 +201,12 @@ TEST(CoordinatorProcess, BadFlagsAndConfigAreUsageErrors) {
         std::vector<std::string>{MESH_COORDINATOR_BIN, "--heartbeat-timeout", "1",
                                  "--heartbeat-interval", "2"},
         std::vector<std::string>{MESH_COORDINATOR_BIN, "--kv-max-keys", "0"},
+        // Only names refused by default may be allowed: not reserved ones,
+        // not malformed ones, not names that need no allowing.
+        std::vector<std::string>{MESH_COORDINATOR_BIN, "--allow-job-env", "LD_LIBRARY_PATH,RANK"},
+        std::vector<std::string>{MESH_COORDINATOR_BIN, "--allow-job-env", "MESH_TOKEN"},
+        std::vector<std::string>{MESH_COORDINATOR_BIN, "--allow-job-env", "A=B"},
+        std::vector<std::string>{MESH_COORDINATOR_BIN, "--allow-job-env", "PATH"},
         std::vector<std::string>{MESH_COORDINATOR_BIN, "--config", "/nonexistent.yaml"}}) {
     auto process = Subprocess::Start(args);
     ASSERT_TRUE(process.ok());
