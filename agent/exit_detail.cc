@@ -123,9 +123,11 @@ absl::string_view LastSegment(absl::string_view line) {
 
 }  // namespace
 
+// O_NOFOLLOW and regular files only: the job directory is the worker's
+// account's, so the log may have been replaced by a link or a FIFO.
 std::string ReadLogTail(const std::string& path, int64_t max_bytes) {
   if (max_bytes <= 0) return "";
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
   if (fd < 0) return "";
   std::string tail;
   struct stat st;

@@ -50,10 +50,26 @@ absl::StatusOr<int64_t> TailStart(int fd, int64_t size, int lines, const std::st
   return int64_t{0};
 }
 
+// Opens a rank log for reading without following what its worker may have
+// planted there (the job's directory is the worker's account's): no
+// symlink, no FIFO (which would block), only a regular file. -1 with errno
+// set otherwise (ELOOP for a symlink, EINVAL for anything but a file).
+int OpenRegularLog(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return -1;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    errno = EINVAL;
+    return -1;
+  }
+  return fd;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LogTail>> LogTail::Open(const std::string& path, int tail_lines) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = OpenRegularLog(path);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return absl::NotFoundError(absl::StrCat("no log file ", path));
@@ -100,7 +116,7 @@ bool LogTail::Rotated() const {
 }
 
 absl::Status LogTail::SwitchToNewFile() {
-  const int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = OpenRegularLog(path_);
   if (fd < 0) {
     // Between the launcher's rename and create: try again on the next Read.
     if (errno == ENOENT) return absl::OkStatus();

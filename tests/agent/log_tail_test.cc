@@ -1,6 +1,7 @@
 // LogTail over real files in a temporary directory (no processes).
 #include "agent/log_tail.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "agent/exit_detail.h"
 
 namespace mesh::agent {
 namespace log_tail_test {
@@ -168,6 +170,22 @@ TEST_F(LogTailTest, ARotatedFilesLastPartialLineIsDelivered) {
   ASSERT_EQ(std::rename(path_.c_str(), (path_ + ".1").c_str()), 0);
   Append("rest\n");
   EXPECT_EQ(Drain(**tail, 1024, false), "partialrest\n");
+}
+
+// The job's directory belongs to the worker's account when workers run as
+// their owners: a log it replaced with a symlink (to root's files) or a
+// FIFO (which would block the agent) is refused, not read.
+TEST_F(LogTailTest, ASymlinkOrAFifoInPlaceOfTheLogIsRefused) {
+  const std::string secret = path_ + ".secret";
+  std::ofstream(secret) << "root only\n";
+  ASSERT_EQ(symlink(secret.c_str(), path_.c_str()), 0);
+  auto linked = LogTail::Open(path_, 0);
+  EXPECT_FALSE(linked.ok());
+  EXPECT_EQ(ReadLogTail(path_), "");
+  ASSERT_EQ(unlink(path_.c_str()), 0);
+  ASSERT_EQ(mkfifo(path_.c_str(), 0600), 0);
+  EXPECT_FALSE(LogTail::Open(path_, 0).ok());
+  EXPECT_EQ(ReadLogTail(path_), "");
 }
 
 }  // namespace log_tail_test
