@@ -113,6 +113,7 @@ std::string RootCauseLine(const mesh::v1::RootCause& cause) {
       break;
   }
   absl::StrAppend(&line, " in generation ", cause.generation());
+  if (cause.oom_killed()) absl::StrAppend(&line, ": killed by the kernel, out of memory");
   return line;
 }
 

@@ -52,7 +52,8 @@ std::string SignalName(int signal);
 
 // One line naming the culprit: the server's RootCause.message when set,
 // else composed, e.g. "rank 3 on node-b (10.0.0.7) killed by signal 9
-// (SIGKILL) in generation 1".
+// (SIGKILL) in generation 1", with ": killed by the kernel, out of memory"
+// when oom_killed.
 std::string RootCauseLine(const mesh::v1::RootCause& cause);
 
 // The job object. `detail` adds "spec" (the full normalized spec) and

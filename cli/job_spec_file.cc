@@ -348,10 +348,13 @@ absl::StatusOr<int64_t> ParseDurationSeconds(absl::string_view text) {
 absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
   const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
   size_t digits = 0;
-  while (digits < trimmed.size() && absl::ascii_isdigit(static_cast<unsigned char>(trimmed[digits]))) {
+  while (digits < trimmed.size() &&
+         absl::ascii_isdigit(static_cast<unsigned char>(trimmed[digits]))) {
     ++digits;
   }
-  const std::string unit = absl::AsciiStrToLower(trimmed.substr(digits));
+  // "8 GiB" as well as "8GiB".
+  const std::string unit =
+      absl::AsciiStrToLower(absl::StripLeadingAsciiWhitespace(trimmed.substr(digits)));
   int shift = -1;
   if (unit.empty() || unit == "b") shift = 0;
   if (unit == "k" || unit == "kib") shift = 10;
@@ -359,14 +362,24 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
   if (unit == "g" || unit == "gib") shift = 30;
   if (unit == "t" || unit == "tib") shift = 40;
   int64_t count = 0;
-  if (digits == 0 || shift < 0 || !absl::SimpleAtoi(trimmed.substr(0, digits), &count) ||
-      count > (std::numeric_limits<int64_t>::max() >> shift)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expected a size such as 512MiB, 8GiB or a number of bytes (units B, KiB, MiB, GiB, TiB "
-        "or K, M, G, T; binary), got \"",
-        text, "\""));
+  if (digits > 0 && shift >= 0 && absl::SimpleAtoi(trimmed.substr(0, digits), &count) &&
+      count <= (std::numeric_limits<int64_t>::max() >> shift)) {
+    return count << shift;
   }
-  return count << shift;
+  std::string hint;
+  if (unit == "kb" || unit == "mb" || unit == "gb" || unit == "tb") {
+    // 8GB means 8×10⁹ to some and 8×2³⁰ to others: refuse to guess.
+    hint = absl::StrCat(" (", trimmed.substr(digits), " is ambiguous: write ",
+                        absl::AsciiStrToUpper(unit.substr(0, 1)), "iB for binary units)");
+  } else if (digits > 0 && !unit.empty() && unit[0] == '.') {
+    hint = " (whole numbers only: 1536MiB, not 1.5GiB)";
+  } else if (digits > 0 && shift >= 0) {
+    hint = " (too large)";
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "expected a size such as 512MiB, 8GiB or a number of bytes (units B, KiB, MiB, GiB, TiB "
+      "or K, M, G, T; binary), got \"",
+      text, "\"", hint));
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseMeshShape(absl::string_view text) {

@@ -6,7 +6,9 @@
 //   name, labels {k: v}, command [argv...], env {K: V}, working_dir,
 //   nodes (N | "MIN:MAX" | {min, max}), nproc_per_node, gpus_per_proc,
 //   mesh_shape [..], mesh_dim_names [..], max_restarts,
-//   deadline ("90s" | "10m" | seconds), idempotency_key.
+//   deadline ("90s" | "10m" | seconds), idempotency_key,
+//   hang_timeout (a duration, > 0), on_hang (restart | fail),
+//   memory_per_proc (a size: "8GiB", ParseByteSize), max_pids (N).
 // Unknown keys are errors (a typo must not silently drop a setting). Only
 // types and syntax are checked here; the coordinator's ValidateJobSpec stays
 // the one authority on values, except env names, which are checked early
@@ -46,9 +48,11 @@ absl::StatusOr<mesh::v1::NodeCount> ParseNodeCount(absl::string_view text);
 // Errors: INVALID_ARGUMENT.
 absl::StatusOr<int64_t> ParseDurationSeconds(absl::string_view text);
 
-// "8GiB", "512MiB", "64M", "1073741824": bytes, with an optional binary
-// unit B, KiB/K, MiB/M, GiB/G or TiB/T (case-insensitive, no fraction).
-// Errors: INVALID_ARGUMENT, naming the units.
+// "8GiB", "512MiB", "64M", "8 GiB", "1073741824": a whole number of bytes,
+// with an optional binary unit B, KiB/K, MiB/M, GiB/G or TiB/T
+// (case-insensitive; 1K = 1024). No fractions, no sign. KB/MB/GB/TB are
+// refused as ambiguous (decimal or binary?).
+// Errors: INVALID_ARGUMENT, naming the units and what was wrong.
 absl::StatusOr<int64_t> ParseByteSize(absl::string_view text);
 
 // The same syntax as a duration (wait --timeout).

@@ -254,35 +254,13 @@ absl::Status ValidateMesh(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// Fields 11.. in field-number order.
 absl::Status ValidateRest(const JobSpec& spec, const JobSpecLimits& limits) {
   if (spec.max_restarts() < 0) {
     return Invalid("spec.max_restarts", absl::StrCat(spec.max_restarts(), " is negative"));
   }
   if (spec.deadline_seconds() < 0) {
     return Invalid("spec.deadline_seconds", absl::StrCat(spec.deadline_seconds(), " is negative"));
-  }
-  if (spec.hang_timeout_seconds() < 0 || spec.hang_timeout_seconds() > kMaxHangTimeoutSeconds) {
-    return Invalid(
-        "spec.hang_timeout_seconds",
-        absl::StrCat(spec.hang_timeout_seconds(), " is outside 0..", kMaxHangTimeoutSeconds,
-                     " (0: the default, ", kDefaultHangTimeoutSeconds, ")"));
-  }
-  constexpr int64_t kMinMemory = int64_t{1} << 20;  // 1 MiB
-  constexpr int64_t kMaxMemory = int64_t{16} << 40;  // 16 TiB
-  if (spec.memory_per_proc_bytes() != 0 &&
-      (spec.memory_per_proc_bytes() < kMinMemory || spec.memory_per_proc_bytes() > kMaxMemory)) {
-    return Invalid("spec.memory_per_proc_bytes",
-                   absl::StrCat(spec.memory_per_proc_bytes(), " is outside 1 MiB (", kMinMemory,
-                                ") .. 16 TiB (", kMaxMemory, "); 0: no limit"));
-  }
-  constexpr int64_t kMaxPids = 4194304;  // the kernel's pid_max ceiling
-  if (spec.max_pids() < 0 || spec.max_pids() > kMaxPids) {
-    return Invalid("spec.max_pids",
-                   absl::StrCat(spec.max_pids(), " is outside 0..", kMaxPids, " (0: no limit)"));
-  }
-  if (!mesh::v1::HangPolicy_IsValid(spec.on_hang())) {
-    return Invalid("spec.on_hang", absl::StrCat(static_cast<int>(spec.on_hang()),
-                                                " is not a HangPolicy (RESTART or FAIL)"));
   }
   const std::string& key = spec.idempotency_key();
   if (key.size() > static_cast<size_t>(limits.max_idempotency_key_bytes)) {
@@ -293,6 +271,26 @@ absl::Status ValidateRest(const JobSpec& spec, const JobSpecLimits& limits) {
     if (c < 0x20 || c > 0x7e) {
       return Invalid("spec.idempotency_key", "contains a byte that is not printable ASCII");
     }
+  }
+  if (spec.hang_timeout_seconds() < 0 || spec.hang_timeout_seconds() > kMaxHangTimeoutSeconds) {
+    return Invalid(
+        "spec.hang_timeout_seconds",
+        absl::StrCat(spec.hang_timeout_seconds(), " is outside 0..", kMaxHangTimeoutSeconds,
+                     " (0: the default, ", kDefaultHangTimeoutSeconds, ")"));
+  }
+  if (!mesh::v1::HangPolicy_IsValid(spec.on_hang())) {
+    return Invalid("spec.on_hang", absl::StrCat(static_cast<int>(spec.on_hang()),
+                                                " is not a HangPolicy (RESTART or FAIL)"));
+  }
+  const int64_t memory = spec.memory_per_proc_bytes();
+  if (memory != 0 && (memory < kMinMemoryPerProcBytes || memory > kMaxMemoryPerProcBytes)) {
+    return Invalid("spec.memory_per_proc_bytes",
+                   absl::StrCat(memory, " is outside 1 MiB (", kMinMemoryPerProcBytes,
+                                ") .. 16 TiB (", kMaxMemoryPerProcBytes, "); 0: no limit"));
+  }
+  if (spec.max_pids() < 0 || spec.max_pids() > kMaxPidsLimit) {
+    return Invalid("spec.max_pids", absl::StrCat(spec.max_pids(), " is outside 0..", kMaxPidsLimit,
+                                                 " (0: no limit)"));
   }
   return absl::OkStatus();
 }

@@ -77,6 +77,12 @@ void NormalizeJobSpec(const JobSpecLimits& limits, mesh::v1::JobSpec& spec);
 // JobSpec.hang_timeout_seconds: 0 means this default; at most the maximum.
 inline constexpr int64_t kDefaultHangTimeoutSeconds = 300;
 inline constexpr int64_t kMaxHangTimeoutSeconds = 7 * 24 * 3600;
+// JobSpec.memory_per_proc_bytes: 0 (no limit) or 1 MiB .. 16 TiB.
+inline constexpr int64_t kMinMemoryPerProcBytes = int64_t{1} << 20;
+inline constexpr int64_t kMaxMemoryPerProcBytes = int64_t{16} << 40;
+// JobSpec.max_pids: 0 (no limit) or 1 .. this, the kernel's ceiling for
+// pid_max on 64-bit systems.
+inline constexpr int64_t kMaxPidsLimit = 4194304;
 // The hang timeout in force for `spec` (the default for 0, which a spec
 // stored before the field existed has).
 absl::Duration HangTimeout(const mesh::v1::JobSpec& spec);

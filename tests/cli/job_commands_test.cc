@@ -93,6 +93,12 @@ class JobCommandsTest : public ::testing::Test {
     for (const Job& job : states) fake->jobs[job.id()].push_back(job);
   }
 
+  // `job` is what every GetJob of its id returns from now on.
+  void Rescript(const Job& job) {
+    server_.service().Lock()->jobs.erase(job.id());
+    ScriptJob({job});
+  }
+
   FakeJobServer server_;
 };
 
@@ -491,6 +497,67 @@ TEST_F(JobCommandsTest, DescribeTableShowsTheRootCauseInOneLine) {
   EXPECT_THAT(r.out, HasSubstr("rank 3 on node-b killed by signal 9 (SIGKILL) in generation 1"));
   EXPECT_THAT(r.out, HasSubstr("python train.py"));
   EXPECT_THAT(r.out, HasSubstr("Events:"));
+}
+
+// The per-worker limits: describe shows them in a row (not at all when
+// neither is set), the JSON spec carries them in bytes and as a count.
+TEST_F(JobCommandsTest, DescribeShowsTheLimitsAndJsonCarriesThem) {
+  Job job = MakeJob("job-1", mesh::v1::JOB_STATE_RUNNING);
+  Rescript(job);
+  const Result none = Run({"describe", "job-1"});
+  ASSERT_EQ(none.code, kExitOk) << none.err;
+  EXPECT_THAT(none.out, Not(HasSubstr("Limits:")));
+  const auto none_json = nlohmann::json::parse(Run({"-o", "json", "describe", "job-1"}).out);
+  EXPECT_EQ(none_json["spec"]["memory_per_proc_bytes"], 0);
+  EXPECT_EQ(none_json["spec"]["max_pids"], 0);
+
+  job.mutable_spec()->set_memory_per_proc_bytes(int64_t{8} << 30);
+  job.mutable_spec()->set_max_pids(4096);
+  Rescript(job);
+  const Result both = Run({"describe", "job-1"});
+  ASSERT_EQ(both.code, kExitOk) << both.err;
+  EXPECT_THAT(both.out, ::testing::ContainsRegex("Limits: +memory per proc 8GiB, max pids 4096"));
+  const auto json = nlohmann::json::parse(Run({"-o", "json", "describe", "job-1"}).out);
+  EXPECT_EQ(json["spec"]["memory_per_proc_bytes"], int64_t{8} << 30);
+  EXPECT_EQ(json["spec"]["max_pids"], 4096);
+
+  job.mutable_spec()->set_max_pids(0);
+  Rescript(job);
+  EXPECT_THAT(Run({"describe", "job-1"}).out,
+              ::testing::ContainsRegex("Limits: +memory per proc 8GiB, max pids none"));
+}
+
+// An OOM kill: the coordinator's message says it, and JSON has oom_killed.
+TEST_F(JobCommandsTest, AnOomKillIsShownAsTheRootCause) {
+  Job job = MakeJob("job-1", mesh::v1::JOB_STATE_FAILED, 1);
+  mesh::v1::RootCause* cause = job.mutable_root_cause();
+  cause->set_rank(3);
+  cause->set_node("node-b");
+  cause->set_generation(1);
+  cause->set_signal(9);
+  cause->set_oom_killed(true);
+  cause->set_message(
+      "rank 3 (node node-b) was killed by the kernel: out of memory (memory limit 8 GiB)");
+  Rescript(job);
+  const Result table = Run({"status", "job-1"});
+  ASSERT_EQ(table.code, kExitOk) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("rank 3 (node node-b) was killed by the kernel: out of memory "
+                                   "(memory limit 8 GiB)"));
+  const auto json = nlohmann::json::parse(Run({"-o", "json", "status", "job-1"}).out);
+  EXPECT_EQ(json["root_cause"]["oom_killed"], true);
+  EXPECT_EQ(json["root_cause"]["signal_name"], "SIGKILL");
+
+  // Without the server's message (an older coordinator), the composed line
+  // still says it.
+  cause->clear_message();
+  Rescript(job);
+  EXPECT_THAT(Run({"describe", "job-1"}).out,
+              HasSubstr("rank 3 on node-b killed by signal 9 (SIGKILL) in generation 1: killed by "
+                        "the kernel, out of memory"));
+  cause->set_oom_killed(false);
+  Rescript(job);
+  const auto plain = nlohmann::json::parse(Run({"-o", "json", "status", "job-1"}).out);
+  EXPECT_EQ(plain["root_cause"]["oom_killed"], false);
 }
 
 // A job that restarted after a failure and runs again shows that failure as

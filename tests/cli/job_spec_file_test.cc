@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "cli/job_json.h"
 
 namespace mesh::cli {
@@ -68,11 +69,25 @@ TEST(JobSpecFileTest, ByteSizesTakeBinaryUnits) {
   EXPECT_EQ(ParseByteSize("512MiB").value(), int64_t{512} << 20);
   EXPECT_EQ(ParseByteSize("8gib").value(), int64_t{8} << 30);
   EXPECT_EQ(ParseByteSize("2T").value(), int64_t{2} << 40);
-  for (const char* bad : {"", "GiB", "1.5GiB", "8GB", "-1M", "8 Gibibytes", "99999999999999T"}) {
+  EXPECT_EQ(ParseByteSize("8 GiB").value(), int64_t{8} << 30);
+  EXPECT_EQ(ParseByteSize(" 16TiB ").value(), int64_t{16} << 40);
+  EXPECT_EQ(ParseByteSize("0").value(), 0);
+  EXPECT_EQ(ParseByteSize("8388607T").value(), int64_t{8388607} << 40);  // The largest.
+  for (const char* bad : {"", "GiB", "1.5GiB", "8GB", "8mb", "-1M", "+1M", "8 Gibibytes",
+                          "8388608T", "99999999999999T", "8 G iB", "0x10"}) {
     auto parsed = ParseByteSize(bad);
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("KiB, MiB, GiB")) << bad;
+    EXPECT_THAT(std::string(parsed.status().message()), HasSubstr(absl::StrCat("\"", bad, "\"")))
+        << bad;
   }
+  EXPECT_THAT(std::string(ParseByteSize("8GB").status().message()),
+              HasSubstr("GB is ambiguous: write GiB"));
+  EXPECT_THAT(std::string(ParseByteSize("512mb").status().message()),
+              HasSubstr("mb is ambiguous: write MiB"));
+  EXPECT_THAT(std::string(ParseByteSize("1.5GiB").status().message()),
+              HasSubstr("whole numbers only"));
+  EXPECT_THAT(std::string(ParseByteSize("8388608T").status().message()), HasSubstr("too large"));
   EXPECT_EQ(FormatByteSize(int64_t{8} << 30), "8GiB");
   EXPECT_EQ(FormatByteSize(1536 << 10), "1536KiB");
   EXPECT_EQ(FormatByteSize(100), "100B");

@@ -122,6 +122,7 @@ class JobRpcTest : public ::testing::Test {
     config.clock = &clock_;
     config.run_ticker = false;
     config.state_dir = state_dir;
+    if (configure_) configure_(config);
     auto server = CoordinatorServer::Start(config);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -221,17 +222,26 @@ class JobRpcTest : public ::testing::Test {
   grpc::Status Exited(const Agent& agent, const std::string& job_id, int64_t generation, int rank,
                       int exit_code) {
     mesh::v1::ReportWorkerExitRequest request;
-    request.set_name(agent.name);
-    request.set_session_id(agent.session);
     request.set_job_id(job_id);
     request.set_generation(generation);
     request.set_rank(rank);
     request.set_exit_code(exit_code);
+    return ReportExit(agent, std::move(request));
+  }
+
+  // Sends `request` (job, generation, rank, termination, detail...) as
+  // `agent`'s report, filling in its name, session and the time.
+  grpc::Status ReportExit(const Agent& agent, mesh::v1::ReportWorkerExitRequest request) {
+    request.set_name(agent.name);
+    request.set_session_id(agent.session);
     request.set_time_unix_ms(absl::ToUnixMillis(clock_.Now()));
     mesh::v1::ReportWorkerExitResponse response;
     return nodes_->ReportWorkerExit(Context().get(), request, &response);
   }
 
+  // Called on the config by each StartServer, after the fields above: a
+  // test's own flags (spec limits, --allow-job-env).
+  std::function<void(CoordinatorConfig&)> configure_;
   FakeClock clock_;
   std::unique_ptr<CoordinatorServer> server_;
   std::shared_ptr<grpc::Channel> channel_;

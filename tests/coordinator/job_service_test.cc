@@ -137,6 +137,99 @@ TEST_F(JobServiceTest, LimitsAtTheirBoundsAreStoredAndComeBack) {
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->spec().memory_per_proc_bytes(), int64_t{16} << 40);
   EXPECT_EQ(second->spec().max_pids(), 0);
+  // GetJob reads them back from the store.
+  EXPECT_EQ(GetJob(job->id()).spec().memory_per_proc_bytes(), int64_t{1} << 20);
+  EXPECT_EQ(GetJob(job->id()).spec().max_pids(), 4194304);
+}
+
+// A denied env name (LD_LIBRARY_PATH) is INVALID_ARGUMENT naming the field
+// and the operator's flag, until the coordinator's operator allows it
+// (mesh-coordinator --allow-job-env); then it is stored and comes back.
+TEST_F(JobServiceTest, ADeniedEnvNameNeedsTheOperatorsAllowJobEnv) {
+  JobSpec spec = Spec(1, 2);
+  (*spec.mutable_env())["LD_LIBRARY_PATH"] = "/opt/conda/lib";
+  auto refused = Submit(spec);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              StartsWith("spec.env[\"LD_LIBRARY_PATH\"]: denied: "));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--allow-job-env"));
+  EXPECT_THAT(List().jobs(), IsEmpty());
+
+  StopServer();
+  configure_ = [](CoordinatorConfig& config) {
+    config.jobs.spec_limits.allowed_job_env = {"LD_LIBRARY_PATH"};
+  };
+  StartServer();
+  ASSERT_NE(server_, nullptr);
+  auto job = Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(GetJob(job->id()).spec().env().at("LD_LIBRARY_PATH"), "/opt/conda/lib");
+  // Only the listed name: LD_PRELOAD stays refused.
+  (*spec.mutable_env())["LD_PRELOAD"] = "/x.so";
+  auto other = Submit(spec);
+  ASSERT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument) << other.status();
+  EXPECT_THAT(std::string(other.status().message()), StartsWith("spec.env[\"LD_PRELOAD\"]"));
+}
+
+// A coordinator cannot start with an allow list naming a reserved or
+// malformed name.
+TEST_F(JobServiceTest, AnAllowListWithAReservedNameDoesNotStart) {
+  StopServer();
+  for (const char* name : {"RANK", "MESH_TOKEN", "", "PATH"}) {
+    CoordinatorConfig config;
+    config.port = 0;
+    config.clock = &clock_;
+    config.run_ticker = false;
+    config.jobs.spec_limits.allowed_job_env = {"LD_LIBRARY_PATH", name};
+    auto server = CoordinatorServer::Start(config);
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(std::string(server.status().message()), HasSubstr("--allow-job-env")) << name;
+  }
+}
+
+// What the agent knows beyond the exit status reaches the root cause: the
+// loader's message for exit code 127, and an OOM kill.
+TEST_F(JobServiceTest, TheAgentsDetailAndOomKillAreInTheRootCause) {
+  auto agent = Register("node-a", "10.0.0.5", 4);
+  ASSERT_NE(agent, nullptr);
+  auto job = Submit(Spec(1, 2, /*max_restarts=*/1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(agent->orders->Next()->action(), Assignment::ACTION_LAUNCH);
+  ASSERT_TRUE(Started(*agent, job->id(), 0, {0, 1}).ok());
+
+  ReportWorkerExitRequest missing_lib;
+  missing_lib.set_job_id(job->id());
+  missing_lib.set_generation(0);
+  missing_lib.set_rank(0);
+  missing_lib.set_exit_code(127);
+  missing_lib.set_detail(
+      "error while loading shared libraries: libfoo.so.1: cannot open shared object file: No "
+      "such file or directory");
+  ASSERT_TRUE(ReportExit(*agent, missing_lib).ok());
+  Job now = GetJob(job->id());
+  EXPECT_EQ(now.generation(), 1);
+  EXPECT_EQ(now.root_cause().exit_code(), 127);
+  EXPECT_FALSE(now.root_cause().oom_killed());
+  EXPECT_EQ(now.root_cause().message(),
+            "rank 0 (node node-a) exited with code 127: error while loading shared libraries: "
+            "libfoo.so.1: cannot open shared object file: No such file or directory");
+
+  ASSERT_TRUE(Started(*agent, job->id(), 1, {0, 1}).ok());
+  ReportWorkerExitRequest oom;
+  oom.set_job_id(job->id());
+  oom.set_generation(1);
+  oom.set_rank(1);
+  oom.set_signal(9);
+  oom.set_oom_killed(true);
+  oom.set_detail("killed by the kernel: out of memory (memory limit 8 GiB)");
+  ASSERT_TRUE(ReportExit(*agent, oom).ok());
+  now = GetJob(job->id());
+  EXPECT_EQ(now.state(), JOB_STATE_FAILED);
+  EXPECT_EQ(now.root_cause().rank(), 1);
+  EXPECT_EQ(now.root_cause().signal(), 9);
+  EXPECT_TRUE(now.root_cause().oom_killed());
+  EXPECT_EQ(now.root_cause().message(),
+            "rank 1 (node node-a) was killed by the kernel: out of memory (memory limit 8 GiB)");
 }
 
 // job.proto: hang_timeout_seconds 0 and on_hang UNSPECIFIED are normalized
@@ -398,7 +491,10 @@ TEST_F(JobServiceDurability, RestartWithTheSameStateDirKeepsJobs) {
 
   StartServer(state_dir);
   ASSERT_NE(server_, nullptr);
-  auto job = Submit(Spec(1, 2));
+  JobSpec spec = Spec(1, 2);
+  spec.set_memory_per_proc_bytes(int64_t{8} << 30);
+  spec.set_max_pids(4096);
+  auto job = Submit(spec);
   ASSERT_TRUE(job.ok()) << job.status();
   StopServer();
 
@@ -415,6 +511,9 @@ TEST_F(JobServiceDurability, RestartWithTheSameStateDirKeepsJobs) {
   ASSERT_EQ(response.jobs_size(), 1);
   EXPECT_EQ(response.jobs(0).id(), job->id());
   EXPECT_EQ(response.jobs(0).state(), JOB_STATE_PENDING);
+  // The per-worker limits survive the restart.
+  EXPECT_EQ(GetJob(job->id()).spec().memory_per_proc_bytes(), int64_t{8} << 30);
+  EXPECT_EQ(GetJob(job->id()).spec().max_pids(), 4096);
   // A new job gets a new id.
   auto next = Submit(Spec(1, 2));
   ASSERT_TRUE(next.ok()) << next.status();

@@ -456,6 +456,99 @@ TEST(JobSpecTest, HangTimeoutAndPolicy) {
   EXPECT_EQ(spec.on_hang(), mesh::v1::HANG_POLICY_FAIL);
 }
 
+TEST(JobSpecTest, MemoryPerProcIsNoneOrOneMiBToSixteenTiB) {
+  for (int64_t ok : {int64_t{0}, int64_t{1} << 20, int64_t{8} << 30, int64_t{16} << 40}) {
+    JobSpec spec = Valid();
+    spec.set_memory_per_proc_bytes(ok);
+    EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk()) << ok;
+  }
+  for (int64_t bad : {int64_t{-1}, int64_t{1}, (int64_t{1} << 20) - 1, (int64_t{16} << 40) + 1,
+                      std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()}) {
+    JobSpec spec = Valid();
+    spec.set_memory_per_proc_bytes(bad);
+    EXPECT_THAT(ValidateJobSpec(spec, {}),
+                StatusIs(Code::kInvalidArgument,
+                         StartsWith(absl::StrCat("spec.memory_per_proc_bytes: ", bad,
+                                                 " is outside 1 MiB (1048576) .. 16 TiB "
+                                                 "(17592186044416); 0: no limit"))))
+        << bad;
+  }
+}
+
+TEST(JobSpecTest, MaxPidsIsNoneOrOneToTheKernelsCeiling) {
+  for (int64_t ok : {int64_t{0}, int64_t{1}, int64_t{4096}, kMaxPidsLimit}) {
+    JobSpec spec = Valid();
+    spec.set_max_pids(ok);
+    EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk()) << ok;
+  }
+  for (int64_t bad : {int64_t{-1}, kMaxPidsLimit + 1, std::numeric_limits<int64_t>::max()}) {
+    JobSpec spec = Valid();
+    spec.set_max_pids(bad);
+    EXPECT_THAT(
+        ValidateJobSpec(spec, {}),
+        StatusIs(Code::kInvalidArgument,
+                 absl::StrCat("spec.max_pids: ", bad, " is outside 0..4194304 (0: no limit)")))
+        << bad;
+  }
+}
+
+TEST(JobSpecTest, LimitsAreKeptByNormalize) {
+  JobSpec spec = Valid();
+  spec.set_memory_per_proc_bytes(int64_t{8} << 30);
+  spec.set_max_pids(4096);
+  NormalizeJobSpec({}, spec);
+  EXPECT_EQ(spec.memory_per_proc_bytes(), int64_t{8} << 30);
+  EXPECT_EQ(spec.max_pids(), 4096);
+  spec = Valid();
+  NormalizeJobSpec({}, spec);  // 0 stays 0: no limit, not a default.
+  EXPECT_EQ(spec.memory_per_proc_bytes(), 0);
+  EXPECT_EQ(spec.max_pids(), 0);
+}
+
+TEST(JobSpecTest, RestFieldsAreReportedInFieldOrder) {
+  JobSpec spec = Valid();
+  spec.set_max_pids(-1);
+  spec.set_memory_per_proc_bytes(1);
+  spec.set_on_hang(static_cast<mesh::v1::HangPolicy>(7));
+  spec.set_hang_timeout_seconds(-1);
+  spec.set_idempotency_key("a\nb");
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.idempotency_key"));
+  spec.clear_idempotency_key();
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.hang_timeout_seconds"));
+  spec.clear_hang_timeout_seconds();
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.on_hang"));
+  spec.clear_on_hang();
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.memory_per_proc_bytes"));
+  spec.clear_memory_per_proc_bytes();
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.max_pids"));
+}
+
+TEST(JobSpecTest, TheOperatorMayAllowDeniedEnvNamesOnly) {
+  JobSpec spec = Valid();
+  (*spec.mutable_env())["LD_LIBRARY_PATH"] = "/opt/conda/lib";
+  EXPECT_THAT(
+      ValidateJobSpec(spec, {}),
+      StatusIs(Code::kInvalidArgument, AllOf(StartsWith("spec.env[\"LD_LIBRARY_PATH\"]: denied: "),
+                                             HasSubstr("--allow-job-env"))));
+  JobSpecLimits limits;
+  limits.allowed_job_env = {"LD_LIBRARY_PATH"};
+  ASSERT_THAT(ValidateJobSpecLimits(limits), IsOk());
+  EXPECT_THAT(ValidateJobSpec(spec, limits), IsOk());
+  NormalizeJobSpec(limits, spec);
+  EXPECT_EQ(spec.env().at("LD_LIBRARY_PATH"), "/opt/conda/lib");
+  // Only the names listed.
+  (*spec.mutable_env())["LD_PRELOAD"] = "/x.so";
+  EXPECT_THAT(ValidateJobSpec(spec, limits), RejectsField("spec.env[\"LD_PRELOAD\"]"));
+
+  // A list naming anything but denied names is itself invalid.
+  for (const char* name : {"RANK", "MESH_TOKEN", "CUDA_VISIBLE_DEVICES", "PATH", "", "A=B"}) {
+    limits.allowed_job_env = {"LD_LIBRARY_PATH", name};
+    EXPECT_THAT(ValidateJobSpecLimits(limits),
+                StatusIs(Code::kInvalidArgument, StartsWith("allowed_job_env: --allow-job-env: ")))
+        << name;
+  }
+}
+
 TEST(JobSpecTest, IdempotencyKeyAtAndOverLimit) {
   JobSpecLimits limits;
   limits.max_idempotency_key_bytes = 8;
