@@ -310,11 +310,13 @@ int RunAgentMain(int argc, const char* const* argv) {
   // leaf of its own cgroup (to enable controllers for its jobs), and the
   // watchdog, forked after, follows it there.
   std::unique_ptr<CgroupManager> cgroups;
+  std::string no_cgroups_reason;  // Why there are none, in auto mode.
   if (absl::StatusOr<std::unique_ptr<CgroupManager>> made = CgroupManager::Create(cgroup_options);
       made.ok()) {
     cgroups = *std::move(made);
   } else if (cgroup_options.mode == CgroupOptions::Mode::kAuto) {
     spdlog::warn("no cgroups for jobs: {}", std::string(made.status().message()));
+    no_cgroups_reason = absl::StrCat("not usable: ", made.status().message());
   } else {
     spdlog::critical("--cgroups={}: {}", cgroups_mode, std::string(made.status().message()));
     return kAgentExitFailed;
@@ -375,6 +377,7 @@ int RunAgentMain(int argc, const char* const* argv) {
   isolation_options.run_as_owner = run_as_owner;
   isolation_options.unowned_job_user = unowned_job_user;
   isolation_options.gpu_device_dir = gpu_device_dir;
+  isolation_options.no_cgroups_reason = no_cgroups_reason;
   isolation_options.gpus = config.gpus;
   isolation_options.allowed_job_env.assign(config.allowed_job_env.begin(),
                                            config.allowed_job_env.end());

@@ -390,7 +390,7 @@ absl::StatusOr<std::unique_ptr<CgroupManager>> CreateV2(const CgroupOptions& opt
   can.memory_limit = can.memory_usage = has("memory");
   can.pids_limit = has("pids");
   std::string bpf_problem;
-  can.devices = DeviceProgram::Supported(&bpf_problem);
+  can.devices = DeviceProgram::Supported(base + "/device-probe", &bpf_problem);
   std::vector<std::string> unavailable;  // not in the parent's cgroup.controllers
   std::vector<std::string> not_enabled;  // available, and the kernel refused them
   for (const char* c : {"memory", "pids"}) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/bpf.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -119,16 +120,24 @@ absl::StatusOr<std::unique_ptr<DeviceProgram>> DeviceProgram::Attach(
   return std::unique_ptr<DeviceProgram>(new DeviceProgram(*fd));
 }
 
-bool DeviceProgram::Supported(std::string* why) {
-  // One rule, so that the deny branch is reachable (the verifier refuses
-  // dead code); loaded only, never attached.
-  absl::StatusOr<int> fd = Load(Assemble({CharDevice{0, 0}}));
-  if (!fd.ok()) {
-    *why = std::string(fd.status().message());
+bool DeviceProgram::Supported(const std::string& scratch_cgroup, std::string* why) {
+  // One rule (0:0, no device), so that the deny branch is reachable (the
+  // verifier refuses dead code). Attached to a scratch cgroup that is
+  // removed after, which detaches it: loading alone does not prove that
+  // this process may attach (kernels before 5.8 want CAP_NET_ADMIN).
+  if (mkdir(scratch_cgroup.c_str(), 0755) != 0 && errno != EEXIST) {
+    *why = absl::StrCat("creating ", scratch_cgroup, ": ", ErrnoText(errno));
     return false;
   }
-  close(*fd);
-  return true;
+  bool ok = false;
+  {
+    absl::StatusOr<std::unique_ptr<DeviceProgram>> attached =
+        Attach(scratch_cgroup, {CharDevice{0, 0}});
+    ok = attached.ok();
+    if (!ok) *why = std::string(attached.status().message());
+  }  // The program's fd closes here; the removal below detaches it.
+  rmdir(scratch_cgroup.c_str());
+  return ok;
 }
 
 DeviceProgram::~DeviceProgram() { close(fd_); }

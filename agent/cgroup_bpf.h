@@ -26,9 +26,10 @@ class DeviceProgram {
   // the cgroup directory `cgroup_dir`.
   static absl::StatusOr<std::unique_ptr<DeviceProgram>> Attach(
       const std::string& cgroup_dir, const std::vector<CharDevice>& deny);
-  // Whether this kernel loads device programs for this process; `why` says
-  // why not.
-  static bool Supported(std::string* why);
+  // Whether this process may load and attach device programs: tried on the
+  // cgroup directory `scratch_cgroup` (made, then removed); `why` says why
+  // not.
+  static bool Supported(const std::string& scratch_cgroup, std::string* why);
 
   ~DeviceProgram();
   DeviceProgram(const DeviceProgram&) = delete;

@@ -232,7 +232,11 @@ v1::NodeIsolation JobIsolation::Describe() const {
   const bool have_cgroups = cgroups_ != nullptr && cgroups_->version() != CgroupVersion::kNone;
   isolation.set_cgroup_version(
       cgroups_ == nullptr ? "none" : CgroupVersionName(cgroups_->version()));
-  isolation.set_cgroups(cgroups_ == nullptr ? "none (mesh-agent --cgroups=none)"
+  isolation.set_cgroups(cgroups_ == nullptr ? absl::StrCat("none (",
+                                                         options_.no_cgroups_reason.empty()
+                                                             ? "mesh-agent --cgroups=none"
+                                                             : options_.no_cgroups_reason,
+                                                         ")")
                                             : cgroups_->Describe());
   const CgroupCapabilities can = have_cgroups ? cgroups_->capabilities() : CgroupCapabilities{};
   isolation.set_kill_mechanism(have_cgroups && can.kill ? "cgroup"

@@ -50,6 +50,9 @@ struct JobIsolationOptions {
   std::vector<GpuDevice> gpus;
   // Names the operator lets jobs set although they are refused by default.
   std::vector<std::string> allowed_job_env;
+  // Why there is no CgroupManager, when there is none (for Describe); empty:
+  // "mesh-agent --cgroups=none".
+  std::string no_cgroups_reason;
   // The effective uid of the agent; JobIsolation::Create reads geteuid().
   uid_t agent_uid = 0;
 };

@@ -243,5 +243,16 @@ TEST(FormatBytesTest, LargestUnitThatDivides) {
   EXPECT_EQ(FormatBytes(0), "0 B");
 }
 
+TEST(JobIsolationOffTest, DescribeSaysWhyThereAreNoCgroups) {
+  JobIsolationOptions options;
+  options.no_cgroups_reason = "not usable: no cgroup v2 hierarchy at /x";
+  auto isolation = Make(options);
+  ASSERT_NE(isolation, nullptr);
+  EXPECT_EQ(isolation->Describe().cgroups(), "none (not usable: no cgroup v2 hierarchy at /x)");
+  auto plain = Make({});
+  ASSERT_NE(plain, nullptr);
+  EXPECT_EQ(plain->Describe().cgroups(), "none (mesh-agent --cgroups=none)");
+}
+
 }  // namespace job_isolation_test
 }  // namespace mesh::agent
