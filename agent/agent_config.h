@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -61,6 +62,9 @@ struct AgentConfig {
   std::vector<std::pair<std::string, std::string>> operator_env;
   // Denied names jobs may set on this node (--allow-job-env).
   std::set<std::string> allowed_job_env;
+  // The node's GPUs' utilization and memory use now (NvmlSampler::Sample in
+  // the binary; empty without NVML), for the per-job GPU metrics.
+  std::function<std::vector<GpuUsage>()> gpu_usage;
   // Port of this agent's /metrics (RegisterNodeRequest.metrics_port); 0:
   // none. The binary starts the exposer and puts the bound port here.
   int metrics_port = 0;

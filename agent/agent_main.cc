@@ -385,6 +385,11 @@ int RunAgentMain(int argc, const char* const* argv) {
       JobIsolation::Create(isolation_options, cgroups.get());
   if (!isolation.ok()) return UsageError(std::string(isolation.status().message()));
   config.isolation = (*isolation)->Describe();
+  // Per-job GPU usage (mesh_agent_job_gpu_*): one NVML session, held open.
+  std::shared_ptr<NvmlSampler> nvml = NvmlSampler::Open();
+  if (nvml != nullptr && !config.gpus.empty()) {
+    config.gpu_usage = [nvml] { return nvml->Sample(); };
+  }
   if ((*isolation)->runs_as_owner()) {
     spdlog::info("isolation: {}", config.isolation.users());
   } else {

@@ -10,7 +10,9 @@
 //   mesh_agent_heartbeat_age_seconds                     gauge
 //   mesh_agent_connected                                 gauge, 0 or 1
 //   mesh_agent_job_cpu_seconds{job}, mesh_agent_job_memory_bytes{job},
-//   mesh_agent_job_processes{job}, mesh_agent_job_gpus{job}
+//   mesh_agent_job_processes{job}, mesh_agent_job_gpus{job},
+//   mesh_agent_job_gpu_utilization_ratio{job},
+//   mesh_agent_job_gpu_memory_bytes{job}
 //                                                        gauges per job with
 //                                                        workers here (series
 //                                                        removed when it ends)
@@ -50,6 +52,8 @@ struct AgentMetrics {
   metrics::Family<metrics::Gauge>* job_memory_bytes;
   metrics::Family<metrics::Gauge>* job_processes;
   metrics::Family<metrics::Gauge>* job_gpus;
+  metrics::Family<metrics::Gauge>* job_gpu_utilization;
+  metrics::Family<metrics::Gauge>* job_gpu_memory_bytes;
 };
 
 }  // namespace mesh::agent

@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 
 namespace mesh::agent {
-namespace {
+// Named, not anonymous: NvmlSampler::Api, a class of the header's, holds
+// these types.
+namespace nvml_internal {
 
 // The subset of nvml.h the agent uses. The ABI of these _v2 entry points is
 // stable across driver versions; nvmlReturn_t is an enum whose success value
@@ -29,6 +31,11 @@ using GetHandleFn = nvmlReturn_t (*)(unsigned, nvmlDevice_t*);
 using GetStringFn = nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned);
 using GetMemoryFn = nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*);
 using GetUnsignedFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned*);
+struct nvmlUtilization_t {
+  unsigned gpu;     // percent of time a kernel ran
+  unsigned memory;  // percent of time memory was read or written
+};
+using GetUtilizationFn = nvmlReturn_t (*)(nvmlDevice_t, nvmlUtilization_t*);
 
 // Closes the library on every return path.
 struct Library {
@@ -42,7 +49,22 @@ struct Library {
   }
 };
 
-}  // namespace
+}  // namespace nvml_internal
+
+using nvml_internal::Library;
+using nvml_internal::nvmlReturn_t;
+using nvml_internal::nvmlDevice_t;
+using nvml_internal::nvmlMemory_t;
+using nvml_internal::nvmlUtilization_t;
+using nvml_internal::kNvmlBufferSize;
+using nvml_internal::InitFn;
+using nvml_internal::ShutdownFn;
+using nvml_internal::GetCountFn;
+using nvml_internal::GetHandleFn;
+using nvml_internal::GetStringFn;
+using nvml_internal::GetMemoryFn;
+using nvml_internal::GetUnsignedFn;
+using nvml_internal::GetUtilizationFn;
 
 absl::StatusOr<std::vector<GpuDevice>> DiscoverNvmlGpus(const char* library) {
   Library lib;
@@ -90,6 +112,58 @@ absl::StatusOr<std::vector<GpuDevice>> DiscoverNvmlGpus(const char* library) {
   }
   shutdown();
   return gpus;
+}
+
+struct NvmlSampler::Api {
+  nvml_internal::Library lib;
+  nvml_internal::ShutdownFn shutdown = nullptr;
+  nvml_internal::GetCountFn get_count = nullptr;
+  nvml_internal::GetHandleFn get_handle = nullptr;
+  nvml_internal::GetMemoryFn get_memory = nullptr;
+  nvml_internal::GetUtilizationFn get_utilization = nullptr;
+};
+
+std::unique_ptr<NvmlSampler> NvmlSampler::Open(const char* library) {
+  auto api = std::make_unique<Api>();
+  api->lib.handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+  if (api->lib.handle == nullptr) return nullptr;
+  auto init = api->lib.Get<InitFn>("nvmlInit_v2");
+  api->shutdown = api->lib.Get<ShutdownFn>("nvmlShutdown");
+  api->get_count = api->lib.Get<GetCountFn>("nvmlDeviceGetCount_v2");
+  api->get_handle = api->lib.Get<GetHandleFn>("nvmlDeviceGetHandleByIndex_v2");
+  api->get_memory = api->lib.Get<GetMemoryFn>("nvmlDeviceGetMemoryInfo");
+  api->get_utilization = api->lib.Get<GetUtilizationFn>("nvmlDeviceGetUtilizationRates");
+  if (init == nullptr || api->shutdown == nullptr || api->get_count == nullptr ||
+      api->get_handle == nullptr || api->get_memory == nullptr ||
+      api->get_utilization == nullptr || init() != 0) {
+    return nullptr;
+  }
+  return std::unique_ptr<NvmlSampler>(new NvmlSampler(std::move(api)));
+}
+
+NvmlSampler::NvmlSampler(std::unique_ptr<Api> api) : api_(std::move(api)) {}
+
+NvmlSampler::~NvmlSampler() { api_->shutdown(); }
+
+std::vector<GpuUsage> NvmlSampler::Sample() const {
+  std::vector<GpuUsage> usage;
+  unsigned count = 0;
+  if (api_->get_count(&count) != 0) return usage;
+  for (unsigned i = 0; i < count; ++i) {
+    nvmlDevice_t device = nullptr;
+    nvmlUtilization_t rates{};
+    nvmlMemory_t memory{};
+    if (api_->get_handle(i, &device) != 0 || api_->get_utilization(device, &rates) != 0 ||
+        api_->get_memory(device, &memory) != 0) {
+      continue;
+    }
+    GpuUsage gpu;
+    gpu.index = static_cast<int>(i);
+    gpu.utilization = rates.gpu / 100.0;
+    gpu.memory_used_bytes = static_cast<int64_t>(memory.used);
+    usage.push_back(gpu);
+  }
+  return usage;
 }
 
 }  // namespace mesh::agent

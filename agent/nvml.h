@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,5 +42,34 @@ struct GpuDevice {
 // mismatch); the message carries NVML's return code. A device whose handle,
 // name, UUID or memory cannot be read is still listed, with what is known.
 absl::StatusOr<std::vector<GpuDevice>> DiscoverNvmlGpus(const char* library = "libnvidia-ml.so.1");
+
+// What one GPU is doing now, as NVML reports it.
+struct GpuUsage {
+  int index = 0;
+  // Share of the last sample period in which a kernel ran (0..1).
+  double utilization = 0;
+  // Device memory in use, by every process on it.
+  int64_t memory_used_bytes = 0;
+};
+
+// Samples every GPU's utilization and memory use through one NVML session,
+// held open (dlopen and nvmlInit once). Sample is thread-safe; a GPU whose
+// values cannot be read is left out.
+class NvmlSampler {
+ public:
+  // Null when the library cannot be loaded or NVML does not start (no
+  // driver): no GPU usage, which is not an error.
+  static std::unique_ptr<NvmlSampler> Open(const char* library = "libnvidia-ml.so.1");
+  ~NvmlSampler();
+  NvmlSampler(const NvmlSampler&) = delete;
+  NvmlSampler& operator=(const NvmlSampler&) = delete;
+
+  std::vector<GpuUsage> Sample() const;
+
+ private:
+  struct Api;
+  explicit NvmlSampler(std::unique_ptr<Api> api);
+  const std::unique_ptr<Api> api_;
+};
 
 }  // namespace mesh::agent

@@ -94,7 +94,7 @@ struct OrderApplier::Generation {
   // (0: none), for OOM reports. The cgroup outlives the supervisor.
   std::unique_ptr<GenerationCgroup> cgroup;
   int64_t memory_limit = 0;
-  int gpus = 0;  // GPUs of this node its ranks hold
+  std::vector<int> gpus;  // GPUs of this node its ranks hold
   std::unique_ptr<RecordingLauncher> recorder;   // outlives supervisor
   std::unique_ptr<WorkerSupervisor> supervisor;  // declared last: destroyed first
 };
@@ -267,21 +267,42 @@ void OrderApplier::CollectFinishedGenerations() {
     }
   }
   KillStrays(ended);
+  // NVML is asked outside the lock (a sample takes milliseconds).
+  const std::vector<GpuUsage> gpu_usage =
+      config_.gpu_usage ? config_.gpu_usage() : std::vector<GpuUsage>();
   {
     absl::MutexLock lock(&mu_);
-    UpdateJobUsageLocked();
+    UpdateJobUsageLocked(gpu_usage);
   }
   // `ended` goes out of scope here, outside mu_.
 }
 
-void OrderApplier::UpdateJobUsageLocked() {
+void OrderApplier::UpdateJobUsageLocked(const std::vector<GpuUsage>& gpu_usage) {
+  std::map<int, const GpuUsage*> by_index;
+  for (const GpuUsage& gpu : gpu_usage) by_index[gpu.index] = &gpu;
   std::set<std::string> live;
   for (const auto& [id, job] : jobs_) {
     if (job->generations.empty()) continue;
     // The newest generation: an older one is only being stopped.
     const Generation& rec = *job->generations.rbegin()->second;
     live.insert(id);
-    metrics_->job_gpus->WithLabels({id})->Set(rec.gpus);
+    metrics_->job_gpus->WithLabels({id})->Set(static_cast<double>(rec.gpus.size()));
+    // GPUs are the job's alone, so their use is the job's: the mean
+    // utilization and the memory in use over the GPUs NVML answered for.
+    double utilization = 0;
+    int64_t memory = 0;
+    int sampled = 0;
+    for (int index : rec.gpus) {
+      auto it = by_index.find(index);
+      if (it == by_index.end()) continue;
+      utilization += it->second->utilization;
+      memory += it->second->memory_used_bytes;
+      ++sampled;
+    }
+    if (sampled > 0) {
+      metrics_->job_gpu_utilization->WithLabels({id})->Set(utilization / sampled);
+      metrics_->job_gpu_memory_bytes->WithLabels({id})->Set(static_cast<double>(memory));
+    }
     if (rec.cgroup == nullptr) continue;
     const CgroupUsage usage = rec.cgroup->Usage();
     metrics_->job_cpu_seconds->WithLabels({id})->Set(usage.cpu_seconds);
@@ -291,7 +312,8 @@ void OrderApplier::UpdateJobUsageLocked() {
   for (const std::string& id : jobs_with_usage_) {
     if (live.count(id) > 0) continue;
     for (auto* family : {metrics_->job_gpus, metrics_->job_cpu_seconds, metrics_->job_memory_bytes,
-                         metrics_->job_processes}) {
+                         metrics_->job_processes, metrics_->job_gpu_utilization,
+                         metrics_->job_gpu_memory_bytes}) {
       family->Remove({id});
     }
   }
@@ -486,7 +508,9 @@ void OrderApplier::ApplyLaunch(const v1::Assignment& order, absl::Time received)
   rec->metrics_ports = metrics_ports;
   rec->cgroup = std::move(cgroup);
   rec->memory_limit = order.memory_per_proc_bytes();
-  for (const v1::RankLaunch& r : order.ranks()) rec->gpus += r.gpus_size();
+  for (const v1::RankLaunch& r : order.ranks()) {
+    rec->gpus.insert(rec->gpus.end(), r.gpus().begin(), r.gpus().end());
+  }
   rec->recorder = std::make_unique<RecordingLauncher>(launcher_);
   SupervisorOptions options;
   options.grace = config_.grace;

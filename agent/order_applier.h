@@ -138,7 +138,8 @@ class OrderApplier {
   void KillStrays(const std::vector<std::pair<std::string, std::shared_ptr<Generation>>>& ended);
   std::vector<v1::RunningWorker> RunningWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateWorkerGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UpdateJobUsageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateJobUsageLocked(const std::vector<GpuUsage>& gpu_usage)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A free port of the worker metrics range (marked used), or 0 when the
   // range is off or every port is held by a live worker.
   int AcquireWorkerMetricsPortLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

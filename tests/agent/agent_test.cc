@@ -835,6 +835,26 @@ TEST_F(AgentTest, MetricsCountLaunchesRestartsAndExitsByReason) {
   EXPECT_EQ(registry_.CounterValue("mesh_agent_worker_exits_total", {"exit_0"}), 0);
 }
 
+TEST_F(AgentTest, PerJobGpuMetricsComeFromTheJobsGpusAndGoWithTheJob) {
+  config_.gpu_usage = [] {
+    return std::vector<GpuUsage>{{0, 0.5, int64_t{1} << 30}, {1, 1.0, int64_t{2} << 30}};
+  };
+  StartAgent();
+  ASSERT_EQ(LaunchAndWait(Launch("job-g", 0, 2, /*gpus=*/true)).size(), 2u);
+  ASSERT_TRUE(WaitUntil([&] {
+    return registry_.GaugeValue("mesh_agent_job_gpu_memory_bytes", {"job-g"}) ==
+           static_cast<double>(int64_t{3} << 30);
+  }));
+  EXPECT_EQ(registry_.GaugeValue("mesh_agent_job_gpus", {"job-g"}), 2);
+  EXPECT_EQ(registry_.GaugeValue("mesh_agent_job_gpu_utilization_ratio", {"job-g"}), 0.75);
+
+  // Gone with the job: no series piles up across jobs.
+  ASSERT_TRUE(service_.Push(Kill("job-g", 0)));
+  ASSERT_TRUE(WaitUntil([&] { return registry_.Children("mesh_agent_job_gpus").empty(); }));
+  EXPECT_TRUE(registry_.Children("mesh_agent_job_gpu_utilization_ratio").empty());
+  EXPECT_TRUE(registry_.Children("mesh_agent_job_gpu_memory_bytes").empty());
+}
+
 TEST_F(AgentTest, MetricsShowConnectionAndHeartbeatAge) {
   StartAgent();
   ASSERT_TRUE(WaitUntil([&] { return registry_.GaugeValue("mesh_agent_connected") == 1; }));
