@@ -83,7 +83,12 @@ TEST_F(IsolationTest, CancelKillsADescendantThatLeftItsSessionAndEnvironmentWith
   StartAgent();
   if (HasFatalFailure()) return;
   const std::string pidfile = cluster_->dir() + "/escaped.pid";
-  auto job = testing::SubmitJob(cluster_->jobs(), ProbeSpec({"escape", pidfile}));
+  // Other tests run jobs named job-1 at the same time: a marker of this
+  // test's own tells its worker apart.
+  const std::string marker = absl::StrCat("MARKER=isolation-test-", getpid());
+  v1::JobSpec spec = ProbeSpec({"escape", pidfile});
+  (*spec.mutable_env())["MARKER"] = marker.substr(7);
+  auto job = testing::SubmitJob(cluster_->jobs(), spec);
   ASSERT_TRUE(job.ok()) << job.status();
   pid_t escaped = 0;
   ASSERT_TRUE(testing::WaitUntil(
@@ -93,7 +98,8 @@ TEST_F(IsolationTest, CancelKillsADescendantThatLeftItsSessionAndEnvironmentWith
   ASSERT_TRUE(testing::IsAlive(escaped));
   // Escaped for real: another session than its worker's, and an empty
   // environment (no MESH_* marker for the environment scan to find).
-  const std::vector<pid_t> workers = testing::LiveProcessesWithEnv({"MESH_JOB_ID=" + job->id()});
+  const std::vector<pid_t> workers =
+      testing::LiveProcessesWithEnv({"MESH_JOB_ID=" + job->id(), marker});
   ASSERT_EQ(workers.size(), 1u);
   EXPECT_NE(getsid(escaped), getsid(workers[0]));
   EXPECT_EQ(ReadFirstLine(absl::StrCat("/proc/", escaped, "/environ")), "");
