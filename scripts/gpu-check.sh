@@ -118,6 +118,48 @@ for test in "$bundle"/tests/*; do
   rm -f "$out"
 done
 
+# The meshrt package (a bundle made with --python): its GPU test, in the
+# node's own python3, which must be the Python the extension was built for.
+if [ -d "$bundle/python/meshrt" ]; then
+  echo
+  ext=$(basename "$(compgen -G "$bundle/python/meshrt/_meshrt*.so" | head -1)")
+  want=${ext#_meshrt}
+  have=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+  if [ "$want" != "$have" ]; then
+    echo "== python: not run: meshrt was built for '$want', this node's python3 loads '${have:-nothing}'"
+    not_run+=("python-tests")
+  elif [ "$(left)" -lt 40 ]; then
+    not_run+=("python-tests")
+  else
+    limit=$(( $(left) - 20 ))
+    [ "$limit" -gt 240 ] && limit=240
+    echo "== python-tests/test_nccl_gpu.py (limit ${limit}s)"
+    out=$(mktemp)
+    PYTHONPATH=$bundle/python MESH_COORDINATOR_BIN=$bundle/bin/mesh-coordinator \
+      MESH_AGENT_BIN=$bundle/bin/mesh-agent PYTHONUNBUFFERED=1 \
+      timeout --kill-after=5 "$limit" python3 "$bundle/python-tests/run_unittest.py" \
+      "$bundle/python-tests/test_nccl_gpu.py" >"$out" 2>&1
+    code=$?
+    cat "$out"
+    # unittest -v: one "name (...) ... ok|FAIL|ERROR|skipped '...'" per case.
+    oks=$(grep -cE '\.\.\. ok$' "$out")
+    fails=$(grep -cE '\.\.\. (FAIL|ERROR)$' "$out")
+    skips=$(grep -cE '\.\.\. skipped' "$out")
+    if [ "$code" -eq 77 ] && [ "$gpus" -gt 0 ]; then
+      echo "-- python: nvidia-smi lists $gpus GPU(s), but torch saw none"
+      fails=$((fails + 1))
+    elif [ "$code" -ne 0 ] && [ "$code" -ne 77 ] && [ "$fails" -eq 0 ]; then
+      echo "-- python: exited $code"
+      fails=1
+    fi
+    echo "-- python: $oks passed, $fails failed, $skips skipped"
+    passed=$((passed + oks))
+    failed=$((failed + fails))
+    skipped=$((skipped + skips))
+    rm -f "$out"
+  fi
+fi
+
 echo
 echo "== benchmarks"
 bench=$bundle/bin/mesh-bench

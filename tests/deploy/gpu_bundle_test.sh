@@ -5,13 +5,17 @@
 # benchmarks say they skipped). Checks that the tarball is under 40 MiB, that
 # every binary and library finds its libraries inside the bundle (RUNPATH,
 # no LD_LIBRARY_PATH), and that nothing left to the node (glibc, libcuda,
-# libnccl) was packed.
+# libnccl) was packed. The meshrt package rides along: its extension finds
+# its libraries in the bundle too, and gpu-check.sh runs its GPU test with
+# PYTHON (the interpreter the build made it for) as the node's python3, where
+# it skips without a GPU.
 #
-#   gpu_bundle_test.sh BUILD_DIR
+#   gpu_bundle_test.sh BUILD_DIR PYTHON
 #
 # Exit 77 (skipped) without patchelf.
 set -euo pipefail
 build=$1
+python=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
 command -v patchelf >/dev/null || { echo "SKIP: no patchelf (scripts/install-deps.sh)"; exit 77; }
 [ -f "$build/build.ninja" ] || { echo "SKIP: $build is not a Ninja build"; exit 77; }
@@ -40,8 +44,15 @@ for dir in bin tests lib scripts docs; do [ -d "$b/$dir" ] || fail "no $dir/ in 
 ls "$b/lib" | grep -Eq '^(libc|libm|libcuda|libnccl)\.so' && fail "packed a library the node provides"
 [ -e "$b/tests/nccl_seam_test" ] || fail "no nccl_seam_test in the bundle"
 
-for file in "$b"/bin/* "$b"/tests/*; do
-  [ "$(patchelf --print-rpath "$file")" = '$ORIGIN/../lib' ] || fail "$file: RUNPATH $(patchelf --print-rpath "$file")"
+[ -f "$b/python-tests/test_nccl_gpu.py" ] || fail "no python-tests/test_nccl_gpu.py in the bundle"
+extension=$(compgen -G "$b/python/meshrt/_meshrt*.so" | head -1) || fail "no meshrt extension in the bundle"
+[ "$(patchelf --print-rpath "$extension")" = '$ORIGIN/../../lib' ] ||
+  fail "$extension: RUNPATH $(patchelf --print-rpath "$extension")"
+for file in "$b"/bin/* "$b"/tests/* "$extension"; do
+  case "$file" in
+    "$extension") ;;
+    *) [ "$(patchelf --print-rpath "$file")" = '$ORIGIN/../lib' ] || fail "$file: RUNPATH $(patchelf --print-rpath "$file")" ;;
+  esac
   # Resolved inside the bundle (or glibc); libnccl comes from the node.
   missing=$(env -u LD_LIBRARY_PATH ldd "$file" | grep 'not found' | grep -v 'libnccl\.so' || true)
   [ -z "$missing" ] || fail "$file: $missing"
@@ -56,13 +67,18 @@ if command -v readelf >/dev/null && readelf -S "$b/bin/mesh-coordinator" | grep 
   fail "debug info was not stripped"
 fi
 
-# The CPU part of the check, in its own folder, as on a node.
+# The CPU part of the check, in its own folder, as on a node whose python3
+# is the one the extension was built for.
+mkdir "$work/path"
+ln -s "$python" "$work/path/python3"
 log=$work/node/gpu-check.log
-MESH_GPU_CHECK_SECONDS=${MESH_GPU_CHECK_SECONDS:-240} "$b/scripts/gpu-check.sh" "$log" ||
+PATH=$work/path:$PATH MESH_GPU_CHECK_SECONDS=${MESH_GPU_CHECK_SECONDS:-240} \
+  "$b/scripts/gpu-check.sh" "$log" ||
   fail "gpu-check.sh failed (log above)"
 summary=$(tail -1 "$log")
 echo "gpu-check: $summary"
 [[ "$summary" =~ ^([0-9]+)\ passed,\ 0\ failed,\ ([0-9]+)\ skipped$ ]] || fail "summary: $summary"
 [ "${BASH_REMATCH[1]}" -gt 0 ] || fail "no test passed (the seam test should)"
 grep -q 'nccl_seam_test: [1-9][0-9]* passed, 0 failed' "$log" || fail "the seam test did not pass"
+grep -q -- '-- python: 0 passed, 0 failed, 2 skipped' "$log" || fail "the meshrt GPU test did not run and skip"
 echo "PASS"

@@ -4,7 +4,9 @@
 // which must SUCCEED with CUDA_VISIBLE_DEVICES set to the GPU the agent gave
 // it and the agent's GPU accounting following the job; and the same job
 // SIGKILLed in the middle of its collectives, which must restart and
-// succeed (ncclCommAbort and a fresh communicator on a real device).
+// succeed (ncclCommAbort and a fresh communicator on a real device). While
+// that job runs, the agent's /metrics show its GPU and what NVML reads of
+// it (mesh_agent_job_gpu_*).
 //
 // Skips without NCCL in the build, without a visible CUDA device, or when
 // the agent's NVML discovery finds no GPU. MESH_TEST_BIN_DIR, when set,
@@ -15,14 +17,18 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "mesh/build_info.h"
+#include "tests/metrics/metrics_test_util.h"
 #include "tests/util/mesh_cluster.h"
 #include "tests/util/proc.h"
 #include "tests/util/subprocess.h"
@@ -33,6 +39,18 @@ namespace gpu_job_test {
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kJobTimeout = absl::Minutes(3);
+
+// The value of `family`{job="<job>"} in a Prometheus text body; nullopt
+// when the body has no such sample.
+std::optional<double> JobSample(const std::string& body, const std::string& family,
+                                const std::string& job) {
+  const std::string prefix = absl::StrCat(family, "{job=\"", job, "\"} ");
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    double value = 0;
+    if (absl::ConsumePrefix(&line, prefix) && absl::SimpleAtod(line, &value)) return value;
+  }
+  return std::nullopt;
+}
 
 // `name` in MESH_TEST_BIN_DIR when that is set, else the build's `built`.
 std::string Binary(const char* name, const char* built) {
@@ -46,7 +64,12 @@ class GpuJobTest : public ::testing::Test {
     if (!GetBuildInfo().has_nccl) GTEST_SKIP() << "built without NCCL";
     if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
     ASSERT_TRUE(cluster_.StartCoordinator().ok());
-    ASSERT_TRUE(cluster_.StartAgent(0, /*slots=*/1, /*gpus=*/"auto").ok());
+    absl::StatusOr<int> port = FreePort();
+    ASSERT_TRUE(port.ok()) << port.status();
+    metrics_port_ = *port;
+    ASSERT_TRUE(cluster_.StartAgent(0, /*slots=*/1, /*gpus=*/"auto",
+                                    {"--metrics-port", absl::StrCat(metrics_port_)})
+                    .ok());
     ASSERT_TRUE(WaitUntil([&] { return cluster_.ReadyNodes() == 1; }, absl::Seconds(30)));
     absl::StatusOr<v1::Node> node = GetNode(cluster_.jobs(), "node-0");
     ASSERT_TRUE(node.ok()) << node.status();
@@ -72,7 +95,8 @@ class GpuJobTest : public ::testing::Test {
   MeshCluster cluster_{
       {Binary("mesh-coordinator", MESH_COORDINATOR_BIN), Binary("mesh-agent", MESH_AGENT_BIN)},
       "mesh-gpu-job"};
-  int gpu_ = -1;  // The first GPU the agent discovered.
+  int metrics_port_ = 0;  // The agent's /metrics.
+  int gpu_ = -1;         // The first GPU the agent discovered.
   int gpus_ = 0;  // How many it discovered.
 };
 
@@ -112,6 +136,23 @@ TEST_F(GpuJobTest, WorkerKilledMidCollectivesRestartsAndSucceeds) {
       absl::Seconds(60)))
       << Meshctl({"logs", job}).output;
   EXPECT_EQ(FreeGpus(), gpus_ - 1) << "a running GPU job holds one of the node's GPUs";
+  // The agent's per-job GPU figures: one GPU, and NVML's reading of it (the
+  // worker's CUDA context and NCCL buffers alone take device memory).
+  std::string body;
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        absl::StatusOr<std::string> scraped = Scrape(metrics_port_);
+        body = scraped.ok() ? *scraped : scraped.status().ToString();
+        return JobSample(body, "mesh_agent_job_gpu_memory_bytes", job).value_or(0) > 0;
+      },
+      absl::Seconds(20)))
+      << body;
+  EXPECT_EQ(JobSample(body, "mesh_agent_job_gpus", job), 1.0) << body;
+  const std::optional<double> utilization =
+      JobSample(body, "mesh_agent_job_gpu_utilization_ratio", job);
+  ASSERT_TRUE(utilization.has_value()) << body;
+  EXPECT_GE(*utilization, 0.0);
+  EXPECT_LE(*utilization, 1.0);
   std::vector<pid_t> workers = LiveProcessesWithEnv({marker});
   ASSERT_EQ(workers.size(), 1u);
   ASSERT_EQ(::kill(workers[0], SIGKILL), 0);

@@ -410,5 +410,101 @@ def agent():
         print(f"OK agent rank {rt.rank} of {rt.world_size} sum {int(t.item())}", flush=True)
 
 
+# ---- GPU: 1 rank on CUDA device 0 (tests/python/test_nccl_gpu.py) ----------
+
+def nccl_cuda():
+    """meshrt's own NCCL group on torch CUDA tensors, through DLPack."""
+    dev = torch.device("cuda", 0)
+    with meshrt.init(hostname=HOST, backend="nccl", device_index=0, timeout=60) as rt:
+        w = rt.world()
+        assert rt.backend == "nccl" and w.backend == "nccl" and w.size == 1, (rt.backend, w.size)
+        # Every dtype the bindings take, sync and async; a world of one sums to itself.
+        for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+                      torch.uint8, torch.int32, torch.int64):
+            t = torch.arange(1000, device=dev).to(dtype)
+            expected = t.clone()
+            w.all_reduce(t)
+            assert torch.equal(t, expected), (dtype, t)
+            work = w.all_reduce(t, op="max", async_op=True)
+            assert work.wait(timeout=30) and work.is_completed() and work.exception() is None
+            assert torch.equal(t, expected), (dtype, t)
+
+        # Stream order, both ways. The producer's kernels run on torch's
+        # current (legacy default) stream behind a ~50 ms spin; the op must
+        # start after them, and after Work.wait() torch's stream must see its
+        # result. A missing wait on either side shows as zeros in `out`.
+        n = 1 << 24
+        for async_op in (False, True):
+            x = torch.zeros(n, device=dev)
+            out = torch.zeros(n, device=dev)
+            torch.cuda._sleep(100_000_000)
+            x.fill_(7.0)
+            work = w.all_gather(out, x, async_op=async_op)
+            if work is not None:
+                assert work.wait(timeout=30)
+            host = out.cpu()  # On torch's stream, right after the op.
+            assert bool((host == 7.0).all()), (async_op, host[:4], (host != 7.0).sum().item())
+            torch.cuda.synchronize()
+
+        b = torch.full((64,), 3.0, device=dev)
+        w.broadcast(b, src=0)
+        assert bool((b == 3.0).all())
+        rs_out = torch.zeros(16, device=dev)
+        w.reduce_scatter(rs_out, torch.arange(16.0, device=dev))
+        assert torch.equal(rs_out, torch.arange(16.0, device=dev)), rs_out
+        a2a = torch.zeros(8, device=dev)
+        w.all_to_all_single(a2a, torch.arange(8.0, device=dev))
+        assert torch.equal(a2a, torch.arange(8.0, device=dev)), a2a
+
+        # Non-contiguous CUDA tensors are refused by NCCL, clearly.
+        expect_raises(meshrt.InvalidArgumentError, w.all_reduce,
+                      torch.zeros(8, 8, device=dev).t(), contains="contiguous")
+        # A CPU tensor on an NCCL group names the device.
+        expect_raises(meshrt.InvalidArgumentError, w.all_reduce, torch.zeros(4), contains="CUDA")
+
+        # DTensor on CUDA: libmesh allocates on the device and hands the
+        # result back to torch through DLPack, as a CUDA tensor.
+        mesh = rt.init_device_mesh((1,), ("dp",))
+        S, R, P = meshrt.Shard, meshrt.Replicate, meshrt.Partial
+        glob = torch.arange(6 * 4, dtype=torch.float32, device=dev).reshape(6, 4)
+        dt = meshrt.DTensor.from_local(glob, mesh, [S(1)])
+        full = dt.full_tensor()
+        assert isinstance(full, torch.Tensor) and full.device == dev, (type(full), full.device)
+        assert torch.equal(full, glob), full
+        rep = dt.redistribute([R()])
+        assert rep.to_local().device == dev and torch.equal(rep.to_local(), glob)
+        part = meshrt.DTensor.from_local(torch.full((2, 3), 5.0, device=dev), mesh, [P()])
+        assert torch.equal(part.full_tensor(), torch.full((2, 3), 5.0, device=dev))
+        d = meshrt.distribute_tensor(glob, mesh, [S(0)])
+        assert d.to_local().device == dev and torch.equal(d.to_local(), glob)
+        rt.world().barrier()
+    print("OK nccl_cuda", flush=True)
+
+
+def torch_nccl():
+    """torch.distributed's own NCCL backend, rendezvous through mesh://."""
+    import torch.distributed as dist
+
+    import meshrt.torch  # noqa: F401  (registers mesh://)
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    # The Runtime behind mesh:// (its own groups on Gloo, over loopback).
+    meshrt.torch.runtime(hostname=HOST)
+    dist.init_process_group("nccl", init_method="mesh://", device_id=dev)
+    assert dist.get_rank() == 0 and dist.get_world_size() == 1
+    assert "MASTER_ADDR" not in os.environ and "MASTER_PORT" not in os.environ
+    t = torch.arange(1 << 16, dtype=torch.float32, device=dev)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.arange(1 << 16, dtype=torch.float32, device=dev))
+    out = [torch.zeros(4, device=dev)]
+    dist.all_gather(out, torch.ones(4, device=dev))
+    assert torch.equal(out[0], torch.ones(4, device=dev))
+    dist.barrier()
+    dist.destroy_process_group()
+    print("OK torch_nccl", flush=True)
+
+
 if __name__ == "__main__":
-    {"core": core, "failure": failure, "op_timeout": op_timeout, "agent": agent}[sys.argv[1]]()
+    {"core": core, "failure": failure, "op_timeout": op_timeout, "agent": agent,
+     "nccl_cuda": nccl_cuda, "torch_nccl": torch_nccl}[sys.argv[1]]()
