@@ -135,7 +135,7 @@ class Agent {
 
   const AgentConfig config_;
   ProcessLauncher* const launcher_;
-  StrayKiller* const strays_;  // May be null.
+  StrayKiller* const strays_;            // May be null.
   const JobIsolation* const isolation_;  // May be null.
   AgentMetrics metrics_;
 

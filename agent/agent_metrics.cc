@@ -89,15 +89,15 @@ AgentMetrics::AgentMetrics(metrics::Registry& registry) {
   job_processes = registry.AddGauge(
       "mesh_agent_job_processes",
       "Processes and threads of the job on this node now, from its cgroup.", {"job"});
-  job_gpus = registry.AddGauge("mesh_agent_job_gpus", "GPUs of this node held by the job.",
-                               {"job"});
+  job_gpus =
+      registry.AddGauge("mesh_agent_job_gpus", "GPUs of this node held by the job.", {"job"});
   job_gpu_utilization = registry.AddGauge(
       "mesh_agent_job_gpu_utilization_ratio",
       "Mean utilization (share of time a kernel ran, NVML) of the job's GPUs on this node.",
       {"job"});
-  job_gpu_memory_bytes = registry.AddGauge(
-      "mesh_agent_job_gpu_memory_bytes",
-      "Device memory in use on the job's GPUs on this node (NVML).", {"job"});
+  job_gpu_memory_bytes =
+      registry.AddGauge("mesh_agent_job_gpu_memory_bytes",
+                        "Device memory in use on the job's GPUs on this node (NVML).", {"job"});
 }
 
 }  // namespace mesh::agent

@@ -303,11 +303,11 @@ absl::StatusOr<std::unique_ptr<CgroupManager>> CreateV1(const CgroupOptions& opt
                               : controllers.size() == 1
                                   ? controllers[0]
                                   : absl::StrCat("{", absl::StrJoin(controllers, ","), "}");
-    places.push_back(absl::StrCat(options.v1_root, "/", which, parent == "/" ? "" : parent, "/",
-                                  agent_dir));
+    places.push_back(
+        absl::StrCat(options.v1_root, "/", which, parent == "/" ? "" : parent, "/", agent_dir));
   }
-  const std::string describe = absl::StrCat("cgroup v1 (", absl::StrJoin(names, ", "), ") at ",
-                                            absl::StrJoin(places, ", "));
+  const std::string describe =
+      absl::StrCat("cgroup v1 (", absl::StrJoin(names, ", "), ") at ", absl::StrJoin(places, ", "));
   return std::unique_ptr<CgroupManager>(
       new ManagerImpl(CgroupVersion::kV1, std::move(hierarchies), agent_dir, can, describe));
 }
@@ -326,7 +326,8 @@ absl::StatusOr<std::unique_ptr<CgroupManager>> CreateV2(const CgroupOptions& opt
   std::set<std::string> available;
   if (absl::StatusOr<std::string> text = fs::ReadText(parent_dir + "/cgroup.controllers");
       text.ok()) {
-    for (absl::string_view name : absl::StrSplit(*text, absl::ByAnyChar(" \n"), absl::SkipEmpty())) {
+    for (absl::string_view name :
+         absl::StrSplit(*text, absl::ByAnyChar(" \n"), absl::SkipEmpty())) {
       available.insert(std::string(name));
     }
   }
@@ -358,7 +359,8 @@ absl::StatusOr<std::unique_ptr<CgroupManager>> CreateV2(const CgroupOptions& opt
   enable_all();
   if (enabled.size() < wanted.size() && h.parent != "/") {
     std::vector<pid_t> members;
-    if (absl::StatusOr<std::string> procs = fs::ReadText(parent_dir + "/cgroup.procs"); procs.ok()) {
+    if (absl::StatusOr<std::string> procs = fs::ReadText(parent_dir + "/cgroup.procs");
+        procs.ok()) {
       for (absl::string_view line : absl::StrSplit(*procs, '\n', absl::SkipEmpty())) {
         int pid = 0;
         if (absl::SimpleAtoi(line, &pid)) members.push_back(pid);
@@ -402,14 +404,13 @@ absl::StatusOr<std::unique_ptr<CgroupManager>> CreateV2(const CgroupOptions& opt
       unavailable.empty() ? ""
                           : absl::StrCat("; no ", absl::StrJoin(unavailable, ", "),
                                          " controller: not in ", parent_dir, "/cgroup.controllers"),
-      not_enabled.empty() ? ""
-                          : absl::StrCat("; no ", absl::StrJoin(not_enabled, ", "),
-                                         " controller: ", refused),
+      not_enabled.empty()
+          ? ""
+          : absl::StrCat("; no ", absl::StrJoin(not_enabled, ", "), " controller: ", refused),
       can.devices ? "; eBPF device rules" : absl::StrCat("; no device rules: ", bpf_problem),
       ") at ", base, note);
-  return std::unique_ptr<CgroupManager>(new ManagerImpl(CgroupVersion::kV2,
-                                                        std::vector<Hierarchy>{h}, agent_dir, can,
-                                                        std::move(describe), enabled));
+  return std::unique_ptr<CgroupManager>(new ManagerImpl(
+      CgroupVersion::kV2, std::vector<Hierarchy>{h}, agent_dir, can, std::move(describe), enabled));
 }
 
 }  // namespace cgroup_internal
@@ -417,9 +418,10 @@ absl::StatusOr<std::unique_ptr<CgroupManager>> CreateV2(const CgroupOptions& opt
 absl::StatusOr<std::unique_ptr<CgroupManager>> CgroupManager::Create(const CgroupOptions& options) {
   if (options.agent_name.empty() ||
       options.agent_name.find_first_not_of(
-          "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the agent name \"", options.agent_name, "\" is not a cgroup name ([A-Za-z0-9._-])"));
+          "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") !=
+          std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("the agent name \"", options.agent_name,
+                                                   "\" is not a cgroup name ([A-Za-z0-9._-])"));
   }
   switch (cgroup_internal::Detect(options)) {
     case CgroupVersion::kNone:
@@ -450,8 +452,8 @@ int KillAgentCgroups(const CgroupOptions& options, pid_t agent_pid) {
     }
     case CgroupVersion::kV2: {
       std::optional<Hierarchy> h = cgroup_internal::FindV2(options);
-      return h.has_value() ? cgroup_internal::RemoveAgentSubtrees(*h, options.agent_name,
-                                                                  agent_pid, true, nullptr)
+      return h.has_value() ? cgroup_internal::RemoveAgentSubtrees(*h, options.agent_name, agent_pid,
+                                                                  true, nullptr)
                            : 0;
     }
   }

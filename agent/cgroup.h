@@ -90,10 +90,10 @@ struct CgroupOptions {
 
 // What a manager can enforce on this host.
 struct CgroupCapabilities {
-  bool kill = false;         // KillAll reaches every process of a generation
+  bool kill = false;  // KillAll reaches every process of a generation
   bool memory_limit = false;
   bool pids_limit = false;
-  bool devices = false;      // DeviceRules are enforced
+  bool devices = false;  // DeviceRules are enforced
   bool cpu_usage = false;
   bool memory_usage = false;
 };
@@ -118,9 +118,9 @@ struct DeviceRules {
 };
 
 struct CgroupUsage {
-  double cpu_seconds = 0;   // user + system, since the cgroup was created
-  int64_t memory_bytes = 0; // current, page cache included
-  int64_t processes = 0;    // pids.current, or the number of member tasks
+  double cpu_seconds = 0;    // user + system, since the cgroup was created
+  int64_t memory_bytes = 0;  // current, page cache included
+  int64_t processes = 0;     // pids.current, or the number of member tasks
 };
 
 class GenerationCgroup {

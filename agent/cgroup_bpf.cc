@@ -48,13 +48,13 @@ std::vector<bpf_insn> Assemble(const std::vector<CharDevice>& deny) {
   std::vector<size_t> to_deny;
   for (const CharDevice& device : deny) {
     if (device.minor < 0) {
-      program.push_back(Insn(BPF_JMP | BPF_JNE | BPF_K, BPF_REG_3, 0, 1,
-                             static_cast<int32_t>(device.major)));
+      program.push_back(
+          Insn(BPF_JMP | BPF_JNE | BPF_K, BPF_REG_3, 0, 1, static_cast<int32_t>(device.major)));
     } else {
-      program.push_back(Insn(BPF_JMP | BPF_JNE | BPF_K, BPF_REG_3, 0, 2,
-                             static_cast<int32_t>(device.major)));
-      program.push_back(Insn(BPF_JMP | BPF_JNE | BPF_K, BPF_REG_4, 0, 1,
-                             static_cast<int32_t>(device.minor)));
+      program.push_back(
+          Insn(BPF_JMP | BPF_JNE | BPF_K, BPF_REG_3, 0, 2, static_cast<int32_t>(device.major)));
+      program.push_back(
+          Insn(BPF_JMP | BPF_JNE | BPF_K, BPF_REG_4, 0, 1, static_cast<int32_t>(device.minor)));
     }
     to_deny.push_back(program.size());
     program.push_back(Insn(BPF_JMP | BPF_JA, 0, 0, 0, 0));
@@ -83,9 +83,8 @@ absl::StatusOr<int> Load(const std::vector<bpf_insn>& program) {
   const int fd = static_cast<int>(syscall(SYS_bpf, BPF_PROG_LOAD, &attr, sizeof(attr)));
   if (fd < 0) {
     const int err = errno;
-    return absl::FailedPreconditionError(absl::StrCat("loading the eBPF device program: ",
-                                                      ErrnoText(err), log[0] != '\0' ? ": " : "",
-                                                      log));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "loading the eBPF device program: ", ErrnoText(err), log[0] != '\0' ? ": " : "", log));
   }
   return fd;
 }
@@ -114,8 +113,8 @@ absl::StatusOr<std::unique_ptr<DeviceProgram>> DeviceProgram::Attach(
   close(dir);
   if (rc != 0) {
     close(*fd);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "attaching the eBPF device program to ", cgroup_dir, ": ", ErrnoText(err)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("attaching the eBPF device program to ", cgroup_dir, ": ", ErrnoText(err)));
   }
   return std::unique_ptr<DeviceProgram>(new DeviceProgram(*fd));
 }

@@ -24,8 +24,8 @@ class DeviceProgram {
  public:
   // Loads a program denying `deny` and attaches it (BPF_F_ALLOW_MULTI) to
   // the cgroup directory `cgroup_dir`.
-  static absl::StatusOr<std::unique_ptr<DeviceProgram>> Attach(
-      const std::string& cgroup_dir, const std::vector<CharDevice>& deny);
+  static absl::StatusOr<std::unique_ptr<DeviceProgram>> Attach(const std::string& cgroup_dir,
+                                                               const std::vector<CharDevice>& deny);
   // Whether this process may load and attach device programs: tried on the
   // cgroup directory `scratch_cgroup` (made, then removed); `why` says why
   // not.

@@ -179,8 +179,7 @@ bool PollUntil(F done, absl::Time deadline) {
 
 }  // namespace
 
-int KillTreeV1(const std::string& dir, const std::string& freezer_dir,
-               absl::Duration freeze_wait) {
+int KillTreeV1(const std::string& dir, const std::string& freezer_dir, absl::Duration freeze_wait) {
   const bool freeze = !freezer_dir.empty() && Exists(freezer_dir + "/freezer.state");
   if (freeze && WriteText(freezer_dir + "/freezer.state", "FROZEN").ok()) {
     // FREEZING until every task stopped; a task in an uninterruptible sleep

@@ -64,10 +64,10 @@ class GenerationImpl final : public GenerationCgroup {
       const std::string file =
           version_ == CgroupVersion::kV2 ? "memory.max" : "memory.limit_in_bytes";
       if (memory == nullptr || !fs::Exists(RankDir(*memory, rank) + "/" + file)) {
-        return absl::UnimplementedError(absl::StrCat(
-            Name(), " rank ", rank, ": a memory limit of ", limits.memory_bytes,
-            " bytes was asked and this node's cgroups have no memory controller (no ", file,
-            " in ", dirs[0], ")"));
+        return absl::UnimplementedError(
+            absl::StrCat(Name(), " rank ", rank, ": a memory limit of ", limits.memory_bytes,
+                         " bytes was asked and this node's cgroups have no memory controller (no ",
+                         file, " in ", dirs[0], ")"));
       }
       const std::string bytes = absl::StrCat(limits.memory_bytes);
       if (absl::Status s = fs::WriteText(RankDir(*memory, rank) + "/" + file, bytes); !s.ok()) {
@@ -110,8 +110,8 @@ class GenerationImpl final : public GenerationCgroup {
                                                       : fs::KillTreeV1(dir, dir, freeze_wait);
     if (!fs::WaitTreeEmpty(dir, absl::Now() + timeout)) {
       return absl::DeadlineExceededError(
-          absl::StrCat(Name(), ": ", fs::TreePids(dir).size(), " process(es) still in ", dir,
-                       " ", absl::FormatDuration(timeout), " after SIGKILL (", killed,
+          absl::StrCat(Name(), ": ", fs::TreePids(dir).size(), " process(es) still in ", dir, " ",
+                       absl::FormatDuration(timeout), " after SIGKILL (", killed,
                        " signalled); a task in uninterruptible sleep (D state)?"));
     }
     return killed;
@@ -133,7 +133,8 @@ class GenerationImpl final : public GenerationCgroup {
   int64_t OomKills(int rank) const override {
     const Hierarchy* memory = Find("memory");
     if (memory == nullptr) return 0;
-    const std::string file = version_ == CgroupVersion::kV2 ? "memory.events" : "memory.oom_control";
+    const std::string file =
+        version_ == CgroupVersion::kV2 ? "memory.events" : "memory.oom_control";
     return fs::ReadKeyedValue(RankDir(*memory, rank) + "/" + file, "oom_kill").value_or(0);
   }
 
@@ -154,8 +155,7 @@ class GenerationImpl final : public GenerationCgroup {
           static_cast<double>(fs::ReadInteger(GenDir(*cpu) + "/cpuacct.usage").value_or(0)) / 1e9;
     }
     if (const Hierarchy* memory = Find("memory")) {
-      usage.memory_bytes =
-          fs::ReadInteger(GenDir(*memory) + "/memory.usage_in_bytes").value_or(0);
+      usage.memory_bytes = fs::ReadInteger(GenDir(*memory) + "/memory.usage_in_bytes").value_or(0);
     }
     if (const Hierarchy* pids = Find("pids")) {
       usage.processes = fs::ReadInteger(GenDir(*pids) + "/pids.current").value_or(0);
@@ -167,9 +167,8 @@ class GenerationImpl final : public GenerationCgroup {
 
   absl::Status Remove() override {
     if (!Empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(Name(), " still has processes in ", GenDir(hierarchies_[0]),
-                       "; KillAll first"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          Name(), " still has processes in ", GenDir(hierarchies_[0]), "; KillAll first"));
     }
     absl::Status first = absl::OkStatus();
     for (const Hierarchy& h : hierarchies_) {
@@ -181,8 +180,8 @@ class GenerationImpl final : public GenerationCgroup {
       if (rmdir(job_dir.c_str()) != 0) {
         const int err = errno;
         if (err != ENOENT && err != ENOTEMPTY && err != EBUSY && first.ok()) {
-          first = absl::InternalError(
-              absl::StrCat("removing cgroup ", job_dir, ": ", ErrnoText(err)));
+          first =
+              absl::InternalError(absl::StrCat("removing cgroup ", job_dir, ": ", ErrnoText(err)));
         }
       }
     }

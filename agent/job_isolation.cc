@@ -67,9 +67,10 @@ absl::StatusOr<std::unique_ptr<JobIsolation>> JobIsolation::Create(JobIsolationO
   bool run_as_owner = false;
   std::string users;
   if (!options.run_as_owner) {
-    users = absl::StrCat("off (mesh-agent --run-as-owner=false): every worker runs as the agent's "
-                         "uid ",
-                         options.agent_uid);
+    users = absl::StrCat(
+        "off (mesh-agent --run-as-owner=false): every worker runs as the agent's "
+        "uid ",
+        options.agent_uid);
   } else if (options.agent_uid != 0) {
     users = absl::StrCat("off: the agent runs as uid ", options.agent_uid,
                          ", not root, so every worker runs as that uid too");
@@ -111,9 +112,10 @@ absl::StatusOr<std::optional<WorkerCredentials>> JobIsolation::RunAs(
     }
     if (options_.unowned_job_user.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          job, " has no owner (the coordinator runs without authentication), and this node runs "
-               "workers as their owner's account; start mesh-agent with --unowned-job-user to "
-               "choose one for such jobs"));
+          job,
+          " has no owner (the coordinator runs without authentication), and this node runs "
+          "workers as their owner's account; start mesh-agent with --unowned-job-user to "
+          "choose one for such jobs"));
     }
     user = options_.unowned_job_user;
     root_allowed = true;  // The operator named this account explicitly.
@@ -125,9 +127,9 @@ absl::StatusOr<std::optional<WorkerCredentials>> JobIsolation::RunAs(
                      order.owner().empty() ? "unowned jobs" : order.owner(), ")"));
   }
   if (account->uid == 0 && !root_allowed) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        job, ": ", user, " is uid 0, and the coordinator's token file does not allow ",
-        order.owner(), " to run as root (allow_root: true)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(job, ": ", user, " is uid 0, and the coordinator's token file does not allow ",
+                     order.owner(), " to run as root (allow_root: true)"));
   }
   return std::optional<WorkerCredentials>(*std::move(account));
 }
@@ -136,8 +138,9 @@ absl::Status JobIsolation::PrepareDirectory(const std::string& dir,
                                             const std::optional<WorkerCredentials>& account) const {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
-  if (error) return absl::FailedPreconditionError(absl::StrCat("cannot create ", dir, ": ",
-                                                               error.message()));
+  if (error)
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create ", dir, ": ", error.message()));
   if (!account.has_value()) return absl::OkStatus();
   // The job directory too: the names of its generations are its own. The
   // jobs directory above is 0711: every account passes through to its own
@@ -185,20 +188,20 @@ absl::StatusOr<std::unique_ptr<GenerationCgroup>> JobIsolation::CreateCgroup(
   const bool no_cgroups = cgroups_ == nullptr || cgroups_->version() == CgroupVersion::kNone;
   if (no_cgroups) {
     if (limits.memory_bytes > 0 || limits.max_pids > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", order.job_id(), " sets ",
-          limits.memory_bytes > 0 ? "memory_per_proc" : "max_pids",
-          ", and this node cannot enforce it: ",
-          cgroups_ == nullptr ? "cgroups are off" : cgroups_->Describe()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", order.job_id(), " sets ",
+                       limits.memory_bytes > 0 ? "memory_per_proc" : "max_pids",
+                       ", and this node cannot enforce it: ",
+                       cgroups_ == nullptr ? "cgroups are off" : cgroups_->Describe()));
     }
     return std::unique_ptr<GenerationCgroup>();
   }
   const CgroupCapabilities can = cgroups_->capabilities();
   if ((limits.memory_bytes > 0 && !can.memory_limit) || (limits.max_pids > 0 && !can.pids_limit)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", order.job_id(), " sets ",
-        limits.memory_bytes > 0 && !can.memory_limit ? "memory_per_proc" : "max_pids",
-        ", and this node's cgroups cannot enforce it: ", cgroups_->Describe()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", order.job_id(), " sets ",
+                     limits.memory_bytes > 0 && !can.memory_limit ? "memory_per_proc" : "max_pids",
+                     ", and this node's cgroups cannot enforce it: ", cgroups_->Describe()));
   }
   // GPU confinement: the minors of the GPUs this node's ranks of the job hold.
   std::set<int> minors;
@@ -219,8 +222,8 @@ absl::StatusOr<std::unique_ptr<GenerationCgroup>> JobIsolation::CreateCgroup(
   absl::StatusOr<std::unique_ptr<GenerationCgroup>> cgroup =
       cgroups_->CreateGeneration(order.job_id(), order.generation(), devices);
   if (!cgroup.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat("cgroup of job ", order.job_id(),
-                                                      ": ", cgroup.status().message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cgroup of job ", order.job_id(), ": ", cgroup.status().message()));
   }
   return cgroup;
 }
@@ -230,13 +233,13 @@ v1::NodeIsolation JobIsolation::Describe() const {
   isolation.set_run_as_owner(run_as_owner_);
   isolation.set_users(users_);
   const bool have_cgroups = cgroups_ != nullptr && cgroups_->version() != CgroupVersion::kNone;
-  isolation.set_cgroup_version(
-      cgroups_ == nullptr ? "none" : CgroupVersionName(cgroups_->version()));
+  isolation.set_cgroup_version(cgroups_ == nullptr ? "none"
+                                                   : CgroupVersionName(cgroups_->version()));
   isolation.set_cgroups(cgroups_ == nullptr ? absl::StrCat("none (",
-                                                         options_.no_cgroups_reason.empty()
-                                                             ? "mesh-agent --cgroups=none"
-                                                             : options_.no_cgroups_reason,
-                                                         ")")
+                                                           options_.no_cgroups_reason.empty()
+                                                               ? "mesh-agent --cgroups=none"
+                                                               : options_.no_cgroups_reason,
+                                                           ")")
                                             : cgroups_->Describe());
   const CgroupCapabilities can = have_cgroups ? cgroups_->capabilities() : CgroupCapabilities{};
   isolation.set_kill_mechanism(have_cgroups && can.kill ? "cgroup"

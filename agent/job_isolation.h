@@ -62,7 +62,7 @@ class JobIsolation {
   // Possible errors: INVALID_ARGUMENT when unowned_job_user names no
   // account on this host.
   static absl::StatusOr<std::unique_ptr<JobIsolation>> Create(JobIsolationOptions options,
-                                                               CgroupManager* cgroups);
+                                                              CgroupManager* cgroups);
 
   // Whether workers run as their owners' accounts.
   bool runs_as_owner() const { return run_as_owner_; }
@@ -86,8 +86,7 @@ class JobIsolation {
   // on this node hold; nullptr when the node has no cgroups and the order
   // asks for no limit. FAILED_PRECONDITION when the order asks for a limit
   // this node cannot enforce, or the cgroup cannot be made.
-  absl::StatusOr<std::unique_ptr<GenerationCgroup>> CreateCgroup(
-      const v1::Assignment& order) const;
+  absl::StatusOr<std::unique_ptr<GenerationCgroup>> CreateCgroup(const v1::Assignment& order) const;
 
   // Each rank's limits from the order.
   static CgroupLimits LimitsOf(const v1::Assignment& order);

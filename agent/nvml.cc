@@ -51,20 +51,20 @@ struct Library {
 
 }  // namespace nvml_internal
 
-using nvml_internal::Library;
-using nvml_internal::nvmlReturn_t;
-using nvml_internal::nvmlDevice_t;
-using nvml_internal::nvmlMemory_t;
-using nvml_internal::nvmlUtilization_t;
-using nvml_internal::kNvmlBufferSize;
-using nvml_internal::InitFn;
-using nvml_internal::ShutdownFn;
 using nvml_internal::GetCountFn;
 using nvml_internal::GetHandleFn;
-using nvml_internal::GetStringFn;
 using nvml_internal::GetMemoryFn;
+using nvml_internal::GetStringFn;
 using nvml_internal::GetUnsignedFn;
 using nvml_internal::GetUtilizationFn;
+using nvml_internal::InitFn;
+using nvml_internal::kNvmlBufferSize;
+using nvml_internal::Library;
+using nvml_internal::nvmlDevice_t;
+using nvml_internal::nvmlMemory_t;
+using nvml_internal::nvmlReturn_t;
+using nvml_internal::nvmlUtilization_t;
+using nvml_internal::ShutdownFn;
 
 absl::StatusOr<std::vector<GpuDevice>> DiscoverNvmlGpus(const char* library) {
   Library lib;
@@ -106,7 +106,8 @@ absl::StatusOr<std::vector<GpuDevice>> DiscoverNvmlGpus(const char* library) {
       nvmlMemory_t memory{};
       if (get_memory(device, &memory) == 0) gpu.memory_bytes = static_cast<int64_t>(memory.total);
       unsigned minor = 0;
-      if (get_minor != nullptr && get_minor(device, &minor) == 0) gpu.minor = static_cast<int>(minor);
+      if (get_minor != nullptr && get_minor(device, &minor) == 0)
+        gpu.minor = static_cast<int>(minor);
     }
     gpus.push_back(std::move(gpu));
   }
@@ -134,8 +135,8 @@ std::unique_ptr<NvmlSampler> NvmlSampler::Open(const char* library) {
   api->get_memory = api->lib.Get<GetMemoryFn>("nvmlDeviceGetMemoryInfo");
   api->get_utilization = api->lib.Get<GetUtilizationFn>("nvmlDeviceGetUtilizationRates");
   if (init == nullptr || api->shutdown == nullptr || api->get_count == nullptr ||
-      api->get_handle == nullptr || api->get_memory == nullptr ||
-      api->get_utilization == nullptr || init() != 0) {
+      api->get_handle == nullptr || api->get_memory == nullptr || api->get_utilization == nullptr ||
+      init() != 0) {
     return nullptr;
   }
   return std::unique_ptr<NvmlSampler>(new NvmlSampler(std::move(api)));

@@ -94,7 +94,7 @@ struct OrderApplier::Generation {
   // (0: none), for OOM reports. The cgroup outlives the supervisor.
   std::unique_ptr<GenerationCgroup> cgroup;
   int64_t memory_limit = 0;
-  std::vector<int> gpus;  // GPUs of this node its ranks hold
+  std::vector<int> gpus;                         // GPUs of this node its ranks hold
   std::unique_ptr<RecordingLauncher> recorder;   // outlives supervisor
   std::unique_ptr<WorkerSupervisor> supervisor;  // declared last: destroyed first
 };
@@ -311,9 +311,9 @@ void OrderApplier::UpdateJobUsageLocked(const std::vector<GpuUsage>& gpu_usage) 
   }
   for (const std::string& id : jobs_with_usage_) {
     if (live.count(id) > 0) continue;
-    for (auto* family : {metrics_->job_gpus, metrics_->job_cpu_seconds, metrics_->job_memory_bytes,
-                         metrics_->job_processes, metrics_->job_gpu_utilization,
-                         metrics_->job_gpu_memory_bytes}) {
+    for (auto* family :
+         {metrics_->job_gpus, metrics_->job_cpu_seconds, metrics_->job_memory_bytes,
+          metrics_->job_processes, metrics_->job_gpu_utilization, metrics_->job_gpu_memory_bytes}) {
       family->Remove({id});
     }
   }
@@ -601,7 +601,7 @@ void OrderApplier::OnRankExit(const RankExit& exit) {
   std::string detail;
   if (!exit.stopped && exit.exit.exited() && exit.exit.exit_code == 127) {
     detail = ExitDetail(exit.exit, ReadLogTail(RankLogPath(config_.work_dir, exit.job_id,
-                                                       exit.generation, exit.rank)));
+                                                           exit.generation, exit.rank)));
   }
   bool collectable = false;
   {

@@ -75,8 +75,7 @@ namespace mesh::agent {
 class OrderApplier {
  public:
   OrderApplier(const AgentConfig* config, ProcessLauncher* launcher, ReportOutbox* outbox,
-               AgentMetrics* metrics, StrayKiller* strays,
-               const JobIsolation* isolation = nullptr);
+               AgentMetrics* metrics, StrayKiller* strays, const JobIsolation* isolation = nullptr);
   // Destroys the supervisors, which stop any worker still running; call
   // Shutdown first to wait for them.
   ~OrderApplier();
@@ -149,7 +148,7 @@ class OrderApplier {
   ProcessLauncher* const launcher_;
   ReportOutbox* const outbox_;
   AgentMetrics* const metrics_;
-  StrayKiller* const strays_;  // May be null.
+  StrayKiller* const strays_;            // May be null.
   const JobIsolation* const isolation_;  // May be null.
   std::function<void()> on_collectable_;
 

@@ -1,9 +1,9 @@
 #include "agent/process_launcher.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
-#include <grp.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -247,9 +247,9 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec, ExitC
   absl::StatusOr<Subprocess> process = Subprocess::Spawn(options);
   if (!process.ok()) {
     if (spec.credentials.has_value() && absl::IsPermissionDenied(process.status())) {
-      return fail(absl::PermissionDeniedError(absl::StrCat(
-          "as user ", spec.credentials->user, " (uid ", spec.credentials->uid, "): ",
-          process.status().message())));
+      return fail(absl::PermissionDeniedError(absl::StrCat("as user ", spec.credentials->user,
+                                                           " (uid ", spec.credentials->uid,
+                                                           "): ", process.status().message())));
     }
     return fail(process.status());
   }

@@ -238,13 +238,13 @@ void RenderJobTable(const Job& job, bool detail, std::ostream& out) {
     rows.push_back({"Hang timeout:", absl::StrCat(HangTimeoutSeconds(spec), "s (on hang: ",
                                                   HangPolicyName(spec.on_hang()), ")")});
     if (spec.memory_per_proc_bytes() > 0 || spec.max_pids() > 0) {
-      rows.push_back(
-          {"Limits:",
-           absl::StrCat("memory per proc ",
-                        spec.memory_per_proc_bytes() > 0 ? FormatByteSize(spec.memory_per_proc_bytes())
-                                                         : std::string("none"),
-                        ", max pids ",
-                        spec.max_pids() > 0 ? absl::StrCat(spec.max_pids()) : std::string("none"))});
+      rows.push_back({"Limits:", absl::StrCat("memory per proc ",
+                                              spec.memory_per_proc_bytes() > 0
+                                                  ? FormatByteSize(spec.memory_per_proc_bytes())
+                                                  : std::string("none"),
+                                              ", max pids ",
+                                              spec.max_pids() > 0 ? absl::StrCat(spec.max_pids())
+                                                                  : std::string("none"))});
     }
     rows.push_back({"Idempotency key:", OrDash(spec.idempotency_key())});
   }

@@ -245,11 +245,23 @@ absl::Status ParseField(const FileErrors& errors, const std::string& key, const 
   return absl::NotFoundError("unknown key");  // Caller reports it with the key's mark.
 }
 
-constexpr const char* kKnownKeys[] = {
-    "name",         "labels",         "command",         "env",          "working_dir",
-    "nodes",        "nproc_per_node", "gpus_per_proc",   "mesh_shape",   "mesh_dim_names",
-    "max_restarts", "deadline",       "idempotency_key", "hang_timeout", "on_hang",
-    "memory_per_proc", "max_pids"};
+constexpr const char* kKnownKeys[] = {"name",
+                                      "labels",
+                                      "command",
+                                      "env",
+                                      "working_dir",
+                                      "nodes",
+                                      "nproc_per_node",
+                                      "gpus_per_proc",
+                                      "mesh_shape",
+                                      "mesh_dim_names",
+                                      "max_restarts",
+                                      "deadline",
+                                      "idempotency_key",
+                                      "hang_timeout",
+                                      "on_hang",
+                                      "memory_per_proc",
+                                      "max_pids"};
 
 }  // namespace
 

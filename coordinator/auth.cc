@@ -129,8 +129,9 @@ bool IsValidUnixUserName(const std::string& name) {
   for (size_t i = 0; i < name.size(); ++i) {
     const char c = name[i];
     const bool alpha = absl::ascii_isalpha(static_cast<unsigned char>(c)) || c == '_';
-    if (i == 0 ? !alpha : !(alpha || absl::ascii_isdigit(static_cast<unsigned char>(c)) ||
-                            c == '.' || c == '-' || (c == '$' && i + 1 == name.size()))) {
+    if (i == 0 ? !alpha
+               : !(alpha || absl::ascii_isdigit(static_cast<unsigned char>(c)) || c == '.' ||
+                   c == '-' || (c == '$' && i + 1 == name.size()))) {
       return false;
     }
   }
@@ -219,8 +220,7 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(const AuthO
       new Authenticator(options, *std::move(key), *std::move(tokens), *stamp));
 }
 
-Authenticator::Authenticator(AuthOptions options, std::string key, Loaded loaded,
-                             FileStamp stamp)
+Authenticator::Authenticator(AuthOptions options, std::string key, Loaded loaded, FileStamp stamp)
     : options_(std::move(options)),
       key_(std::move(key)),
       tokens_(std::move(loaded.tokens)),
@@ -275,8 +275,8 @@ absl::StatusOr<Authenticator::Loaded> Authenticator::LoadTokens(const std::strin
       return absl::InvalidArgumentError(absl::StrCat(where, ": ", role.status().message()));
     principal.role = *role;
     UnixAccount account;
-    if (absl::Status s = ParseUnixAccount(entry, where, principal, account.unix_user,
-                                          account.allow_root);
+    if (absl::Status s =
+            ParseUnixAccount(entry, where, principal, account.unix_user, account.allow_root);
         !s.ok()) {
       return s;
     }

@@ -78,6 +78,28 @@ esac
 passed=0
 failed=0
 skipped=0
+# Adds one test binary's (or file's) counts, which the caller set in oks,
+# fails and skips from its output, to the totals, after judging how it ended:
+# a timeout, or an exit code other than 0 and `skip_code` with no failed
+# case, is one failure more, and so is every case skipping while
+# nvidia-smi lists a GPU (the process saw no device).
+tally() {
+  local name=$1 code=$2 limit=$3 skip_code=${4:-0}
+  if [ "$code" -eq 124 ] || [ "$code" -eq 137 ]; then
+    echo "-- $name: timed out after ${limit}s"
+    fails=$((fails + 1))
+  elif [ "$code" -ne 0 ] && [ "$code" -ne "$skip_code" ] && [ "$fails" -eq 0 ]; then
+    echo "-- $name: exited $code"
+    fails=1
+  elif [ "$gpus" -gt 0 ] && [ "$oks" -eq 0 ] && [ "$skips" -gt 0 ]; then
+    echo "-- $name: nvidia-smi lists $gpus GPU(s), but every case skipped (no device seen)"
+    fails=1
+  fi
+  echo "-- $name: $oks passed, $fails failed, $skips skipped"
+  passed=$((passed + oks))
+  failed=$((failed + fails))
+  skipped=$((skipped + skips))
+}
 not_run=()
 # Tests that start other binaries find them here instead of at their build
 # paths.
@@ -101,20 +123,7 @@ for test in "$bundle"/tests/*; do
   oks=$(count OK)
   fails=$(count FAILED)
   skips=$(count SKIPPED)
-  if [ "$code" -eq 124 ] || [ "$code" -eq 137 ]; then
-    echo "-- $name: timed out after ${limit}s"
-    fails=$((fails + 1))
-  elif [ "$code" -ne 0 ] && [ "$fails" -eq 0 ]; then
-    echo "-- $name: exited $code"
-    fails=1
-  elif [ "$gpus" -gt 0 ] && [ "$oks" -eq 0 ] && [ "$skips" -gt 0 ]; then
-    echo "-- $name: nvidia-smi lists $gpus GPU(s), but every case skipped (no device seen)"
-    fails=1
-  fi
-  echo "-- $name: $oks passed, $fails failed, $skips skipped"
-  passed=$((passed + oks))
-  failed=$((failed + fails))
-  skipped=$((skipped + skips))
+  tally "$name" "$code" "$limit"
   rm -f "$out"
 done
 
@@ -145,17 +154,7 @@ if [ -d "$bundle/python/meshrt" ]; then
     oks=$(grep -cE '\.\.\. ok$' "$out")
     fails=$(grep -cE '\.\.\. (FAIL|ERROR)$' "$out")
     skips=$(grep -cE '\.\.\. skipped' "$out")
-    if [ "$code" -eq 77 ] && [ "$gpus" -gt 0 ]; then
-      echo "-- python: nvidia-smi lists $gpus GPU(s), but torch saw none"
-      fails=$((fails + 1))
-    elif [ "$code" -ne 0 ] && [ "$code" -ne 77 ] && [ "$fails" -eq 0 ]; then
-      echo "-- python: exited $code"
-      fails=1
-    fi
-    echo "-- python: $oks passed, $fails failed, $skips skipped"
-    passed=$((passed + oks))
-    failed=$((failed + fails))
-    skipped=$((skipped + skips))
+    tally python "$code" "$limit" 77  # run_unittest.py: 77 when every test skipped
     rm -f "$out"
   fi
 fi

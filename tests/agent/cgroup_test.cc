@@ -23,8 +23,8 @@
 #include "absl/strings/str_cat.h"
 #include "agent/cgroup_fs.h"
 #include "common/subprocess.h"
-#include "tests/util/subprocess.h"
 #include "tests/util/proc.h"
+#include "tests/util/subprocess.h"
 
 namespace mesh::agent {
 namespace cgroup_test {
@@ -170,7 +170,8 @@ TEST_P(CgroupTest, MemoryLimitOomKillsAndIsCounted) {
   auto dirs = (*gen)->CreateRank(0, limits);
   ASSERT_TRUE(dirs.ok()) << dirs.status();
   // tail -n 1 holds a line without a newline whole: 256 MiB of zeros.
-  auto hog = StartIn(*dirs, {"/bin/sh", "-c", "head -c 268435456 /dev/zero | tail -n 1 >/dev/null"});
+  auto hog =
+      StartIn(*dirs, {"/bin/sh", "-c", "head -c 268435456 /dev/zero | tail -n 1 >/dev/null"});
   ASSERT_TRUE(hog.ok()) << hog.status();
   auto status = hog->Wait(absl::Seconds(60));
   ASSERT_TRUE(status.ok()) << status.status();
@@ -188,8 +189,8 @@ TEST_P(CgroupTest, LimitsTheNodeCannotEnforceAreUnimplemented) {
   if (manager_->capabilities().pids_limit) {
     ASSERT_TRUE(dirs.ok()) << dirs.status();
     // A fork bomb in miniature stops at the limit; the kernel counts it.
-    auto forks = StartIn(*dirs, {"/bin/sh", "-c",
-                                 "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 5 & done; wait"});
+    auto forks = StartIn(
+        *dirs, {"/bin/sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 5 & done; wait"});
     ASSERT_TRUE(forks.ok()) << forks.status();
     std::string pids_dir;
     for (const std::string& dir : *dirs) {
@@ -251,7 +252,8 @@ class FakeNvidiaNodes {
           mknod((dir_ + "/nvidiactl").c_str(), S_IFCHR | 0666, makedev(1, 5)) == 0;
   }
   ~FakeNvidiaNodes() {
-    for (const char* name : {"nvidia0", "nvidia1", "nvidiactl"}) unlink((dir_ + "/" + name).c_str());
+    for (const char* name : {"nvidia0", "nvidia1", "nvidiactl"})
+      unlink((dir_ + "/" + name).c_str());
     rmdir(dir_.c_str());
   }
   bool ok() const { return ok_; }

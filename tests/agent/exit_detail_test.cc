@@ -4,15 +4,15 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstdlib>
-#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "tests/util/proc.h"
 
 namespace mesh::agent {
 namespace exit_detail_test {
 
+using ::mesh::testing::ScratchDir;
 using ::testing::EndsWith;
 using ::testing::StartsWith;
 
@@ -116,20 +116,11 @@ TEST(ExitDetail, IsOnePrintableUtf8LineOfBoundedLength) {
 
 class ReadLogTailTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char dir[] = "/tmp/exit_detail_test.XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-  }
-  void TearDown() override { (void)std::system(("rm -rf " + dir_).c_str()); }
-
   std::string Write(const std::string& name, const std::string& text) {
-    const std::string path = dir_ + "/" + name;
-    std::ofstream(path, std::ios::binary) << text;
-    return path;
+    return dir_.Write(name, text);
   }
 
-  std::string dir_;
+  const ScratchDir dir_{"exit_detail_test"};
 };
 
 TEST_F(ReadLogTailTest, ReadsAtMostTheLastBytes) {
@@ -145,8 +136,8 @@ TEST_F(ReadLogTailTest, ReadsAtMostTheLastBytes) {
 }
 
 TEST_F(ReadLogTailTest, UnreadableIsEmpty) {
-  EXPECT_EQ(ReadLogTail(dir_ + "/missing.log"), "");
-  EXPECT_EQ(ReadLogTail(dir_), "");  // A directory is not a log.
+  EXPECT_EQ(ReadLogTail(dir_ / "missing.log"), "");
+  EXPECT_EQ(ReadLogTail(dir_.path()), "");  // A directory is not a log.
 }
 
 TEST_F(ReadLogTailTest, ExplainsAWorkerFromItsLogFile) {

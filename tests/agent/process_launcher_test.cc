@@ -110,6 +110,18 @@ class ProcessLauncherTest : public ::testing::Test {
     return exits_.at(pid);
   }
 
+  // Launches `spec` and waits for its exit. Errors: the launch's, or
+  // DEADLINE_EXCEEDED when no exit is reported within kExitTimeout.
+  absl::StatusOr<ExitInfo> RunToExit(const LaunchSpec& spec) {
+    absl::StatusOr<pid_t> pid = Launch(spec);
+    if (!pid.ok()) return pid.status();
+    std::optional<ExitInfo> exit = WaitForExit(*pid);
+    if (!exit.has_value()) {
+      return absl::DeadlineExceededError(absl::StrCat("pid ", *pid, " reported no exit"));
+    }
+    return *exit;
+  }
+
   LaunchSpec Spec(std::vector<std::string> argv) {
     LaunchSpec spec;
     spec.argv = std::move(argv);
@@ -208,10 +220,8 @@ TEST_F(ProcessLauncherTest, ProgramIsFoundInTheWorkersPath) {
   LaunchSpec spec = Spec({"hello"});
   spec.env = {"PATH=/nonexistent:bin"};  // relative: against working_dir
   spec.working_dir = dir_;
-  auto pid = Launch(spec);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  auto exit = WaitForExit(*pid);
-  ASSERT_TRUE(exit.has_value());
+  auto exit = RunToExit(spec);
+  ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(exit->exit_code, 0);
   EXPECT_EQ(ReadFile(spec.stdout_log), absl::StrCat("hello from ", program, "\n"));
 }
@@ -220,9 +230,8 @@ TEST_F(ProcessLauncherTest, EnvironmentIsExactlyTheSpec) {
   LaunchSpec spec = Spec({"/usr/bin/env"});
   ::setenv("MESH_LAUNCHER_TEST_AGENT_ONLY", "1", 1);  // must not leak into the worker
   spec.env = {"A=1", "B=two words", "EMPTY="};
-  auto pid = Launch(spec);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  ASSERT_TRUE(WaitForExit(*pid).has_value());
+  auto exit = RunToExit(spec);
+  ASSERT_TRUE(exit.ok()) << exit.status();
   std::vector<std::string> lines =
       absl::StrSplit(ReadFile(spec.stdout_log), '\n', absl::SkipEmpty());
   EXPECT_THAT(lines, ElementsAreArray(spec.env));
@@ -231,9 +240,8 @@ TEST_F(ProcessLauncherTest, EnvironmentIsExactlyTheSpec) {
 TEST_F(ProcessLauncherTest, WorkingDirIsHonoured) {
   LaunchSpec spec = Spec({"/bin/pwd", "-P"});
   spec.working_dir = dir_;
-  auto pid = Launch(spec);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  ASSERT_TRUE(WaitForExit(*pid).has_value());
+  auto exit = RunToExit(spec);
+  ASSERT_TRUE(exit.ok()) << exit.status();
   char resolved[PATH_MAX];
   ASSERT_NE(realpath(dir_.c_str(), resolved), nullptr);
   EXPECT_EQ(ReadFile(spec.stdout_log), absl::StrCat(resolved, "\n"));
@@ -241,9 +249,8 @@ TEST_F(ProcessLauncherTest, WorkingDirIsHonoured) {
 
 TEST_F(ProcessLauncherTest, StdoutAndStderrLandInTheirLogs) {
   LaunchSpec spec = Spec({"sh", "-c", "echo to-out; echo to-err >&2; echo more-out; exit 0"});
-  auto pid = Launch(spec);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  ASSERT_TRUE(WaitForExit(*pid).has_value());
+  auto exit = RunToExit(spec);
+  ASSERT_TRUE(exit.ok()) << exit.status();
   // Complete as soon as the exit is reported.
   EXPECT_EQ(ReadFile(spec.stdout_log), "to-out\nmore-out\n");
   EXPECT_EQ(ReadFile(spec.stderr_log), "to-err\n");
@@ -251,9 +258,7 @@ TEST_F(ProcessLauncherTest, StdoutAndStderrLandInTheirLogs) {
   LaunchSpec merged = Spec({"sh", "-c", "echo a; echo b >&2"});
   merged.stdout_log = dir_ + "/merged.log";
   merged.stderr_log = "";
-  pid = Launch(merged);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  ASSERT_TRUE(WaitForExit(*pid).has_value());
+  ASSERT_TRUE(RunToExit(merged).ok());
   EXPECT_EQ(ReadFile(merged.stdout_log), "a\nb\n");
 }
 
@@ -265,10 +270,8 @@ TEST_F(ProcessLauncherTest, LogCapRotatesAndKeepsTheNewestOutput) {
                           "echo 0123456789012345678901234567890123456789; i=$((i+1)); done; "
                           "echo LAST"});
   spec.max_log_bytes = kCap;
-  auto pid = Launch(spec);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  auto exit = WaitForExit(*pid);
-  ASSERT_TRUE(exit.has_value());
+  auto exit = RunToExit(spec);
+  ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(exit->exit_code, 0);
   const int64_t current = FileSize(spec.stdout_log);
   const int64_t previous = FileSize(spec.stdout_log + ".1");
@@ -468,10 +471,8 @@ TEST_F(CredentialsTest, TheWorkerRunsAsTheAccountWithItsGroupsOnly) {
       Spec({"sh", "-c", "echo uid=$(id -u); echo gid=$(id -g); echo groups=$(id -G)"});
   spec.credentials = nobody_;
   spec.working_dir = dir_;
-  auto pid = Launch(spec);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  auto exit = WaitForExit(*pid);
-  ASSERT_TRUE(exit.has_value());
+  auto exit = RunToExit(spec);
+  ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(exit->exit_code, 0);
   const std::string out = ReadFile(dir_ + "/out.log");
   EXPECT_THAT(NumbersAfter(out, "uid"), ::testing::ElementsAre(nobody_.uid)) << out;
@@ -492,9 +493,8 @@ TEST_F(CredentialsTest, LogsAreTheAccountsWithMode0600AlsoAfterRotation) {
       Spec({"sh", "-c", "i=0; while [ $i -lt 40 ]; do echo line-$i; i=$((i+1)); done"});
   spec.credentials = nobody_;
   spec.max_log_bytes = 64;
-  auto pid = Launch(spec);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  ASSERT_TRUE(WaitForExit(*pid).has_value());
+  auto exit = RunToExit(spec);
+  ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_THAT(ReadFile(dir_ + "/out.log"), HasSubstr("line-39"));
   EXPECT_THAT(ReadFile(dir_ + "/out.log.1"), HasSubstr("line-3"))
       << "the log did not rotate, so rotation is not tested";

@@ -5,15 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
-#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "tests/util/proc.h"
 
 namespace mesh::agent {
 namespace worker_env_file_test {
 
+using ::mesh::testing::ScratchDir;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -90,20 +90,11 @@ TEST(WorkerEnvFile, BadLinesNameTheFileAndLine) {
 
 class ReadWorkerEnvFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char dir[] = "/tmp/worker_env_file_test.XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-  }
-  void TearDown() override { (void)std::system(("rm -rf " + dir_).c_str()); }
-
   std::string Write(const std::string& name, const std::string& text) {
-    const std::string path = dir_ + "/" + name;
-    std::ofstream(path, std::ios::binary) << text;
-    return path;
+    return dir_.Write(name, text);
   }
 
-  std::string dir_;
+  const ScratchDir dir_{"worker_env_file_test"};
 };
 
 TEST_F(ReadWorkerEnvFileTest, ReadsAndParsesTheFile) {
@@ -117,11 +108,11 @@ TEST_F(ReadWorkerEnvFileTest, ReadsAndParsesTheFile) {
 }
 
 TEST_F(ReadWorkerEnvFileTest, UnreadableFilesSayWhy) {
-  auto missing = ReadWorkerEnvFile(dir_ + "/missing.env");
+  auto missing = ReadWorkerEnvFile(dir_ / "missing.env");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(missing.status().message()), HasSubstr(dir_ + "/missing.env"));
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr(dir_ / "missing.env"));
 
-  auto directory = ReadWorkerEnvFile(dir_);
+  auto directory = ReadWorkerEnvFile(dir_.path());
   EXPECT_EQ(directory.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(directory.status().message()), HasSubstr("not a regular file"));
 

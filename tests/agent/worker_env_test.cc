@@ -5,7 +5,6 @@
 
 #include <cstdlib>
 
-
 namespace mesh::agent {
 namespace worker_env_test {
 
@@ -243,9 +242,9 @@ TEST(BuildWorkerEnv, OperatorVariablesSitBetweenTheBaseAndTheJobsAndAllowDeniedN
   a.user_env = {{"HTTPS_PROXY", "http://mine:8080"}};
   auto env = BuildWorkerEnv(a, {{"PATH", "/usr/bin"}, {"HOME", "/root"}});
   ASSERT_TRUE(env.ok()) << env.status();
-  EXPECT_THAT(*env, IsSupersetOf({"NCCL_SOCKET_IFNAME=eth7",
-                                  "LD_LIBRARY_PATH=/usr/local/cuda/lib64", "PATH=/opt/node/bin",
-                                  "HOME=/root", "HTTPS_PROXY=http://mine:8080"}));
+  EXPECT_THAT(*env,
+              IsSupersetOf({"NCCL_SOCKET_IFNAME=eth7", "LD_LIBRARY_PATH=/usr/local/cuda/lib64",
+                            "PATH=/opt/node/bin", "HOME=/root", "HTTPS_PROXY=http://mine:8080"}));
 
   // Each layer wins over the one before: base < operator < job < reserved.
   a.operator_env = {{"HOME", "/operator"}, {"LANG", "C.UTF-8"}, {"LD_PRELOAD", "/opt/hook.so"}};

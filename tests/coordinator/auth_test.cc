@@ -297,8 +297,9 @@ TEST_F(AuthTest, EntriesOfOneNameMustAgreeEvenWhenOneGivesNoAccount) {
       "allow_root: false}\n");
   EXPECT_EQ(root.status().code(), absl::StatusCode::kInvalidArgument);
   // Agents may carry neither field, allow_root alone included.
-  auto agent = Create("tokens:\n  - {name: n, role: agent, token: abcdefghijklmnopq, "
-                      "allow_root: false}\n");
+  auto agent = Create(
+      "tokens:\n  - {name: n, role: agent, token: abcdefghijklmnopq, "
+      "allow_root: false}\n");
   EXPECT_THAT(std::string(agent.status().message()), HasSubstr("are for users and admins"));
 }
 

@@ -67,8 +67,9 @@ class GpuJobTest : public ::testing::Test {
     absl::StatusOr<int> port = FreePort();
     ASSERT_TRUE(port.ok()) << port.status();
     metrics_port_ = *port;
-    ASSERT_TRUE(cluster_.StartAgent(0, /*slots=*/1, /*gpus=*/"auto",
-                                    {"--metrics-port", absl::StrCat(metrics_port_)})
+    ASSERT_TRUE(cluster_
+                    .StartAgent(0, /*slots=*/1, /*gpus=*/"auto",
+                                {"--metrics-port", absl::StrCat(metrics_port_)})
                     .ok());
     ASSERT_TRUE(WaitUntil([&] { return cluster_.ReadyNodes() == 1; }, absl::Seconds(30)));
     absl::StatusOr<v1::Node> node = GetNode(cluster_.jobs(), "node-0");
@@ -96,8 +97,8 @@ class GpuJobTest : public ::testing::Test {
       {Binary("mesh-coordinator", MESH_COORDINATOR_BIN), Binary("mesh-agent", MESH_AGENT_BIN)},
       "mesh-gpu-job"};
   int metrics_port_ = 0;  // The agent's /metrics.
-  int gpu_ = -1;         // The first GPU the agent discovered.
-  int gpus_ = 0;  // How many it discovered.
+  int gpu_ = -1;          // The first GPU the agent discovered.
+  int gpus_ = 0;          // How many it discovered.
 };
 
 TEST_F(GpuJobTest, CudaExampleSucceedsOnTheGpuTheAgentGaveIt) {

@@ -90,11 +90,11 @@ class JobsProcessTest : public ::testing::Test {
   }
 
   void StartAgent(int i) {
-    auto process = Subprocess::Start({MESH_AGENT_BIN, "--coordinator", address_, "--name",
-                                      absl::StrCat("node-", i), "--address", "127.0.0.1", "--slots",
-                                      "2", "--gpus", "none", "--work-dir",
-                                      absl::StrCat(dir_, "/agent-", i), "--grace", "1",
-                                      "--unowned-job-user", mesh::testing::CurrentUserName()});
+    auto process =
+        Subprocess::Start({MESH_AGENT_BIN, "--coordinator", address_, "--name",
+                           absl::StrCat("node-", i), "--address", "127.0.0.1", "--slots", "2",
+                           "--gpus", "none", "--work-dir", absl::StrCat(dir_, "/agent-", i),
+                           "--grace", "1", "--unowned-job-user", mesh::testing::CurrentUserName()});
     ASSERT_TRUE(process.ok()) << process.status();
     if (static_cast<int>(agents_.size()) <= i) agents_.resize(i + 1);
     agents_[i] = std::make_unique<Subprocess>(*std::move(process));

@@ -199,21 +199,15 @@ class SecureClusterTest : public ::testing::Test {
     WriteFile(tokens_file_, absl::StrCat("tokens:\n"
                                          "  - name: ops\n"
                                          "    role: admin\n",
-                                         ops_account,
-                                         "    token: \"",
-                                         kOpsToken,
+                                         ops_account, "    token: \"", kOpsToken,
                                          "\"\n"
                                          "  - name: alice\n"
                                          "    role: user\n",
-                                         alice_account,
-                                         "    token_sha256: ",
-                                         alice_sha256,
+                                         alice_account, "    token_sha256: ", alice_sha256,
                                          "\n"
                                          "  - name: bob\n"
                                          "    role: user\n",
-                                         bob_account,
-                                         "    token: \"",
-                                         kBobToken,
+                                         bob_account, "    token: \"", kBobToken,
                                          "\"\n"
                                          "  - name: node-1\n"
                                          "    role: agent\n"

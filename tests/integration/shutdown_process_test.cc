@@ -109,11 +109,23 @@ class ShutdownProcessTest : public ::testing::Test {
   }
 
   void StartAgent() {
-    std::vector<std::string> argv = {
-        MESH_AGENT_BIN, "--coordinator", address_,          "--name",  "node-0",
-        "--address",    "127.0.0.1",     "--slots",         "2",       "--gpus",
-        "none",         "--work-dir",    dir_ + "/agent-0", "--grace", "1",
-        "--unowned-job-user", mesh::testing::CurrentUserName()};
+    std::vector<std::string> argv = {MESH_AGENT_BIN,
+                                     "--coordinator",
+                                     address_,
+                                     "--name",
+                                     "node-0",
+                                     "--address",
+                                     "127.0.0.1",
+                                     "--slots",
+                                     "2",
+                                     "--gpus",
+                                     "none",
+                                     "--work-dir",
+                                     dir_ + "/agent-0",
+                                     "--grace",
+                                     "1",
+                                     "--unowned-job-user",
+                                     mesh::testing::CurrentUserName()};
     for (const std::string& flag : PlaintextFlags(MESH_AGENT_BIN)) argv.push_back(flag);
     auto process = Subprocess::Start(argv);
     ASSERT_TRUE(process.ok()) << process.status();

@@ -48,8 +48,8 @@ class WorkerEnvTest : public ::testing::Test {
     ASSERT_TRUE(old->Wait(absl::Seconds(10)).ok());
     const absl::Time since = absl::Now();
     ASSERT_TRUE(cluster_->StartAgent(0, 2, "none", flags).ok());
-    ASSERT_TRUE(testing::WaitUntil([&] { return cluster_->NodesSeenSince(since) == 1; },
-                                   absl::Seconds(20)))
+    ASSERT_TRUE(
+        testing::WaitUntil([&] { return cluster_->NodesSeenSince(since) == 1; }, absl::Seconds(20)))
         << "the new agent did not register";
   }
 

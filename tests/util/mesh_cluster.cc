@@ -47,10 +47,23 @@ std::vector<std::string> CoordinatorArgv(const std::string& binary, const std::s
 std::vector<std::string> AgentArgv(const std::string& binary, const std::string& coordinator,
                                    const std::string& name, const std::string& address, int slots,
                                    const std::string& work_dir, const std::string& gpus) {
-  return {binary,   "--coordinator",      coordinator,  "--name",   name,
-          "--address", address,          "--slots",    absl::StrCat(slots),
-          "--gpus",    gpus,             "--work-dir", work_dir,
-          "--grace",   "1",              "--unowned-job-user", CurrentUserName()};
+  return {binary,
+          "--coordinator",
+          coordinator,
+          "--name",
+          name,
+          "--address",
+          address,
+          "--slots",
+          absl::StrCat(slots),
+          "--gpus",
+          gpus,
+          "--work-dir",
+          work_dir,
+          "--grace",
+          "1",
+          "--unowned-job-user",
+          CurrentUserName()};
 }
 
 absl::StatusOr<StartedCoordinator> StartCoordinatorProcess(const std::vector<std::string>& argv,

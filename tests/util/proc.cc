@@ -10,7 +10,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <system_error>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -26,8 +29,8 @@ bool EnsureTestUser(const std::string& name, std::string* why) {
   }
   // Concurrent tests may add the same account: one useradd wins, the other
   // fails with "already exists", and the lookup below settles it.
-  const std::string command = "useradd --system --no-create-home --shell /usr/sbin/nologin " +
-                              name + " >/dev/null 2>&1";
+  const std::string command =
+      "useradd --system --no-create-home --shell /usr/sbin/nologin " + name + " >/dev/null 2>&1";
   const int rc = std::system(command.c_str());
   if (getpwnam(name.c_str()) != nullptr) return true;
   *why = "useradd " + name + " failed (status " + std::to_string(rc) + ")";
@@ -132,6 +135,23 @@ std::string MakeTempDir(const std::string& prefix) {
     std::abort();
   }
   return pattern;
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+std::string ScratchDir::Write(const std::string& name, const std::string& contents) const {
+  const std::string path = *this / name;
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << contents;
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    std::abort();
+  }
+  return path;
 }
 
 }  // namespace mesh::testing

@@ -46,6 +46,26 @@ bool EnsureTestUser(const std::string& name, std::string* why);
 // binary when it cannot be made (nothing useful can run without it).
 std::string MakeTempDir(const std::string& prefix);
 
+// A MakeTempDir folder, removed with all it holds when this is destroyed.
+// Not thread-safe; one owner.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& prefix) : path_(MakeTempDir(prefix)) {}
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  // path()/name.
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+  // Writes `contents` to path()/name (created or truncated); returns that
+  // path. Aborts the test binary when it cannot.
+  std::string Write(const std::string& name, const std::string& contents) const;
+
+ private:
+  const std::string path_;
+};
+
 // Polls `done` every 20 ms until it returns true (then true) or `timeout`
 // has passed (then false, after one last try).
 template <typename F>
