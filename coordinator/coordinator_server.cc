@@ -53,12 +53,22 @@ absl::Status Validate(const CoordinatorConfig& config) {
   return absl::OkStatus();
 }
 
-// Opens <state_dir>/coordinator.db, creating state_dir (mode 0700: the
-// database holds every job's command and environment) when missing; or an
-// in-memory store when state_dir is empty.
-absl::StatusOr<std::unique_ptr<JobStore>> OpenStore(const std::string& state_dir,
+// Opens the store config.store names; without one, <state_dir>/coordinator.db,
+// creating state_dir (mode 0700: the database holds every job's command and
+// environment) when missing, or an in-memory store when state_dir is empty.
+absl::StatusOr<std::unique_ptr<JobStore>> OpenStore(const CoordinatorConfig& config,
                                                     const Clock* clock) {
-  if (state_dir.empty()) return JobStore::Open(":memory:", clock);
+  if (!config.store.empty()) {
+    absl::StatusOr<StoreUrl> url = ParseStoreUrl(config.store);
+    if (!url.ok()) return url.status();
+    return OpenJobStore(*url, clock, config.etcd);
+  }
+  const std::string& state_dir = config.state_dir;
+  StoreUrl url;
+  if (state_dir.empty()) {
+    url.sqlite_path = ":memory:";
+    return OpenJobStore(url, clock);
+  }
   namespace fs = std::filesystem;
   std::error_code error;
   const fs::file_status status = fs::status(state_dir, error);
@@ -74,7 +84,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenStore(const std::string& state_dir
     return absl::FailedPreconditionError(
         absl::StrCat("state directory '", state_dir, "' exists and is not a directory"));
   }
-  return JobStore::Open((fs::path(state_dir) / "coordinator.db").string(), clock);
+  url.sqlite_path = (fs::path(state_dir) / "coordinator.db").string();
+  return OpenJobStore(url, clock);
 }
 
 JobManagerOptions WithWorkerTokens(JobManagerOptions options, const Authenticator* auth) {
@@ -148,7 +159,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   const Clock* clock = config.clock != nullptr ? config.clock : Clock::Real();
-  auto store = OpenStore(config.state_dir, clock);
+  auto store = OpenStore(config, clock);
   if (!store.ok()) return store.status();
   if (config.metrics != nullptr) (*store)->SetMetrics(config.metrics);
 

@@ -39,6 +39,7 @@
 #include "coordinator/node_service.h"
 #include "coordinator/rpc_metrics.h"
 #include "coordinator/server_info.h"
+#include "coordinator/store_url.h"
 #include "coordinator/service_discovery.h"
 #include "coordinator/worker_service.h"
 
@@ -71,6 +72,12 @@ struct CoordinatorConfig {
   // with mode 0700 when missing. Empty: an in-memory store, so nothing
   // survives a restart (tests and throwaway clusters only).
   std::string state_dir;
+  // The job store as a --store URL (coordinator/store_url.h): sqlite:///...
+  // or etcd://host:port,.../prefix. Empty: <state_dir>/coordinator.db, or
+  // memory without a state_dir.
+  std::string store;
+  // etcd's TLS files and deadlines, for an etcd:// store.
+  EtcdStoreOptions etcd;
   // Spec limits, scheduling, node liveness and kill grace of JobService and
   // NodeService. Must pass ValidateJobManagerOptions.
   JobManagerOptions jobs;
@@ -107,7 +114,7 @@ absl::Status CheckSecurityFlags(const CoordinatorSecurity& security, bool insecu
 // Authenticator::Create for unusable certificate, key or token files,
 // UNAVAILABLE when the address cannot be bound; FAILED_PRECONDITION when the
 // state directory cannot be created or used, and the store's errors
-// (JobStore::Open, JobManager::Recover; DATA_LOSS for a corrupt database).
+// (OpenJobStore, JobManager::Recover; DATA_LOSS for a corrupt database).
 // A stored job that cannot be decoded is logged and skipped (its id is never
 // reused); the others are served.
 //

@@ -180,7 +180,7 @@ absl::Status JobManager::Recover() {
       }
     }
     spdlog::info("recovered {} jobs ({} placed) and {} nodes from {}", jobs_.size(), placed,
-                 nodes_.size(), store_->path());
+                 nodes_.size(), store_->Describe());
     for (auto& [id, job] : jobs_) CountJobLocked(*job);
     CountNodesLocked();
     ScheduleLocked(effects);

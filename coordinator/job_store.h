@@ -1,42 +1,50 @@
 // JobStore: the coordinator's durable state — jobs, their events and node
-// records — in one SQLite file (docs/architecture.md decision 6, "durable before
-// acknowledged"). See docs/persistence.md.
+// records — behind one interface with two backends (docs/persistence.md):
 //
-// Every mutating call returns only after its transaction has committed, and
-// the database runs with journal_mode=WAL and synchronous=FULL: in WAL mode,
-// synchronous=NORMAL syncs the log only at checkpoints, so a power loss can
-// take back the last commits, which the coordinator has already acknowledged.
-// FULL syncs the log on every commit, so a returned call is on disk.
+//   SqliteJobStore  one SQLite file (coordinator/sqlite_job_store.h), the
+//                   embedded default;
+//   EtcdJobStore    an etcd v3 cluster under a key prefix
+//                   (coordinator/etcd_job_store.h), for coordinator replicas
+//                   (docs/ha.md).
 //
-// The store knows nothing of the job proto. A job's spec and root cause are
-// opaque bytes (a serialized mesh.v1.JobSpec and its root-cause message), and
-// its state is an opaque string ("PENDING", "RUNNING", ...) that the owner's
-// state machine validates; the store indexes and compares it, nothing more.
-// Likewise a node's state and labels.
+// OpenJobStore (coordinator/store_url.h) picks one from a --store URL. Both
+// pass one conformance suite (tests/coordinator/job_store_conformance_test.cc),
+// which holds them to what this header promises:
+//
+// Durable before acknowledged: a mutating call returns only after its
+// change is durable (SQLite: the WAL is fsynced; etcd: a quorum of members
+// has it in their logs). A failed mutation has changed nothing.
+//
+// The store knows nothing of the job proto. A job's spec, root cause and
+// placement are opaque bytes, and its state is an opaque string ("PENDING",
+// "RUNNING", ...) that the owner's state machine validates; the store
+// indexes and compares it, nothing more. Likewise a node's state and labels.
 //
 // Ids: CreateJob names jobs "job-<n>", n = 1, 2, ... from a counter committed
-// in the same transaction as the job, so an acknowledged id is never handed
-// out again, across restarts and crashes alike.
+// together with the job, so an acknowledged id is never handed out again,
+// across restarts and crashes alike.
 //
-// Events: every job mutation appends one event in the same transaction. A
-// job's events are numbered seq = 1, 2, ...; seq equals the job's `version`
-// after the mutation that wrote it (CreateJob writes seq 1).
+// Events: every job mutation appends one event together with it. A job's
+// events are numbered seq = 1, 2, ...; seq equals the job's `version` after
+// the mutation that wrote it (CreateJob writes seq 1).
 //
-// Error contract, common to every call:
-//   UNAVAILABLE          the database stayed locked by another connection
-//                        for longer than the busy timeout; retry.
-//   DATA_LOSS            SQLite found the file corrupt, or not a database.
-//   RESOURCE_EXHAUSTED   the disk is full.
-//   FAILED_PRECONDITION  the file cannot be opened or written (read-only,
-//                        permissions, a missing directory).
-//   INTERNAL             any other SQLite failure.
-// Messages name the file and carry SQLite's own message. A failed mutation
-// has changed nothing.
+// Error contract, common to every call and backend:
+//   UNAVAILABLE          the store cannot be reached or cannot commit now
+//                        (SQLite: locked past the busy timeout; etcd: no
+//                        member answers, or no quorum); retry.
+//   DEADLINE_EXCEEDED    etcd: the call ran past its deadline; whether a
+//                        mutation took effect is unknown (the next read
+//                        tells).
+//   DATA_LOSS            the stored data is corrupt or not a Mesh store.
+//   RESOURCE_EXHAUSTED   the disk (SQLite) or the backend's quota (etcd) is
+//                        full, or a record is larger than the backend takes.
+//   FAILED_PRECONDITION  the store cannot be opened or written (permissions,
+//                        a missing directory, a schema from a newer
+//                        version, this replica no longer leads).
+//   INTERNAL             any other failure of the backend.
+// Messages name the store (Describe()) and carry the backend's own message.
 //
-// Thread safety: all methods are thread-safe. One SQLite connection serves
-// every call, serialized by one mutex; a call holds it through its commit
-// (including the fsync), so writes are serialized, which SQLite requires
-// anyway.
+// Thread safety: every method of every backend is thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -50,18 +58,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/clock.h"
 #include "common/metrics.h"
 
-struct sqlite3;
-
 namespace mesh::coordinator {
-
-struct JobStoreOptions {
-  // How long a call waits for a lock held by another connection (a backup,
-  // the sqlite3 shell) before it fails with UNAVAILABLE.
-  absl::Duration busy_timeout = absl::Seconds(5);
-};
 
 // One stored job.
 struct JobRecord {
@@ -74,10 +73,11 @@ struct JobRecord {
   int64_t restarts = 0;
   std::string spec;        // Opaque bytes.
   std::string root_cause;  // Opaque bytes; empty: none.
-  std::string placement;   // Opaque bytes; empty: none (schema 2).
-  std::string owner;       // Who submitted it; empty: unauthenticated (schema 3).
+  std::string placement;   // Opaque bytes; empty: none.
+  std::string owner;       // Who submitted it; empty: unauthenticated.
   // 1 at creation; +1 on every UpdateJob. The optimistic-concurrency token.
   int64_t version = 0;
+  // Stored to the microsecond.
   absl::Time created_at;
   absl::Time updated_at;
 };
@@ -103,7 +103,7 @@ struct CreateJobResult {
 
 // The fields UpdateJob changes (unset: unchanged), and its preconditions.
 struct JobUpdate {
-  // Preconditions, checked in the transaction: a mismatch is ABORTED.
+  // Preconditions, checked atomically with the write: a mismatch is ABORTED.
   std::optional<std::string> expected_state;
   std::optional<int64_t> expected_version;
 
@@ -124,7 +124,7 @@ struct JobEvent {
   std::string from_state;  // Empty for the creation event.
   std::string to_state;    // Equal to from_state when the state did not change.
   std::string reason;
-  int64_t generation = 0;  // The job's generation after the event (schema 2).
+  int64_t generation = 0;  // The job's generation after the event.
 };
 
 // Paging is by creation number, so concurrent writes never make a job show
@@ -150,12 +150,12 @@ struct NodeRecord {
   int64_t slots = 0;
   int64_t gpus = 0;
   std::string state;
-  absl::Time last_seen;
-  std::string labels;  // Opaque bytes.
+  absl::Time last_seen;  // Stored to the microsecond.
+  std::string labels;    // Opaque bytes.
 };
 
-// Commit latency, for metrics. Covers the COMMIT statement of every write
-// transaction, which is where the WAL is synced.
+// Commit latency, for metrics: every write's commit (SQLite: the COMMIT,
+// where the WAL is synced; etcd: the Txn round trip).
 struct JobStoreStats {
   int64_t commits = 0;
   int64_t failed_commits = 0;
@@ -165,28 +165,16 @@ struct JobStoreStats {
 
 class JobStore {
  public:
-  // The schema this build writes. Open migrates older files up to it.
-  static constexpr int kSchemaVersion = 3;
   static constexpr int kDefaultPageSize = 100;
   static constexpr int kMaxPageSize = 1000;
 
-  // Opens (creating if absent) the database at `path`, or a private
-  // in-memory one for ":memory:" (no WAL, nothing durable: tests only).
-  // Migrates the schema to kSchemaVersion. `clock` stamps records and events
-  // and must outlive the store.
-  // Possible errors: FAILED_PRECONDITION when the file has a schema newer
-  // than kSchemaVersion (written by a newer coordinator), when WAL cannot be
-  // enabled, or when the file cannot be opened (missing directory,
-  // permissions); DATA_LOSS for a corrupt file or one that is not a SQLite
-  // database; the common errors.
-  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path, const Clock* clock,
-                                                        JobStoreOptions options = {});
-
-  ~JobStore();
+  virtual ~JobStore() = default;
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
 
-  const std::string& path() const { return path_; }
+  // What the store is, for logs and messages: the SQLite file's path, or
+  // etcd://<endpoints>/<prefix>.
+  virtual std::string Describe() const = 0;
 
   // ---- Jobs -------------------------------------------------------------
 
@@ -194,43 +182,45 @@ class JobStore {
   // atomically. With an idempotency key already in use, returns that job
   // with existed = true and writes nothing.
   // Possible errors: INVALID_ARGUMENT (empty state); the common errors.
-  absl::StatusOr<CreateJobResult> CreateJob(const NewJob& job);
+  virtual absl::StatusOr<CreateJobResult> CreateJob(const NewJob& job) = 0;
 
   // Possible errors: NOT_FOUND; the common errors.
-  absl::StatusOr<JobRecord> GetJob(const std::string& id) const;
+  virtual absl::StatusOr<JobRecord> GetJob(const std::string& id) const = 0;
 
   // Possible errors: INVALID_ARGUMENT (a limit outside 0..kMaxPageSize, a
   // malformed page token); the common errors.
-  absl::StatusOr<JobPage> ListJobs(const JobQuery& query) const;
+  virtual absl::StatusOr<JobPage> ListJobs(const JobQuery& query) const = 0;
 
-  // Applies `update`, bumps the version and appends one event, in one
-  // transaction; returns the job as stored.
+  // Applies `update`, bumps the version and appends one event, atomically;
+  // returns the job as stored.
   // Possible errors: NOT_FOUND; ABORTED when the job's state or version is
   // not the expected one (the message gives both; nothing is written);
   // INVALID_ARGUMENT (an empty new state); the common errors.
-  absl::StatusOr<JobRecord> UpdateJob(const std::string& id, const JobUpdate& update);
+  virtual absl::StatusOr<JobRecord> UpdateJob(const std::string& id, const JobUpdate& update) = 0;
 
   // The job's events in seq order.
   // Possible errors: NOT_FOUND (unknown job); the common errors.
-  absl::StatusOr<std::vector<JobEvent>> ListEvents(const std::string& id) const;
+  virtual absl::StatusOr<std::vector<JobEvent>> ListEvents(const std::string& id) const = 0;
 
   // ---- Nodes ------------------------------------------------------------
 
   // Inserts the node or replaces every field of the one with its name.
   // Possible errors: INVALID_ARGUMENT (empty name or state, negative slots
   // or GPUs); the common errors.
-  absl::Status UpsertNode(const NodeRecord& node);
+  virtual absl::Status UpsertNode(const NodeRecord& node) = 0;
 
   // Possible errors: NOT_FOUND; the common errors.
-  absl::StatusOr<NodeRecord> GetNode(const std::string& name) const;
+  virtual absl::StatusOr<NodeRecord> GetNode(const std::string& name) const = 0;
 
   // Every node, ordered by name.
-  absl::StatusOr<std::vector<NodeRecord>> ListNodes() const;
+  virtual absl::StatusOr<std::vector<NodeRecord>> ListNodes() const = 0;
 
   // Sets the node's state; nothing else changes.
   // Possible errors: NOT_FOUND; INVALID_ARGUMENT (empty state); the common
   // errors.
-  absl::Status MarkNode(const std::string& name, const std::string& state);
+  virtual absl::Status MarkNode(const std::string& name, const std::string& state) = 0;
+
+  // ---- Metrics ----------------------------------------------------------
 
   JobStoreStats stats() const;
 
@@ -239,32 +229,58 @@ class JobStore {
   // (docs/metrics.md). `registry` must outlive the store. Call once.
   void SetMetrics(metrics::Registry* registry);
 
+ protected:
+  JobStore() = default;
+
+  // For the backends: counts one commit that took `elapsed`.
+  void RecordCommit(absl::Duration elapsed, bool ok);
+
  private:
-  class Statement;
-  class Transaction;
-
-  JobStore(std::string path, sqlite3* db, const Clock* clock);
-
-  // Configures the connection and migrates the schema; called once by Open.
-  absl::Status Init(const JobStoreOptions& options);
-  // A Status for SQLite result `rc`, naming the file and `what` was done.
-  absl::Status Error(int rc, const std::string& what) const;
-  absl::Status ExecLocked(const char* sql) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<JobRecord> GetJobLocked(const std::string& id) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status AppendEventLocked(const JobEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  const std::string path_;
-  const Clock* const clock_;
-
-  mutable absl::Mutex mu_;
-  // Owned; closed by the destructor. Used only with mu_ held, except by Open
-  // before the store is shared. (The pointer never changes, so it is not
-  // annotated: the annotation would guard the pointer, not the connection.)
-  sqlite3* const db_;
-  JobStoreStats stats_ ABSL_GUARDED_BY(mu_);
-  metrics::Histogram* commit_duration_ ABSL_GUARDED_BY(mu_) = nullptr;
-  metrics::Counter* commit_failures_ ABSL_GUARDED_BY(mu_) = nullptr;
+  mutable absl::Mutex stats_mu_;
+  JobStoreStats stats_ ABSL_GUARDED_BY(stats_mu_);
+  metrics::Histogram* commit_duration_ ABSL_GUARDED_BY(stats_mu_) = nullptr;
+  metrics::Counter* commit_failures_ ABSL_GUARDED_BY(stats_mu_) = nullptr;
 };
 
+// ---- What the backends share ----------------------------------------------
+// The argument checks and the record arithmetic every backend applies the
+// same way, so that they give the same answers and messages.
+namespace job_store {
+
+// INVALID_ARGUMENT for a job without a state.
+absl::Status CheckNewJob(const NewJob& job);
+// INVALID_ARGUMENT for an update to an empty state.
+absl::Status CheckUpdate(const std::string& id, const JobUpdate& update);
+// INVALID_ARGUMENT for a node without a name or state, or with negative
+// slots or GPUs.
+absl::Status CheckNode(const NodeRecord& node);
+// INVALID_ARGUMENT for an empty state.
+absl::Status CheckNodeState(const std::string& name, const std::string& state);
+
+// A ListJobs page's window: jobs numbered above `after`, at most `limit`.
+struct PageWindow {
+  int64_t after = 0;
+  int limit = 0;
+};
+// Possible errors: INVALID_ARGUMENT (a limit outside 0..kMaxPageSize, a
+// malformed page token).
+absl::StatusOr<PageWindow> ParsePage(const JobQuery& query);
+// The next_page_token of a page whose last job has creation number `number`.
+std::string PageToken(int64_t number);
+
+// "job-<number>"; and back (nullopt for anything else).
+std::string JobId(int64_t number);
+std::optional<int64_t> JobNumber(const std::string& id);
+
+// The new record: `update` applied to `job` at `now` (rounded to the
+// microsecond), its version bumped, and the event that records it.
+// Possible errors: ABORTED when a precondition of `update` fails (nothing
+// is changed).
+absl::Status ApplyUpdate(const JobUpdate& update, absl::Time now, JobRecord* job,
+                         JobEvent* event);
+
+// `time` truncated to whole microseconds, as the stores keep it.
+absl::Time ToMicros(absl::Time time);
+
+}  // namespace job_store
 }  // namespace mesh::coordinator

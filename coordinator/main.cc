@@ -172,6 +172,31 @@ int main(int argc, char** argv) {
                  "Directory of the durable job and node database (created 0700); empty keeps "
                  "state in memory, lost on restart")
       ->envname("MESH_STATE_DIR");
+  app.add_option("--store", config.store,
+                 "Where jobs and nodes are stored: sqlite:///path/mesh.db, or "
+                 "etcd://host:2379[,host:2379...]/prefix for replicas (docs/ha.md); default: "
+                 "<state-dir>/coordinator.db")
+      ->envname("MESH_STORE");
+  app.add_option("--etcd-ca", config.etcd.ca_file,
+                 "CA certificate of the etcd members; turns on TLS to etcd")
+      ->envname("MESH_ETCD_CA");
+  app.add_option("--etcd-cert", config.etcd.cert_file,
+                 "Client certificate for etcd (with --etcd-key)")
+      ->envname("MESH_ETCD_CERT");
+  app.add_option("--etcd-key", config.etcd.key_file, "Key of --etcd-cert")
+      ->envname("MESH_ETCD_KEY");
+  double etcd_timeout_s = absl::ToDoubleSeconds(config.etcd.call_timeout);
+  app.add_option("--etcd-timeout", etcd_timeout_s,
+                 "Seconds each etcd call may take, retries on other members included")
+      ->envname("MESH_ETCD_TIMEOUT")
+      ->check(CLI::Range(0.1, 600.0))
+      ->capture_default_str();
+  double etcd_connect_timeout_s = absl::ToDoubleSeconds(config.etcd.connect_timeout);
+  app.add_option("--etcd-connect-timeout", etcd_connect_timeout_s,
+                 "Seconds to wait at start-up for an etcd member to answer")
+      ->envname("MESH_ETCD_CONNECT_TIMEOUT")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
   std::vector<std::string> allow_job_env;
   app.add_option("--allow-job-env", allow_job_env,
                  "Let job specs set these names although they are refused by default "
@@ -353,10 +378,21 @@ int main(int argc, char** argv) {
         "submit jobs and read every job's data",
         config.listen_host);
   }
-  if (config.state_dir.empty()) {
+  config.etcd.call_timeout = absl::Seconds(etcd_timeout_s);
+  config.etcd.connect_timeout = absl::Seconds(etcd_connect_timeout_s);
+  if (!config.store.empty()) {
+    // A malformed URL is a usage error, like any bad flag.
+    absl::StatusOr<mesh::coordinator::StoreUrl> url =
+        mesh::coordinator::ParseStoreUrl(config.store);
+    if (!url.ok()) {
+      std::fprintf(stderr, "mesh-coordinator: %s\n", std::string(url.status().message()).c_str());
+      return 2;
+    }
+    spdlog::info("durable state in {}", config.store);
+  } else if (config.state_dir.empty()) {
     spdlog::warn(
-        "no --state-dir: jobs and nodes are kept in memory only and are lost when the "
-        "coordinator stops");
+        "no --state-dir or --store: jobs and nodes are kept in memory only and are lost when "
+        "the coordinator stops");
   } else {
     spdlog::info("durable state in {}/coordinator.db", config.state_dir);
   }

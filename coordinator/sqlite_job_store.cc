@@ -1,4 +1,4 @@
-#include "coordinator/job_store.h"
+#include "coordinator/sqlite_job_store.h"
 
 #include <fcntl.h>
 #include <sqlite3.h>
@@ -91,7 +91,7 @@ ALTER TABLE job_events ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
 )sql",
 };
-static_assert(std::size(kMigrations) == JobStore::kSchemaVersion,
+static_assert(std::size(kMigrations) == SqliteJobStore::kSchemaVersion,
               "one migration per schema version");
 
 constexpr const char* kJobColumns =
@@ -130,9 +130,9 @@ absl::Time FromMicros(int64_t us) { return absl::FromUnixMicros(us); }
 // A prepared statement; finalized on destruction. Bind indexes are 1-based
 // and column indexes 0-based, as in SQLite. A bad index is a programmer
 // error.
-class JobStore::Statement {
+class SqliteJobStore::Statement {
  public:
-  Statement(const JobStore& store, const std::string& sql) : store_(store) {
+  Statement(const SqliteJobStore& store, const std::string& sql) : store_(store) {
     rc_ = sqlite3_prepare_v2(store.db_, sql.c_str(), static_cast<int>(sql.size()), &stmt_, nullptr);
   }
   ~Statement() { sqlite3_finalize(stmt_); }
@@ -186,7 +186,7 @@ class JobStore::Statement {
  private:
   void Check(int rc) { MESH_CHECK(rc_ != SQLITE_OK || rc == SQLITE_OK, "sqlite3_bind failed"); }
 
-  const JobStore& store_;
+  const SqliteJobStore& store_;
   sqlite3_stmt* stmt_ = nullptr;
   int rc_ = SQLITE_OK;
 };
@@ -194,9 +194,9 @@ class JobStore::Statement {
 // A write transaction: BEGIN IMMEDIATE takes the write lock up front, so a
 // transaction never fails half-way for lack of it. Rolls back on destruction
 // unless committed.
-class JobStore::Transaction {
+class SqliteJobStore::Transaction {
  public:
-  explicit Transaction(JobStore& store) : store_(store) {}
+  explicit Transaction(SqliteJobStore& store) : store_(store) {}
   ~Transaction() {
     // A failed COMMIT can leave the transaction open (BUSY) or have rolled
     // it back already (I/O errors); only an open one needs the ROLLBACK.
@@ -216,30 +216,20 @@ class JobStore::Transaction {
 
   absl::Status Commit() {
     // Wall time, not the injected clock: this measures the disk.
-    const auto start = std::chrono::steady_clock::now();
+    const absl::Time start = absl::Now();
     const int rc = sqlite3_exec(store_.db_, "COMMIT", nullptr, nullptr, nullptr);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    JobStoreStats& stats = store_.stats_;
-    if (rc != SQLITE_OK) {
-      ++stats.failed_commits;
-      if (store_.commit_failures_ != nullptr) store_.commit_failures_->Increment();
-      return store_.Error(rc, "commit");
-    }
-    ++stats.commits;
-    if (store_.commit_duration_ != nullptr) store_.commit_duration_->Observe(seconds);
-    stats.commit_seconds_total += seconds;
-    stats.last_commit_seconds = seconds;
+    store_.RecordCommit(absl::Now() - start, rc == SQLITE_OK);
+    if (rc != SQLITE_OK) return store_.Error(rc, "commit");
     begun_ = false;
     return absl::OkStatus();
   }
 
  private:
-  JobStore& store_;
+  SqliteJobStore& store_;
   bool begun_ = false;
 };
 
-absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path,
+absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::string& path,
                                                          const Clock* clock,
                                                          JobStoreOptions options) {
   MESH_CHECK(clock != nullptr, "JobStore needs a clock");
@@ -259,7 +249,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
       path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
   // The store owns `db` from here, even when the open failed: SQLite hands
   // back a handle to close (and to read the error from) in that case too.
-  std::unique_ptr<JobStore> store(new JobStore(path, db, clock));
+  std::unique_ptr<SqliteJobStore> store(new SqliteJobStore(path, db, clock));
   if (db == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("job store '", path, "': out of memory opening the database"));
@@ -269,12 +259,12 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   return store;
 }
 
-JobStore::JobStore(std::string path, sqlite3* db, const Clock* clock)
+SqliteJobStore::SqliteJobStore(std::string path, sqlite3* db, const Clock* clock)
     : path_(std::move(path)), clock_(clock), db_(db) {}
 
-JobStore::~JobStore() { sqlite3_close_v2(db_); }
+SqliteJobStore::~SqliteJobStore() { sqlite3_close_v2(db_); }
 
-absl::Status JobStore::Error(int rc, const std::string& what) const {
+absl::Status SqliteJobStore::Error(int rc, const std::string& what) const {
   // sqlite3_errmsg describes the connection's last failure, which is `rc`'s
   // as long as the caller asks right away (it holds mu_).
   // The generic text for `rc` adds to it only when the two differ.
@@ -285,13 +275,13 @@ absl::Status JobStore::Error(int rc, const std::string& what) const {
                                    message == generic ? "" : absl::StrCat(" (", generic, ")")));
 }
 
-absl::Status JobStore::ExecLocked(const char* sql) const {
+absl::Status SqliteJobStore::ExecLocked(const char* sql) const {
   const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, nullptr);
   if (rc != SQLITE_OK) return Error(rc, sql);
   return absl::OkStatus();
 }
 
-absl::Status JobStore::Init(const JobStoreOptions& options) {
+absl::Status SqliteJobStore::Init(const JobStoreOptions& options) {
   absl::MutexLock lock(&mu_);
   sqlite3_extended_result_codes(db_, 1);
   sqlite3_busy_timeout(
@@ -390,7 +380,7 @@ NodeRecord ReadNode(const auto& row) {
 
 }  // namespace
 
-absl::StatusOr<JobRecord> JobStore::GetJobLocked(const std::string& id) const {
+absl::StatusOr<JobRecord> SqliteJobStore::GetJobLocked(const std::string& id) const {
   Statement select(*this, absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE id = ?1"));
   select.Bind(1, id);
   absl::StatusOr<bool> row = select.Step("read job");
@@ -399,7 +389,7 @@ absl::StatusOr<JobRecord> JobStore::GetJobLocked(const std::string& id) const {
   return ReadJob(select);
 }
 
-absl::Status JobStore::AppendEventLocked(const JobEvent& event) {
+absl::Status SqliteJobStore::AppendEventLocked(const JobEvent& event) {
   Statement insert(*this,
                    "INSERT INTO job_events (job_id, seq, time, from_state, to_state, reason, "
                    "generation) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
@@ -413,8 +403,8 @@ absl::Status JobStore::AppendEventLocked(const JobEvent& event) {
   return insert.Run("append job event");
 }
 
-absl::StatusOr<CreateJobResult> JobStore::CreateJob(const NewJob& job) {
-  if (job.state.empty()) return absl::InvalidArgumentError("CreateJob: empty state");
+absl::StatusOr<CreateJobResult> SqliteJobStore::CreateJob(const NewJob& job) {
+  JOB_STORE_RETURN_IF_ERROR(job_store::CheckNewJob(job));
   absl::MutexLock lock(&mu_);
   Transaction tx(*this);
   JOB_STORE_RETURN_IF_ERROR(tx.Begin());
@@ -445,7 +435,7 @@ absl::StatusOr<CreateJobResult> JobStore::CreateJob(const NewJob& job) {
   // later GetJob.
   const absl::Time now = FromMicros(Micros(clock_->Now()));
   JobRecord record;
-  record.id = absl::StrCat("job-", number);
+  record.id = job_store::JobId(number);
   record.idempotency_key = job.idempotency_key;
   record.name = job.name;
   record.state = job.state;
@@ -482,22 +472,16 @@ absl::StatusOr<CreateJobResult> JobStore::CreateJob(const NewJob& job) {
   return CreateJobResult{std::move(record), /*existed=*/false};
 }
 
-absl::StatusOr<JobRecord> JobStore::GetJob(const std::string& id) const {
+absl::StatusOr<JobRecord> SqliteJobStore::GetJob(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   return GetJobLocked(id);
 }
 
-absl::StatusOr<JobPage> JobStore::ListJobs(const JobQuery& query) const {
-  if (query.limit < 0 || query.limit > kMaxPageSize) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ListJobs: limit ", query.limit, " is outside 0..", kMaxPageSize));
-  }
-  const int limit = query.limit == 0 ? kDefaultPageSize : query.limit;
-  int64_t after = 0;
-  if (!query.page_token.empty() && (!absl::SimpleAtoi(query.page_token, &after) || after < 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ListJobs: malformed page token '", query.page_token, "'"));
-  }
+absl::StatusOr<JobPage> SqliteJobStore::ListJobs(const JobQuery& query) const {
+  absl::StatusOr<job_store::PageWindow> window = job_store::ParsePage(query);
+  if (!window.ok()) return window.status();
+  const int limit = window->limit;
+  const int64_t after = window->after;
 
   std::string sql = absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE number > ?1");
   if (!query.states.empty()) {
@@ -524,7 +508,7 @@ absl::StatusOr<JobPage> JobStore::ListJobs(const JobQuery& query) const {
     if (!row.ok()) return row.status();
     if (!*row) break;
     if (static_cast<int>(page.jobs.size()) == limit) {
-      page.next_page_token = absl::StrCat(last_number);
+      page.next_page_token = job_store::PageToken(last_number);
       break;
     }
     page.jobs.push_back(ReadJob(select));
@@ -533,36 +517,17 @@ absl::StatusOr<JobPage> JobStore::ListJobs(const JobQuery& query) const {
   return page;
 }
 
-absl::StatusOr<JobRecord> JobStore::UpdateJob(const std::string& id, const JobUpdate& update) {
-  if (update.state.has_value() && update.state->empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("UpdateJob ", id, ": empty state"));
-  }
+absl::StatusOr<JobRecord> SqliteJobStore::UpdateJob(const std::string& id,
+                                                    const JobUpdate& update) {
+  JOB_STORE_RETURN_IF_ERROR(job_store::CheckUpdate(id, update));
   absl::MutexLock lock(&mu_);
   Transaction tx(*this);
   JOB_STORE_RETURN_IF_ERROR(tx.Begin());
   absl::StatusOr<JobRecord> current = GetJobLocked(id);
   if (!current.ok()) return current.status();
   JobRecord job = *std::move(current);
-  if (update.expected_state.has_value() && job.state != *update.expected_state) {
-    return absl::AbortedError(absl::StrCat("job ", id, ": expected state ", *update.expected_state,
-                                           ", but it is ", job.state, " (version ", job.version,
-                                           ")"));
-  }
-  if (update.expected_version.has_value() && job.version != *update.expected_version) {
-    return absl::AbortedError(absl::StrCat("job ", id, ": expected version ",
-                                           *update.expected_version, ", but it is ", job.version,
-                                           " (state ", job.state, ")"));
-  }
-
-  const std::string from_state = job.state;
-  if (update.state.has_value()) job.state = *update.state;
-  if (update.pending_reason.has_value()) job.pending_reason = *update.pending_reason;
-  if (update.generation.has_value()) job.generation = *update.generation;
-  if (update.restarts.has_value()) job.restarts = *update.restarts;
-  if (update.root_cause.has_value()) job.root_cause = *update.root_cause;
-  if (update.placement.has_value()) job.placement = *update.placement;
-  job.version += 1;
-  job.updated_at = FromMicros(Micros(clock_->Now()));
+  JobEvent event;
+  JOB_STORE_RETURN_IF_ERROR(job_store::ApplyUpdate(update, clock_->Now(), &job, &event));
   {
     Statement set(*this,
                   "UPDATE jobs SET state = ?1, pending_reason = ?2, generation = ?3, "
@@ -579,13 +544,12 @@ absl::StatusOr<JobRecord> JobStore::UpdateJob(const std::string& id, const JobUp
     set.BindOrNull(9, job.placement, /*blob=*/true);
     JOB_STORE_RETURN_IF_ERROR(set.Run("update job"));
   }
-  JOB_STORE_RETURN_IF_ERROR(AppendEventLocked(JobEvent{id, job.version, job.updated_at, from_state,
-                                                       job.state, update.reason, job.generation}));
+  JOB_STORE_RETURN_IF_ERROR(AppendEventLocked(event));
   JOB_STORE_RETURN_IF_ERROR(tx.Commit());
   return job;
 }
 
-absl::StatusOr<std::vector<JobEvent>> JobStore::ListEvents(const std::string& id) const {
+absl::StatusOr<std::vector<JobEvent>> SqliteJobStore::ListEvents(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   {
     Statement exists(*this, "SELECT 1 FROM jobs WHERE id = ?1");
@@ -609,16 +573,8 @@ absl::StatusOr<std::vector<JobEvent>> JobStore::ListEvents(const std::string& id
   return events;
 }
 
-absl::Status JobStore::UpsertNode(const NodeRecord& node) {
-  if (node.name.empty()) return absl::InvalidArgumentError("UpsertNode: empty name");
-  if (node.state.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("UpsertNode ", node.name, ": empty state"));
-  }
-  if (node.slots < 0 || node.gpus < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("UpsertNode ", node.name, ": slots ", node.slots,
-                                                   " and gpus ", node.gpus,
-                                                   " must not be negative"));
-  }
+absl::Status SqliteJobStore::UpsertNode(const NodeRecord& node) {
+  JOB_STORE_RETURN_IF_ERROR(job_store::CheckNode(node));
   absl::MutexLock lock(&mu_);
   Transaction tx(*this);
   JOB_STORE_RETURN_IF_ERROR(tx.Begin());
@@ -638,7 +594,7 @@ absl::Status JobStore::UpsertNode(const NodeRecord& node) {
   return tx.Commit();
 }
 
-absl::StatusOr<NodeRecord> JobStore::GetNode(const std::string& name) const {
+absl::StatusOr<NodeRecord> SqliteJobStore::GetNode(const std::string& name) const {
   absl::MutexLock lock(&mu_);
   Statement select(*this, absl::StrCat("SELECT ", kNodeColumns, " FROM nodes WHERE name = ?1"));
   select.Bind(1, name);
@@ -648,7 +604,7 @@ absl::StatusOr<NodeRecord> JobStore::GetNode(const std::string& name) const {
   return ReadNode(select);
 }
 
-absl::StatusOr<std::vector<NodeRecord>> JobStore::ListNodes() const {
+absl::StatusOr<std::vector<NodeRecord>> SqliteJobStore::ListNodes() const {
   absl::MutexLock lock(&mu_);
   Statement select(*this, absl::StrCat("SELECT ", kNodeColumns, " FROM nodes ORDER BY name"));
   std::vector<NodeRecord> nodes;
@@ -661,9 +617,8 @@ absl::StatusOr<std::vector<NodeRecord>> JobStore::ListNodes() const {
   return nodes;
 }
 
-absl::Status JobStore::MarkNode(const std::string& name, const std::string& state) {
-  if (state.empty())
-    return absl::InvalidArgumentError(absl::StrCat("MarkNode ", name, ": empty state"));
+absl::Status SqliteJobStore::MarkNode(const std::string& name, const std::string& state) {
+  JOB_STORE_RETURN_IF_ERROR(job_store::CheckNodeState(name, state));
   absl::MutexLock lock(&mu_);
   Transaction tx(*this);
   JOB_STORE_RETURN_IF_ERROR(tx.Begin());
@@ -675,25 +630,6 @@ absl::Status JobStore::MarkNode(const std::string& name, const std::string& stat
     return absl::NotFoundError(absl::StrCat("node ", name, " not found"));
   }
   return tx.Commit();
-}
-
-void JobStore::SetMetrics(metrics::Registry* registry) {
-  metrics::Histogram* duration =
-      registry
-          ->AddHistogram("mesh_coordinator_store_commit_duration_seconds",
-                         "SQLite commit latency (the fsync).", {}, metrics::LatencyBuckets())
-          ->Get();
-  metrics::Counter* failures =
-      registry->AddCounter("mesh_coordinator_store_commit_failures_total", "Commits that failed.")
-          ->Get();
-  absl::MutexLock lock(&mu_);
-  commit_duration_ = duration;
-  commit_failures_ = failures;
-}
-
-JobStoreStats JobStore::stats() const {
-  absl::MutexLock lock(&mu_);
-  return stats_;
 }
 
 }  // namespace mesh::coordinator

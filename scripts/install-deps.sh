@@ -8,11 +8,12 @@
 #   scripts/install-deps.sh --packaging  also lintian, for make package
 #   scripts/install-deps.sh --list     print the package list and exit
 #
-# Debian's `prometheus` (the server and promtool, for tests/metrics) is
-# installed with its service held down: it must never start or bind a port
-# on a build machine. It is optional: when the archive lacks it or it fails
-# to install, this script warns and goes on, and the tests that need it skip
-# saying so.
+# Debian's `prometheus` (the server and promtool, for tests/metrics) and
+# `etcd-server` (for the etcd store's tests, which start their own members)
+# are installed with their services held down: they must never start or bind
+# a port on a build machine. They are optional: when the archive lacks one or
+# it fails to install, this script warns and goes on, and the tests that
+# need it skip saying so.
 set -euo pipefail
 
 core_packages=(
@@ -30,6 +31,9 @@ core_packages=(
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   # Tensor interchange.
   libdlpack-dev
+  # The etcd store backend: etcd's .proto files (its client stubs are made
+  # from them at build time) and etcdctl; the server for the tests.
+  golang-etcd-server-dev etcd-client
   # The Python package (python/): pybind11 and the headers, torch for its tests.
   pybind11-dev python3-dev python3-torch
   # systemd readiness and watchdog (sd_notify).
@@ -47,7 +51,7 @@ core_packages=(
 )
 # Installed like the core packages, but with services forbidden to start, and
 # a failure only warns.
-service_packages=(prometheus)
+service_packages=(prometheus etcd-server)
 # With --packaging (make package): lintian, which checks the packages.
 # Installed when the archive has it; a failure only warns, and the package
 # test (tests/install) says so and checks the rest.
@@ -166,10 +170,11 @@ if ((${#held[@]} > 0)); then
     "${sudo[@]}" chmod 755 "$policy"
     if "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${available[@]}"; then
       # The package enables its unit for the next boot; a build machine
-      # should not grow a Prometheus server on reboot either.
+      # should not grow a Prometheus or etcd server on reboot either. The
+      # unit is named after the package, less "-server" (etcd.service).
       if command -v systemctl >/dev/null 2>&1; then
         for pkg in "${available[@]}"; do
-          "${sudo[@]}" systemctl disable --quiet "$pkg.service" >/dev/null 2>&1 || true
+          "${sudo[@]}" systemctl disable --quiet "${pkg%-server}.service" >/dev/null 2>&1 || true
         done
       fi
     else

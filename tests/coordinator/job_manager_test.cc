@@ -32,7 +32,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/coordination.h"
-#include "coordinator/job_store.h"
+#include "coordinator/sqlite_job_store.h"
 #include "mesh/v1/job.pb.h"
 #include "tests/util/status_matchers.h"
 
@@ -250,7 +250,7 @@ class JobManagerTest : public ::testing::Test {
   }
 
   void OpenStore(const std::string& path) {
-    auto store = JobStore::Open(path, &clock_);
+    auto store = SqliteJobStore::Open(path, &clock_);
     ASSERT_THAT(store, IsOk());
     store_ = std::move(*store);
   }

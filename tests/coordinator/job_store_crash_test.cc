@@ -34,7 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
-#include "coordinator/job_store.h"
+#include "coordinator/sqlite_job_store.h"
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
@@ -64,7 +64,7 @@ void WriteAll(int fd, const std::string& data) {
   // prctl ran.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(3);
-  auto store = JobStore::Open(db, Clock::Real());
+  auto store = SqliteJobStore::Open(db, Clock::Real());
   if (!store.ok()) {
     WriteAll(fd, absl::StrCat("E ", store.status().ToString(), "\n"));
     _exit(2);
@@ -194,7 +194,7 @@ TEST(JobStoreCrashTest, EveryAcknowledgedJobSurvivesSigkill) {
     EXPECT_THAT(result.errors, ::testing::IsEmpty()) << "round " << round;
     EXPECT_TRUE(result.killed) << "round " << round << ": the writer was not SIGKILLed";
 
-    auto store = JobStore::Open(db, Clock::Real());
+    auto store = SqliteJobStore::Open(db, Clock::Real());
     ASSERT_THAT(store, IsOk()) << "round " << round;
     for (const auto& [id, key] : result.acked) {
       EXPECT_TRUE(acknowledged.emplace(id, key).second)

@@ -1,4 +1,4 @@
-#include "coordinator/job_store.h"
+#include "coordinator/sqlite_job_store.h"
 
 #include <sqlite3.h>
 #include <stdlib.h>
@@ -72,7 +72,7 @@ class TempDir {
 class JobStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto store = JobStore::Open(":memory:", &clock_);
+    auto store = SqliteJobStore::Open(":memory:", &clock_);
     ASSERT_THAT(store, IsOk());
     store_ = *std::move(store);
   }
@@ -514,7 +514,7 @@ TEST(JobStoreFileTest, DatabaseAndItsWalAreReadableByTheOwnerAlone) {
   };
   const mode_t old_umask = ::umask(022);
   {
-    auto store = JobStore::Open(dir.db(), &clock);
+    auto store = SqliteJobStore::Open(dir.db(), &clock);
     ASSERT_THAT(store, IsOk());
     ASSERT_THAT((*store)->CreateJob(MakeJob("a", "k")), IsOk());
     EXPECT_EQ(mode(dir.db()), 0600u);
@@ -523,7 +523,7 @@ TEST(JobStoreFileTest, DatabaseAndItsWalAreReadableByTheOwnerAlone) {
   }
   ASSERT_EQ(::chmod(dir.db().c_str(), 0644), 0);
   {
-    auto store = JobStore::Open(dir.db(), &clock);
+    auto store = SqliteJobStore::Open(dir.db(), &clock);
     ASSERT_THAT(store, IsOk());
     EXPECT_EQ(mode(dir.db()), 0600u);
     EXPECT_THAT((*store)->GetJob("job-1"), IsOk());
@@ -535,7 +535,7 @@ TEST(JobStoreFileTest, UsesWalAndSurvivesReopen) {
   TempDir dir;
   FakeClock clock;
   {
-    auto store = JobStore::Open(dir.db(), &clock);
+    auto store = SqliteJobStore::Open(dir.db(), &clock);
     ASSERT_THAT(store, IsOk());
     ASSERT_EQ((*store)->CreateJob(MakeJob("a", "k")).value().job.id, "job-1");
     ASSERT_THAT((*store)->UpsertNode(MakeNode("h", clock.Now())), IsOk());
@@ -543,7 +543,7 @@ TEST(JobStoreFileTest, UsesWalAndSurvivesReopen) {
     EXPECT_EQ(access((dir.db() + "-wal").c_str(), F_OK), 0);
   }
   {
-    auto store = JobStore::Open(dir.db(), &clock);
+    auto store = SqliteJobStore::Open(dir.db(), &clock);
     ASSERT_THAT(store, IsOk());
     auto job = (*store)->GetJob("job-1");
     ASSERT_THAT(job, IsOk());
@@ -583,7 +583,7 @@ TEST(JobStoreFileTest, Version1FileIsMigratedWithItsJobsIntact) {
   TempDir dir;
   FakeClock clock;
   {
-    auto store = JobStore::Open(dir.db(), &clock);
+    auto store = SqliteJobStore::Open(dir.db(), &clock);
     ASSERT_THAT(store, IsOk());
     ASSERT_EQ((*store)->CreateJob(MakeJob("a", "k")).value().job.id, "job-1");
   }
@@ -593,7 +593,7 @@ TEST(JobStoreFileTest, Version1FileIsMigratedWithItsJobsIntact) {
           "ALTER TABLE jobs DROP COLUMN owner;"
           "ALTER TABLE job_events DROP COLUMN generation;"
           "UPDATE schema_version SET version = 1");
-  auto store = JobStore::Open(dir.db(), &clock);
+  auto store = SqliteJobStore::Open(dir.db(), &clock);
   ASSERT_THAT(store, IsOk());
   auto job = (*store)->GetJob("job-1");
   ASSERT_THAT(job, IsOk());
@@ -614,9 +614,9 @@ TEST(JobStoreFileTest, Version1FileIsMigratedWithItsJobsIntact) {
 TEST(JobStoreFileTest, NewerSchemaIsFailedPrecondition) {
   TempDir dir;
   FakeClock clock;
-  ASSERT_THAT(JobStore::Open(dir.db(), &clock), IsOk());
+  ASSERT_THAT(SqliteJobStore::Open(dir.db(), &clock), IsOk());
   RawExec(dir.db(), "UPDATE schema_version SET version = 99");
-  EXPECT_THAT(JobStore::Open(dir.db(), &clock),
+  EXPECT_THAT(SqliteJobStore::Open(dir.db(), &clock),
               StatusIs(Code::kFailedPrecondition,
                        ::testing::AllOf(HasSubstr("schema version 99"),
                                         HasSubstr("newer than this coordinator supports (3)"),
@@ -626,17 +626,17 @@ TEST(JobStoreFileTest, NewerSchemaIsFailedPrecondition) {
 TEST(JobStoreFileTest, CurrentSchemaVersionIsRecorded) {
   TempDir dir;
   FakeClock clock;
-  ASSERT_THAT(JobStore::Open(dir.db(), &clock), IsOk());
+  ASSERT_THAT(SqliteJobStore::Open(dir.db(), &clock), IsOk());
   // Reopening at the same version migrates nothing (a rerun of version 1's
   // CREATE TABLEs would fail).
-  ASSERT_THAT(JobStore::Open(dir.db(), &clock), IsOk());
+  ASSERT_THAT(SqliteJobStore::Open(dir.db(), &clock), IsOk());
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(dir.db().c_str(), &db), SQLITE_OK);
   sqlite3_stmt* stmt = nullptr;
   ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT version FROM schema_version", -1, &stmt, nullptr),
             SQLITE_OK);
   ASSERT_EQ(sqlite3_step(stmt), SQLITE_ROW);
-  EXPECT_EQ(sqlite3_column_int(stmt, 0), JobStore::kSchemaVersion);
+  EXPECT_EQ(sqlite3_column_int(stmt, 0), SqliteJobStore::kSchemaVersion);
   EXPECT_EQ(sqlite3_step(stmt), SQLITE_DONE);  // Exactly one row.
   sqlite3_finalize(stmt);
   sqlite3_close(db);
@@ -651,7 +651,7 @@ TEST(JobStoreFileTest, NotADatabaseIsDataLoss) {
   }
   FakeClock clock;
   EXPECT_THAT(
-      JobStore::Open(path, &clock),
+      SqliteJobStore::Open(path, &clock),
       StatusIs(Code::kDataLoss, ::testing::AllOf(HasSubstr(path), HasSubstr("not a database"))));
 }
 
@@ -659,7 +659,7 @@ TEST(JobStoreFileTest, CorruptPagesAreDataLoss) {
   TempDir dir;
   FakeClock clock;
   {
-    auto store = JobStore::Open(dir.db(), &clock);
+    auto store = SqliteJobStore::Open(dir.db(), &clock);
     ASSERT_THAT(store, IsOk());
     for (int i = 0; i < 50; ++i) ASSERT_THAT((*store)->CreateJob(MakeJob("j")), IsOk());
   }  // Closing the last connection checkpoints the log into the file.
@@ -674,7 +674,7 @@ TEST(JobStoreFileTest, CorruptPagesAreDataLoss) {
     const std::string junk(static_cast<size_t>(size - 200), '\xA5');
     file.write(junk.data(), static_cast<std::streamsize>(junk.size()));
   }
-  auto store = JobStore::Open(dir.db(), &clock);
+  auto store = SqliteJobStore::Open(dir.db(), &clock);
   if (store.ok()) {
     // Opening may get by on the header; reading the jobs cannot.
     EXPECT_THAT((*store)->ListJobs({}), StatusIs(Code::kDataLoss, HasSubstr("malformed")));
@@ -685,7 +685,7 @@ TEST(JobStoreFileTest, CorruptPagesAreDataLoss) {
 
 TEST(JobStoreFileTest, MissingDirectoryIsFailedPrecondition) {
   FakeClock clock;
-  EXPECT_THAT(JobStore::Open("/nonexistent-mesh-dir/sub/state.db", &clock),
+  EXPECT_THAT(SqliteJobStore::Open("/nonexistent-mesh-dir/sub/state.db", &clock),
               StatusIs(Code::kFailedPrecondition, HasSubstr("unable to open")));
 }
 

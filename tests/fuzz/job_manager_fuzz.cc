@@ -36,7 +36,7 @@
 #include "common/clock.h"
 #include "coordinator/coordination.h"
 #include "coordinator/job_manager.h"
-#include "coordinator/job_store.h"
+#include "coordinator/sqlite_job_store.h"
 #include "mesh/v1/job.pb.h"
 #include "tests/fuzz/fuzz_check.h"
 
@@ -132,7 +132,7 @@ class Driver {
 
  private:
   static std::unique_ptr<JobStore> OpenStore(const Clock& clock) {
-    auto store = JobStore::Open(":memory:", &clock);
+    auto store = SqliteJobStore::Open(":memory:", &clock);
     FUZZ_CHECK(store.ok(), store.status().ToString());
     return *std::move(store);
   }
