@@ -166,13 +166,15 @@ absl::Status EtcdJobStore::CheckSchema() {
       return absl::OkStatus();
     }
     // No schema: an empty prefix becomes a Mesh store; one holding other
-    // keys is someone else's.
+    // keys is someone else's. The replicas' election key (kLeaderKey) may
+    // come first.
     absl::StatusOr<EtcdRangeResult> any =
-        client_->Range(prefix_ + "/", EtcdClient::PrefixEnd(prefix_ + "/"), 1);
+        client_->Range(prefix_ + "/", EtcdClient::PrefixEnd(prefix_ + "/"), 2);
     if (!any.ok()) return Named(any.status(), "look under the prefix");
-    if (!any->kvs.empty()) {
+    for (const EtcdKeyValue& kv : any->kvs) {
+      if (kv.key == Key(kLeaderKey)) continue;
       return absl::FailedPreconditionError(
-          absl::StrCat(Describe(), ": the prefix holds keys (", any->kvs.front().key,
+          absl::StrCat(Describe(), ": the prefix holds keys (", kv.key,
                        ") but no Mesh schema: not a Mesh store (wrong prefix?)"));
     }
     EtcdTxn txn;

@@ -11,6 +11,7 @@
 //   events/<n>/<seq>     its events: mesh.store.v1.JobEvent
 //   idempotency/<key>    the job id a key created
 //   nodes/<name>         a mesh.store.v1.NodeRecord
+//   leader               the replicas' election key (coordinator/replica.h)
 //
 // Every mutation is one Txn whose compares hold the values it read (the
 // counter's and the job's mod revisions): a concurrent writer makes the Txn
@@ -56,6 +57,8 @@ class EtcdJobStore final : public JobStore {
  public:
   // The key layout this build writes.
   static constexpr int kSchemaVersion = 1;
+  // The election key of the replicas on this store, under the prefix.
+  static constexpr char kLeaderKey[] = "leader";
 
   // Connects to `client`'s cluster, checks (or, under an empty prefix,
   // writes) the schema. `prefix` is "/" followed by one or more

@@ -3,10 +3,13 @@
 // Precedence: flag, then MESH_* environment, then --config file, then the
 // defaults in CoordinatorConfig (see common/flags.h).
 #include <unistd.h>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -25,6 +28,7 @@
 #include "common/worker_env_policy.h"
 #include "coordinator/coordination.h"
 #include "coordinator/coordinator_server.h"
+#include "coordinator/replica.h"
 
 namespace {
 
@@ -37,6 +41,55 @@ sigset_t BlockShutdownSignals() {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
+}
+
+// The replica of an etcd store, with the coordinator's TLS (a standby
+// answers the same clients the leader does).
+absl::StatusOr<std::unique_ptr<mesh::coordinator::Replica>> StartReplica(
+    const mesh::coordinator::CoordinatorConfig& config, const mesh::coordinator::StoreUrl& url,
+    const std::string& advertise, absl::Duration lease) {
+  mesh::coordinator::ReplicaOptions options;
+  options.url = url;
+  options.etcd = config.etcd;
+  options.listen_host = config.listen_host;
+  options.port = config.port;
+  options.advertise = advertise;
+  options.lease_ttl = lease;
+  options.credentials = grpc::InsecureServerCredentials();
+  if (config.security.tls.enabled()) {
+    auto tls = mesh::security::MakeServerCredentials(config.security.tls);
+    if (!tls.ok()) return tls.status();
+    options.credentials = *std::move(tls);
+  }
+  return mesh::coordinator::Replica::Start(std::move(options));
+}
+
+// Campaigns until `replica` leads (then fills in config's port and store
+// options and returns 0) or a shutdown signal arrives (returns it).
+// Possible errors: those of Replica::WaitToLead.
+absl::StatusOr<int> WaitToLeadOrSignal(mesh::coordinator::Replica& replica, const sigset_t& signals,
+                       mesh::coordinator::CoordinatorConfig* config) {
+  std::atomic<bool> campaigning{true};
+  std::atomic<int> received{0};
+  std::thread watcher([&] {
+    const timespec tick{0, 200 * 1000 * 1000};
+    while (campaigning) {
+      const int signal_number = sigtimedwait(&signals, nullptr, &tick);
+      if (signal_number > 0) {
+        received = signal_number;
+        replica.Stop();
+        return;
+      }
+    }
+  });
+  absl::StatusOr<mesh::coordinator::EtcdStoreOptions> led = replica.WaitToLead();
+  campaigning = false;
+  watcher.join();
+  if (received != 0) return received;
+  if (!led.ok()) return led.status();
+  config->etcd = *std::move(led);
+  config->port = replica.port();
+  return 0;
 }
 
 // A heartbeat must arrive within `timeout - interval` of its schedule. On a
@@ -190,6 +243,18 @@ int main(int argc, char** argv) {
                  "Seconds each etcd call may take, retries on other members included")
       ->envname("MESH_ETCD_TIMEOUT")
       ->check(CLI::Range(0.1, 600.0))
+      ->capture_default_str();
+  std::string advertise;
+  app.add_option("--advertise", advertise,
+                 "etcd store: host:port that clients reach this replica at, which standby "
+                 "replicas hand out (default: the listen address, or this host's name)")
+      ->envname("MESH_ADVERTISE");
+  double leader_lease_s = 5;
+  app.add_option("--leader-lease", leader_lease_s,
+                 "etcd store: seconds after a leader stops renewing (crash, pause) before "
+                 "another replica can take over")
+      ->envname("MESH_LEADER_LEASE")
+      ->check(CLI::Range(1.0, 600.0))
       ->capture_default_str();
   double etcd_connect_timeout_s = absl::ToDoubleSeconds(config.etcd.connect_timeout);
   app.add_option("--etcd-connect-timeout", etcd_connect_timeout_s,
@@ -380,6 +445,7 @@ int main(int argc, char** argv) {
   }
   config.etcd.call_timeout = absl::Seconds(etcd_timeout_s);
   config.etcd.connect_timeout = absl::Seconds(etcd_connect_timeout_s);
+  std::optional<mesh::coordinator::StoreUrl> store_url;
   if (!config.store.empty()) {
     // A malformed URL is a usage error, like any bad flag.
     absl::StatusOr<mesh::coordinator::StoreUrl> url =
@@ -388,6 +454,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "mesh-coordinator: %s\n", std::string(url.status().message()).c_str());
       return 2;
     }
+    store_url = *url;
     spdlog::info("durable state in {}", config.store);
   } else if (config.state_dir.empty()) {
     spdlog::warn(
@@ -426,10 +493,44 @@ int main(int argc, char** argv) {
     spdlog::info("serving /metrics on {}", config.metrics_target);
   }
 
+  // On an etcd store, a replica: standby until elected (docs/ha.md).
+  std::unique_ptr<mesh::coordinator::Replica> replica;
+  if (store_url.has_value() && store_url->kind == mesh::coordinator::StoreUrl::Kind::kEtcd) {
+    absl::StatusOr<std::unique_ptr<mesh::coordinator::Replica>> started =
+        StartReplica(config, *store_url, advertise, absl::Seconds(leader_lease_s));
+    if (!started.ok()) {
+      spdlog::critical("cannot start: {}", started.status().ToString());
+      return 1;
+    }
+    replica = *std::move(started);
+    std::printf("mesh-coordinator listening on %s:%d\n", config.listen_host.c_str(),
+                replica->port());
+    std::fflush(stdout);
+    spdlog::info("standby replica {} campaigning for {}", replica->advertised(),
+                 replica->election_key());
+    absl::StatusOr<int> signal_number = WaitToLeadOrSignal(*replica, shutdown_signals, &config);
+    if (!signal_number.ok()) {
+      spdlog::critical("cannot lead: {}", signal_number.status().ToString());
+      return 1;
+    }
+    if (*signal_number != 0) {
+      spdlog::info("received {} before leading; stopped", strsignal(*signal_number));
+      return 0;
+    }
+  }
+
   auto server = mesh::coordinator::CoordinatorServer::Start(config);
   if (!server.ok()) {
     spdlog::critical("cannot start: {}", server.status().ToString());
     return 1;
+  }
+  static std::atomic<bool> lost_leadership{false};
+  if (replica != nullptr) {
+    replica->KeepLeading([](const std::string& reason) {
+      spdlog::critical("lost the leadership: {}; stepping down", reason);
+      lost_leadership = true;
+      ::kill(::getpid(), SIGTERM);
+    });
   }
   if (!port_file.empty()) {
     // Write-then-rename, so a reader never sees a partial file.
@@ -444,8 +545,10 @@ int main(int argc, char** argv) {
   // log line adds the one to dial from this machine when that differs.
   const std::string bound = (*server)->bound_address();
   const std::string local = (*server)->address();
-  std::printf("mesh-coordinator listening on %s\n", bound.c_str());
-  std::fflush(stdout);
+  if (replica == nullptr) {  // A replica said so when its standby server started.
+    std::printf("mesh-coordinator listening on %s\n", bound.c_str());
+    std::fflush(stdout);
+  }
   spdlog::info("mesh-coordinator {} serving on {}{} (protocol v{})", mesh::kVersion, bound,
                local == bound ? "" : absl::StrCat(" (on this machine: ", local, ")"),
                mesh::kProtocolVersion);
@@ -465,6 +568,17 @@ int main(int argc, char** argv) {
   if (watchdog) watchdog->Stop();
   mesh::systemd::NotifyStopping().IgnoreError();
   (*server)->Shutdown(absl::Seconds(shutdown_grace_s));
+  if (lost_leadership) {
+    spdlog::info("stopped: no longer the leader (exit 3; the supervisor starts a standby)");
+    return 3;
+  }
+  if (replica != nullptr) {
+    // The next replica takes over now rather than after the lease's TTL.
+    if (absl::Status resigned = replica->Resign(); !resigned.ok()) {
+      spdlog::warn("could not resign the leadership ({}); a standby takes over within the lease",
+                   resigned.ToString());
+    }
+  }
   spdlog::info("stopped");
   return 0;
 }

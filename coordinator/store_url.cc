@@ -73,6 +73,17 @@ absl::StatusOr<StoreUrl> ParseStoreUrl(const std::string& url) {
   return Bad(url, "unknown scheme");
 }
 
+EtcdClientOptions EtcdClientOptionsFor(const StoreUrl& url, const EtcdStoreOptions& etcd) {
+  EtcdClientOptions options;
+  options.endpoints = url.endpoints;
+  options.ca_file = etcd.ca_file;
+  options.cert_file = etcd.cert_file;
+  options.key_file = etcd.key_file;
+  options.call_timeout = etcd.call_timeout;
+  options.connect_timeout = etcd.connect_timeout;
+  return options;
+}
+
 absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const StoreUrl& url, const Clock* clock,
                                                        const EtcdStoreOptions& etcd) {
   if (url.kind == StoreUrl::Kind::kSqlite) {
@@ -81,18 +92,17 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const StoreUrl& url, cons
     if (!store.ok()) return store.status();
     return std::unique_ptr<JobStore>(*std::move(store));
   }
-  EtcdClientOptions options;
-  options.endpoints = url.endpoints;
-  options.ca_file = etcd.ca_file;
-  options.cert_file = etcd.cert_file;
-  options.key_file = etcd.key_file;
-  options.call_timeout = etcd.call_timeout;
-  options.connect_timeout = etcd.connect_timeout;
-  absl::StatusOr<std::shared_ptr<EtcdClient>> client = EtcdClient::Connect(std::move(options));
-  if (!client.ok()) return client.status();
+  std::shared_ptr<EtcdClient> client = etcd.client;
+  if (client == nullptr) {
+    absl::StatusOr<std::shared_ptr<EtcdClient>> connected =
+        EtcdClient::Connect(EtcdClientOptionsFor(url, etcd));
+    if (!connected.ok()) return connected.status();
+    client = *std::move(connected);
+  }
   absl::StatusOr<std::unique_ptr<EtcdJobStore>> store =
-      EtcdJobStore::Open(*std::move(client), url.prefix, clock);
+      EtcdJobStore::Open(std::move(client), url.prefix, clock);
   if (!store.ok()) return store.status();
+  if (etcd.fence_revision != 0) (*store)->SetFence(etcd.fence_key, etcd.fence_revision);
   return std::unique_ptr<JobStore>(*std::move(store));
 }
 

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "coordinator/etcd_client.h"
 #include "coordinator/job_store.h"
 
 namespace mesh::coordinator {
@@ -40,7 +41,17 @@ struct EtcdStoreOptions {
   std::string key_file;
   absl::Duration call_timeout = absl::Seconds(5);
   absl::Duration connect_timeout = absl::Seconds(10);
+  // The replica's leadership (coordinator/leader_election.h): when set,
+  // every write of the store requires this key to have this create revision
+  // (EtcdJobStore::SetFence).
+  std::string fence_key;
+  int64_t fence_revision = 0;
+  // An etcd connection to use instead of making one.
+  std::shared_ptr<EtcdClient> client;
 };
+
+// The client options of an etcd:// `url` with `etcd`'s files and deadlines.
+EtcdClientOptions EtcdClientOptionsFor(const StoreUrl& url, const EtcdStoreOptions& etcd);
 
 // Opens the store `url` names. The errors of ParseStoreUrl, then those of
 // SqliteJobStore::Open or of EtcdClient::Connect and EtcdJobStore::Open.

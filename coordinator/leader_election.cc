@@ -1,0 +1,136 @@
+#include "coordinator/leader_election.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace mesh::coordinator {
+
+LeaderElection::LeaderElection(std::shared_ptr<EtcdClient> client, LeaderElectionOptions options)
+    : client_(std::move(client)), options_(std::move(options)) {}
+
+LeaderElection::~LeaderElection() {
+  const bool leading = [&] {
+    absl::MutexLock lock(&mu_);
+    return term_.lease != 0;
+  }();
+  Stop();
+  if (leading) Resign().IgnoreError();
+}
+
+void LeaderElection::Stop() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (renewer_.joinable() && renewer_.get_id() != std::this_thread::get_id()) renewer_.join();
+}
+
+std::string LeaderElection::leader() const {
+  absl::MutexLock lock(&mu_);
+  return leader_;
+}
+
+absl::StatusOr<LeaderTerm> LeaderElection::Campaign(
+    const std::function<void(const std::string&)>& on_leader) {
+  const absl::Duration poll =
+      std::max(absl::Milliseconds(50), std::min(absl::Seconds(1), options_.lease_ttl / 10));
+  std::string seen = "\x01";  // Not an address: the first look always reports.
+  int64_t lease = 0;
+  while (!stop_.HasBeenNotified()) {
+    // A lease of our own, granted once and renewed while we wait, so that
+    // winning needs only the Txn.
+    if (lease == 0) {
+      absl::StatusOr<int64_t> granted = client_->LeaseGrant(options_.lease_ttl);
+      if (granted.ok()) lease = *granted;
+    } else if (!client_->LeaseKeepAlive(lease).ok()) {
+      lease = 0;  // Expired (or etcd is away): a new one next round.
+      continue;
+    }
+    if (lease != 0) {
+      EtcdTxn txn;
+      txn.IfCreateRevision(options_.key, 0).Put(options_.key, options_.address, lease);
+      absl::StatusOr<EtcdTxnResult> won = client_->Txn(txn);
+      if (won.ok() && won->succeeded) {
+        absl::MutexLock lock(&mu_);
+        term_ = LeaderTerm{won->revision, lease};
+        leader_ = options_.address;
+        return term_;
+      }
+    }
+    absl::StatusOr<std::optional<EtcdKeyValue>> holder = client_->Get(options_.key);
+    if (holder.ok()) {
+      const std::string address = holder->has_value() ? (*holder)->value : "";
+      if (holder->has_value() && address == options_.address && (*holder)->lease != lease) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "leader election: ", options_.key, " holds this replica's address ", address,
+            " under another lease: another coordinator is configured with the same address"));
+      }
+      if (address != seen) {
+        seen = address;
+        {
+          absl::MutexLock lock(&mu_);
+          leader_ = address;
+        }
+        if (on_leader) on_leader(address);
+      }
+    }
+    stop_.WaitForNotificationWithTimeout(poll);
+  }
+  if (lease != 0) client_->LeaseRevoke(lease).IgnoreError();
+  return absl::CancelledError("leader election stopped");
+}
+
+void LeaderElection::KeepLeading(std::function<void(const std::string& reason)> on_lost) {
+  renewer_ = std::thread([this, on_lost = std::move(on_lost)] { RenewLoop(on_lost); });
+}
+
+void LeaderElection::RenewLoop(std::function<void(const std::string&)> on_lost) {
+  LeaderTerm term;
+  {
+    absl::MutexLock lock(&mu_);
+    term = term_;
+  }
+  const absl::Duration period = std::max(absl::Milliseconds(100), options_.lease_ttl / 3);
+  while (!stop_.WaitForNotificationWithTimeout(period)) {
+    absl::StatusOr<absl::Duration> renewed = client_->LeaseKeepAlive(term.lease);
+    std::string lost;
+    if (!renewed.ok()) {
+      // Only etcd's word that the lease is gone ends the term; an
+      // unreachable etcd cannot expire it either.
+      if (renewed.status().code() == absl::StatusCode::kNotFound) {
+        lost = absl::StrCat("the lease expired (", renewed.status().message(), ")");
+      }
+    } else {
+      absl::StatusOr<std::optional<EtcdKeyValue>> holder = client_->Get(options_.key);
+      if (holder.ok() && (!holder->has_value() || (*holder)->create_revision != term.create_revision)) {
+        lost = holder->has_value()
+                   ? absl::StrCat("the election key now belongs to ", (*holder)->value,
+                                  " (term ", (*holder)->create_revision, ")")
+                   : "the election key was deleted";
+      }
+    }
+    if (!lost.empty()) {
+      {
+        absl::MutexLock lock(&mu_);
+        term_ = LeaderTerm{};
+        leader_.clear();
+      }
+      if (on_lost) on_lost(lost);
+      return;
+    }
+  }
+}
+
+absl::Status LeaderElection::Resign() {
+  int64_t lease = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    lease = term_.lease;
+    term_ = LeaderTerm{};
+    leader_.clear();
+  }
+  if (lease == 0) return absl::OkStatus();
+  return client_->LeaseRevoke(lease);
+}
+
+}  // namespace mesh::coordinator
