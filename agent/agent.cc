@@ -7,7 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/grpc_node_client.h"
+#include "agent/replica_node_client.h"
 #include "common/check.h"
+#include "common/coordinator_targets.h"
 #include "common/security.h"
 
 namespace mesh::agent {
@@ -65,10 +67,19 @@ absl::Status Agent::Start() {
     GrpcNodeClientOptions options;
     options.backoff_initial = config_.backoff_initial;
     options.backoff_max = config_.backoff_max;
-    absl::StatusOr<std::unique_ptr<NodeClient>> client =
-        NewGrpcNodeClient(config_.coordinator, config_.security, options);
-    if (!client.ok()) return client.status();
-    client_ = *std::move(client);
+    // Several coordinator replicas (docs/ha.md): one channel each, calls
+    // to the one that leads.
+    std::vector<std::string> targets = SplitCoordinatorTargets(config_.coordinator);
+    std::vector<std::unique_ptr<NodeClient>> clients;
+    for (const std::string& target : targets) {
+      absl::StatusOr<std::unique_ptr<NodeClient>> client =
+          NewGrpcNodeClient(target, config_.security, options);
+      if (!client.ok()) return client.status();
+      clients.push_back(*std::move(client));
+    }
+    if (clients.empty()) return absl::InvalidArgumentError("coordinator is empty");
+    client_ = clients.size() == 1 ? std::move(clients.front())
+                                  : NewReplicaNodeClient(std::move(targets), std::move(clients));
   }
   outbox_ = std::make_unique<ReportOutbox>(
       &config_, client_.get(),

@@ -26,6 +26,7 @@
 #include "agent/worker_env.h"
 #include "agent/worker_env_file.h"
 #include "common/client_flags.h"
+#include "common/coordinator_targets.h"
 #include "common/duration_format.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -119,7 +120,8 @@ int RunAgentMain(int argc, const char* const* argv) {
   app.set_version_flag("--version", kVersion);
   app.add_option("--config", config_file, "YAML config file (keys are long flag names)")
       ->envname("MESH_AGENT_CONFIG");
-  app.add_option("--coordinator", coordinator, "Coordinator host:port")
+  app.add_option("--coordinator", coordinator,
+                 "Coordinator host:port, or the replicas' addresses separated by commas")
       ->envname("MESH_COORDINATOR")
       ->capture_default_str();
   ClientSecurityFlags security_flags;
@@ -217,9 +219,14 @@ int RunAgentMain(int argc, const char* const* argv) {
       return UsageError(std::string(s.message()));
     }
   }
+  // One address, or the replicas' (docs/ha.md); the first decides loopback.
   std::string coordinator_host;
-  if (!ValidEndpoint(coordinator, &coordinator_host)) {
-    return UsageError(absl::StrCat("--coordinator '", coordinator, "' is not host:port"));
+  const std::vector<std::string> coordinator_targets = SplitCoordinatorTargets(coordinator);
+  if (coordinator_targets.empty()) return UsageError("--coordinator is empty");
+  for (auto it = coordinator_targets.rbegin(); it != coordinator_targets.rend(); ++it) {
+    if (!ValidEndpoint(*it, &coordinator_host)) {
+      return UsageError(absl::StrCat("--coordinator '", *it, "' is not host:port"));
+    }
   }
   HostOptions host_options;
   host_options.hostname = name;

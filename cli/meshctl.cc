@@ -16,6 +16,7 @@
 #include "cli/job_commands.h"
 #include "cli/output.h"
 #include "common/client_flags.h"
+#include "common/coordinator_targets.h"
 #include "common/version.h"
 
 namespace mesh::cli {
@@ -89,7 +90,8 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
   app.fallthrough();
   app.set_version_flag("--version", kVersion);
   app.add_option("--coordinator", options.coordinator,
-                 "Coordinator address host:port (env MESH_COORDINATOR)")
+                 "Coordinator address host:port, or the replicas' addresses separated by commas "
+                 "(env MESH_COORDINATOR)")
       ->capture_default_str();
   options.security.AddTo(app);
   app.add_option("--timeout", options.timeout_s, "Seconds to wait for the coordinator")
@@ -146,6 +148,19 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
   const OutputFormat format = *ParseOutputFormat(options.output);  // Checked above.
   if (!cluster->parsed()) {
     absl::StatusOr<security::ClientSecurity> security = options.security.Resolve();
+    if (security.ok()) {
+      // Several replicas (docs/ha.md): talk to the one that leads.
+      absl::StatusOr<std::string> leader = FindLeader(
+          SplitCoordinatorTargets(options.coordinator),
+          [&](const std::string& target) { return cli::MakeChannel(target, *security); },
+          absl::Now() + absl::Seconds(options.timeout_s));
+      if (!leader.ok()) {
+        err << "meshctl: " << options.coordinator << ": " << leader.status().message() << "\n";
+        return leader.status().code() == absl::StatusCode::kUnavailable ? kExitUnreachable
+                                                                        : kExitUsage;
+      }
+      options.coordinator = *leader;
+    }
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
         security.ok() ? cli::MakeChannel(options.coordinator, *security) : security.status();
     if (!channel.ok()) {

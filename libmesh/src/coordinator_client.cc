@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/coordinator_targets.h"
 #include "mesh/v1/worker.grpc.pb.h"
 
 namespace mesh::internal {
@@ -120,12 +121,17 @@ class GrpcJobWatch final : public JobWatch {
 
 class GrpcCoordinatorClient final : public CoordinatorClient {
  public:
-  GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel, std::string target,
+  // channels[i] reaches replicas[i]: one of each for a single coordinator.
+  GrpcCoordinatorClient(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+                        std::vector<std::string> replicas, std::string target,
                         RankIdentity identity, CoordinatorClientOptions options)
       : target_(std::move(target)),
         identity_(std::move(identity)),
         options_(options),
-        stub_(v1::WorkerService::NewStub(channel)) {}
+        replicas_(std::move(replicas)) {
+    for (const auto& channel : channels) stubs_.push_back(v1::WorkerService::NewStub(channel));
+    MESH_CHECK(stubs_.size() == replicas_.size(), "one channel per coordinator replica");
+  }
 
   const RankIdentity& identity() const override { return identity_; }
   const std::string& target() const override { return target_; }
@@ -333,7 +339,7 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     AddAuthorization(watch->context);
     v1::WatchJobRequest request;
     FillContext(request.mutable_context());
-    watch->reader = stub_->WatchJob(&watch->context, request);
+    watch->reader = stubs_[replicas_.current()]->WatchJob(&watch->context, request);
     return watch;
   }
 
@@ -377,7 +383,13 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout + options_.deadline_margin));
     AddAuthorization(ctx);
-    return ToAbslStatus((stub_.get()->*method)(&ctx, request, response), rpc, target_);
+    // Several replicas (docs/ha.md): UNAVAILABLE from one (a standby, or
+    // one that is down) sends the caller's next try to the next one.
+    const size_t replica = replicas_.current();
+    absl::Status status = ToAbslStatus((stubs_[replica].get()->*method)(&ctx, request, response),
+                                       rpc, replicas_.target(replica));
+    if (absl::IsUnavailable(status) && replicas_.size() > 1) replicas_.Rotate(replica);
+    return status;
   }
 
   void AddAuthorization(grpc::ClientContext& ctx) const {
@@ -396,8 +408,9 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
   const std::string target_;
   const RankIdentity identity_;
   const CoordinatorClientOptions options_;
-  // Generated stubs are thread-safe.
-  const std::unique_ptr<v1::WorkerService::Stub> stub_;
+  LeaderTracker replicas_;
+  // Generated stubs are thread-safe. One per replica, as replicas_.
+  std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs_;
 };
 
 }  // namespace
@@ -463,8 +476,26 @@ std::shared_ptr<CoordinatorClient> NewGrpcCoordinatorClient(std::shared_ptr<grpc
                                                             RankIdentity identity,
                                                             CoordinatorClientOptions options) {
   MESH_CHECK(channel != nullptr, "NewGrpcCoordinatorClient needs a channel");
-  return std::make_shared<GrpcCoordinatorClient>(std::move(channel), std::move(target),
-                                                 std::move(identity), options);
+  std::vector<std::string> replicas = {target};
+  return std::make_shared<GrpcCoordinatorClient>(
+      std::vector<std::shared_ptr<grpc::Channel>>{std::move(channel)}, std::move(replicas),
+      std::move(target), std::move(identity), options);
+}
+
+absl::StatusOr<std::shared_ptr<CoordinatorClient>> NewGrpcCoordinatorClient(
+    const std::string& targets, const security::ClientSecurity& security, RankIdentity identity,
+    CoordinatorClientOptions options) {
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::string> replicas = SplitCoordinatorTargets(targets);
+  for (const std::string& target : replicas) {
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        NewCoordinatorChannel(target, security);
+    if (!channel.ok()) return channel.status();
+    channels.push_back(*std::move(channel));
+  }
+  if (channels.empty()) return absl::InvalidArgumentError("no coordinator address");
+  return std::shared_ptr<CoordinatorClient>(std::make_shared<GrpcCoordinatorClient>(
+      channels, std::move(replicas), targets, std::move(identity), options));
 }
 
 }  // namespace mesh::internal

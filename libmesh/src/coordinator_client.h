@@ -228,4 +228,15 @@ std::shared_ptr<CoordinatorClient> NewGrpcCoordinatorClient(std::shared_ptr<grpc
                                                             RankIdentity identity,
                                                             CoordinatorClientOptions options = {});
 
+// The gRPC client of `targets`: one coordinator's host:port, or the
+// comma-separated addresses of its replicas (docs/ha.md), with a channel
+// each. A call that gets UNAVAILABLE from one replica (a standby, or one
+// that is down) fails, and the next call goes to the next replica, so the
+// callers' retries (Join, heartbeats, the stores' waits) find the leader.
+// Possible errors: INVALID_ARGUMENT (no address); those of
+// NewCoordinatorChannel.
+absl::StatusOr<std::shared_ptr<CoordinatorClient>> NewGrpcCoordinatorClient(
+    const std::string& targets, const security::ClientSecurity& security, RankIdentity identity,
+    CoordinatorClientOptions options = {});
+
 }  // namespace mesh::internal

@@ -59,11 +59,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorStore>> CoordinatorStore::Create(
   security.cert_file = options.tls_cert;
   security.key_file = options.tls_key;
   security.server_name = options.tls_server_name;
-  auto channel = internal::NewCoordinatorChannel(options.address, security);
-  if (!channel.ok()) return channel.status();
-  auto client = internal::NewGrpcCoordinatorClient(*std::move(channel), options.address,
-                                                   options.identity, client_options);
-  return std::make_unique<CoordinatorStore>(std::move(client), options.timeout);
+  auto client = internal::NewGrpcCoordinatorClient(options.address, security, options.identity,
+                                                   client_options);
+  if (!client.ok()) return client.status();
+  return std::make_unique<CoordinatorStore>(*std::move(client), options.timeout);
 }
 
 CoordinatorStore::CoordinatorStore(std::shared_ptr<internal::CoordinatorClient> client,

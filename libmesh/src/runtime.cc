@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/check.h"
+#include "common/coordinator_targets.h"
 #include "common/duration_format.h"
 #include "libmesh/src/coordinator_client.h"
 #include "libmesh/src/progress_group.h"
@@ -187,10 +188,11 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const RuntimeOptions& options) 
 
   auto coordinator = Raw(options.coordinator, kCoordinator, env);
   if (!coordinator.has_value()) return Missing(kCoordinator);
-  if (!IsCoordinatorTarget(coordinator->first)) {
-    return absl::InvalidArgumentError(absl::StrCat(Describe(kCoordinator, coordinator->second),
-                                                   " is '", coordinator->first,
-                                                   "', not host:port"));
+  const std::vector<std::string> targets = SplitCoordinatorTargets(coordinator->first);
+  if (targets.empty() || !absl::c_all_of(targets, IsCoordinatorTarget)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe(kCoordinator, coordinator->second), " is '", coordinator->first,
+                     "', not host:port (or the replicas' host:port, separated by commas)"));
   }
   config.coordinator = coordinator->first;
 
@@ -555,11 +557,11 @@ absl::Status Runtime::Start() {
   identity.incarnation = info_.incarnation;
   internal::CoordinatorClientOptions client_options;
   client_options.auth_token = config_.auth_token;
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      internal::NewCoordinatorChannel(config_.coordinator, internal::ChannelSecurityOf(config_));
-  if (!channel.ok()) return channel.status();
-  client_ = internal::NewGrpcCoordinatorClient(*std::move(channel), config_.coordinator, identity,
-                                               client_options);
+  absl::StatusOr<std::shared_ptr<internal::CoordinatorClient>> client =
+      internal::NewGrpcCoordinatorClient(config_.coordinator, internal::ChannelSecurityOf(config_),
+                                         identity, client_options);
+  if (!client.ok()) return client.status();
+  client_ = *std::move(client);
 
   internal::JoinParams join;
   join.host = info_.host;
@@ -753,7 +755,20 @@ absl::Status Runtime::Shutdown() {
   // Threads first: a heartbeat after Leave would look like an error.
   monitor_->Stop();
   if (hung || !monitor_->error().ok()) return absl::OkStatus();
-  return client_->Leave(options_.rpc_timeout);
+  // Tried again while the coordinator is unreachable (restarting, or its
+  // replicas failing over: each try goes to the next replica; a standby
+  // that is becoming the leader cancels the calls it had), until
+  // rpc_timeout: a rank that finished its work should not fail for that.
+  // This thread never cancels its own calls.
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  absl::Duration backoff = absl::Milliseconds(50);
+  for (;;) {
+    absl::Status left = client_->Leave(std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    const bool transient = absl::IsUnavailable(left) || absl::IsCancelled(left);
+    if (!transient || absl::Now() + backoff >= deadline) return left;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
 }
 
 absl::Status Runtime::Finish(absl::Status result) {

@@ -28,9 +28,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "cli/admin_client.h"
 #include "cli/job_client.h"
 #include "cli/job_json.h"
+#include "common/coordinator_targets.h"
 #include "common/security.h"
 #include "mesh/v1/job.pb.h"
 #include "python/src/bindings.h"
@@ -119,7 +121,20 @@ class PyJobClient {
     absl::StatusOr<mesh::security::ClientSecurity> security =
         mesh::security::ClientSecurityFromEnv();
     if (!security.ok()) ThrowStatus(security.status());
-    channel_ = Unwrap(mesh::cli::MakeChannel(address_, *security));
+    // Several replicas (docs/ha.md): the one that leads. Looked for once,
+    // with the GIL released, within the client's timeout.
+    std::string leader;
+    {
+      py::gil_scoped_release release;
+      absl::StatusOr<std::string> found = mesh::FindLeader(
+          mesh::SplitCoordinatorTargets(address_),
+          [&](const std::string& target) { return mesh::cli::MakeChannel(target, *security); },
+          absl::Now() + timeout_);
+      leader = found.ok() ? *found : "";
+      if (!found.ok()) security = found.status();
+    }
+    if (!security.ok()) ThrowStatus(security.status());
+    channel_ = Unwrap(mesh::cli::MakeChannel(leader, *security));
     jobs_ = std::make_unique<mesh::cli::JobClient>(channel_);
   }
 

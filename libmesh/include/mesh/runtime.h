@@ -231,7 +231,8 @@ struct RuntimeOptions {
   // How long Join waits for the whole world.
   absl::Duration join_timeout = absl::Minutes(5);
   // The deadline of the runtime's other RPCs (WatchJob's first event,
-  // Heartbeat, ReportError, Leave).
+  // Heartbeat, ReportError, Leave). Leave, at Finish and Shutdown, is tried
+  // again while the coordinator is unavailable, within this deadline.
   absl::Duration rpc_timeout = absl::Seconds(30);
   // Default timeout of the store's blocking calls.
   absl::Duration store_timeout = absl::Minutes(5);
