@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <map>
 
+#include <spdlog/spdlog.h>
+
+#include "absl/algorithm/container.h"
 #include "absl/container/btree_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -138,6 +141,8 @@ struct Coordination::Generation {
   // Ranks the agent saw exit without leaving (RankExited): how.
   std::map<int, std::string> exited;
   std::optional<absl::Time> first_join;  // For the rendezvous duration.
+  // Non-empty (one host per rank): ranks may re-attach (AllowReattach).
+  std::vector<std::string> reattach_hosts;
 
   int world_size() const { return layout->world_size; }
   std::string Name() const { return absl::StrCat("job ", job_id, " generation ", number); }
@@ -401,7 +406,8 @@ absl::StatusOr<Coordination::Generation*> Coordination::ResolveLocked(const Call
     return absl::InvalidArgumentError(
         absl::StrCat(gen.Name(), ": rank ", caller.rank, " is outside 0..", gen.world_size() - 1));
   }
-  const bool joined = gen.rendezvous.joined(caller.rank);
+  bool joined = gen.rendezvous.joined(caller.rank);
+  if (!joined && require_joined && ReattachLocked(gen, caller)) joined = true;
   if (check_incarnation && joined &&
       gen.rendezvous.incarnation(caller.rank) != caller.incarnation) {
     return absl::AbortedError(absl::StrCat(
@@ -415,6 +421,42 @@ absl::StatusOr<Coordination::Generation*> Coordination::ResolveLocked(const Call
         absl::StrCat(gen.Name(), ": rank ", caller.rank, " has not joined"));
   }
   return &gen;
+}
+
+bool Coordination::ReattachLocked(Generation& gen, const Caller& caller) {
+  // Not while anyone waits in Join: a rank joining afresh means the world
+  // is forming anew, and then every rank must join.
+  if (gen.reattach_hosts.empty() || gen.error.has_value() || !gen.join_waiters.empty() ||
+      gen.rendezvous.superseded(caller.rank, caller.incarnation)) {
+    return false;
+  }
+  absl::StatusOr<bool> completed =
+      gen.rendezvous.Join(caller.rank, caller.incarnation, gen.reattach_hosts[caller.rank],
+                          DeviceInfo{}, /*world_unique_id=*/"");
+  if (!completed.ok()) return false;
+  spdlog::info("{}: rank {} re-attached (incarnation {})", gen.Name(), caller.rank,
+               caller.incarnation);
+  if (*completed) gen.liveness.Start(clock_->Now());
+  return true;
+}
+
+absl::Status Coordination::AllowReattach(const std::string& job_id, int64_t generation,
+                                         std::vector<std::string> hosts) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
+  Generation& gen = *it->second->current;
+  if (gen.number != generation) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is at generation ", gen.number, ", not ", generation));
+  }
+  if (static_cast<int>(hosts.size()) != gen.world_size() ||
+      absl::c_any_of(hosts, [](const std::string& h) { return h.empty(); })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        gen.Name(), ": re-attaching needs one host per rank (", gen.world_size(), ")"));
+  }
+  gen.reattach_hosts = std::move(hosts);
+  return absl::OkStatus();
 }
 
 uint64_t Coordination::AddWaiterLocked(Generation& gen, absl::Time deadline, Waiter waiter) {

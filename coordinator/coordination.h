@@ -207,6 +207,20 @@ class Coordination {
   // generation), ALREADY_EXISTS (id in use), UNAVAILABLE (shut down).
   absl::StatusOr<JobInfo> CreateJob(JobLayout layout, int64_t generation = 0);
 
+  // After a restart or failover of the coordinator (JobManager::Recover):
+  // the ranks of `job_id` at `generation` may have formed their world with
+  // the previous coordinator and be running past rendezvous, which this one
+  // does not remember. Each such rank is re-attached by its first call (a
+  // heartbeat, a KV call, ...) instead of being refused as "has not
+  // joined": it joins with the incarnation it calls with, on host
+  // hosts[rank], and once every rank is back the world counts as formed
+  // (liveness starts). A process that calls Join is a new one and joins as
+  // usual. Re-attached ranks have no device description. Errors: NOT_FOUND;
+  // INVALID_ARGUMENT (not one host per rank, or an empty one);
+  // FAILED_PRECONDITION (the job is at another generation).
+  absl::Status AllowReattach(const std::string& job_id, int64_t generation,
+                             std::vector<std::string> hosts);
+
   // Forgets a job whose workers are done (it ended, or will be re-created
   // with another layout). Every pending wait and watch of its current
   // generation ends with ABORTED naming `reason`, and later calls for it get
@@ -415,6 +429,9 @@ class Coordination {
   // `allow_failed`: a failed generation resolves instead of giving ABORTED.
   // `check_incarnation`: a joined rank held by another incarnation gives
   // ABORTED (Join handles a newer process itself, see SupersedeLocked).
+  // Re-attaches `caller` to `gen` (AllowReattach) when it may; whether it
+  // did.
+  bool ReattachLocked(Generation& gen, const Caller& caller) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Generation*> ResolveLocked(const Caller& caller, bool require_joined,
                                             bool allow_failed, bool check_incarnation = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

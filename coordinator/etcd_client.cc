@@ -78,8 +78,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) 
 }
 
 EtcdKeyValue FromProto(const ::mvccpb::KeyValue& kv) {
-  return EtcdKeyValue{kv.key(),     kv.value(),   kv.create_revision(), kv.mod_revision(),
-                      kv.version(), kv.lease()};
+  return EtcdKeyValue{kv.key(),          kv.value(),   kv.create_revision(),
+                      kv.mod_revision(), kv.version(), kv.lease()};
 }
 
 }  // namespace
@@ -235,21 +235,35 @@ absl::Status EtcdClient::Run(const char* what, bool idempotent, Call call) const
   absl::Duration backoff = absl::Milliseconds(20);
   grpc::Status last;
   std::string last_address;
+  // The share of the deadline one endpoint gets to connect, so that a dead
+  // one leaves time for the others.
+  const absl::Duration connect_share =
+      std::max(absl::Milliseconds(200), options_.call_timeout / static_cast<int>(n + 1));
   for (size_t attempt = 0;; ++attempt) {
     Endpoint& endpoint = *endpoints_[index % n];
-    // A channel that is not connected fails the call before sending it.
-    const bool connected = endpoint.channel->GetState(false) == GRPC_CHANNEL_READY;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
-    last = call(endpoint, &context);
     last_address = endpoint.address;
+    // Connect first, and wait for it here: the waiting thread drives the
+    // handshake (a call that fails fast leaves a reconnect to gRPC's backup
+    // poller, seconds later), and a request that was never sent can go to
+    // another member whatever it is.
+    bool sent = false;
+    if (endpoint.channel->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY &&
+        !endpoint.channel->WaitForConnected(
+            absl::ToChronoTime(std::min(deadline, absl::Now() + connect_share)))) {
+      last = grpc::Status(grpc::StatusCode::UNAVAILABLE, "cannot connect");
+    } else {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline));
+      last = call(endpoint, &context);
+      sent = true;
+    }
     if (last.ok()) {
       current_ = index % n;
       return absl::OkStatus();
     }
     const bool unreachable = last.error_code() == grpc::StatusCode::UNAVAILABLE && !FromEtcd(last);
-    const bool retry = unreachable ? (idempotent || !connected)
-                                   : (idempotent && FromEtcd(last) && Transient(last));
+    const bool retry =
+        unreachable ? (idempotent || !sent) : (idempotent && FromEtcd(last) && Transient(last));
     if (!retry || absl::Now() >= deadline) break;
     ++index;
     // Once round every member, then back off before the next round.
@@ -257,6 +271,14 @@ absl::Status EtcdClient::Run(const char* what, bool idempotent, Call call) const
       absl::SleepFor(std::min(backoff, deadline - absl::Now()));
       backoff = std::min(backoff * 2, absl::Milliseconds(500));
     }
+  }
+  if (last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    // etcd holds a request it cannot serve (no leader, no quorum) until the
+    // caller gives up: to the caller, etcd is unavailable.
+    return absl::UnavailableError(
+        absl::StrCat("etcd ", last_address, ": ", what, ": no answer within ",
+                     absl::FormatDuration(options_.call_timeout), " (is a quorum of members up?)",
+                     idempotent ? "" : "; whether the write took effect is unknown"));
   }
   return absl::Status(CodeFor(last),
                       absl::StrCat("etcd ", last_address, ": ", what, ": ", last.error_message()));
@@ -353,19 +375,18 @@ absl::StatusOr<int64_t> EtcdClient::LeaseGrant(absl::Duration ttl) const {
 
 absl::StatusOr<absl::Duration> EtcdClient::LeaseKeepAlive(int64_t lease) const {
   pb::LeaseKeepAliveResponse response;
-  absl::Status status = Run(
-      "lease keep-alive", /*idempotent=*/true,
-      [&](Endpoint& endpoint, grpc::ClientContext* context) {
-        response.Clear();
-        auto stream = endpoint.lease->LeaseKeepAlive(context);
-        pb::LeaseKeepAliveRequest request;
-        request.set_id(lease);
-        if (stream->Write(request)) stream->Read(&response);
-        stream->WritesDone();
-        // The server ends the stream only when the client does; Finish
-        // after WritesDone returns its status.
-        return stream->Finish();
-      });
+  absl::Status status = Run("lease keep-alive", /*idempotent=*/true,
+                            [&](Endpoint& endpoint, grpc::ClientContext* context) {
+                              response.Clear();
+                              auto stream = endpoint.lease->LeaseKeepAlive(context);
+                              pb::LeaseKeepAliveRequest request;
+                              request.set_id(lease);
+                              if (stream->Write(request)) stream->Read(&response);
+                              stream->WritesDone();
+                              // The server ends the stream only when the client does; Finish
+                              // after WritesDone returns its status.
+                              return stream->Finish();
+                            });
   if (!status.ok()) return status;
   if (response.ttl() <= 0) {
     return absl::NotFoundError(absl::StrCat("etcd: lease ", lease, " has expired"));

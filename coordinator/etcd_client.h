@@ -8,14 +8,18 @@
 // from gRPC, not from etcd) it moves on to the next, within the call's one
 // deadline. Any member serves any call: etcd forwards writes to its leader.
 //
-// Retries and writes: a Txn that fails in transit may or may not have been
-// applied. The client retries it on another endpoint only when gRPC says the
-// request was not sent (the channel was not connected); otherwise it returns
+// Retries and writes: each call first waits (a share of its deadline) for
+// its endpoint's connection; one that does not connect is skipped, since
+// nothing was sent. A Txn that fails in transit may or may not have been
+// applied, so the client retries it on another endpoint only when it was
+// never sent; otherwise it returns
 // the error (UNAVAILABLE or DEADLINE_EXCEEDED), and callers whose Txn
 // compares revisions can tell from a read whether it took effect.
 //
 // Errors: UNAVAILABLE (no endpoint reachable; etcd without quorum or
-// leader); DEADLINE_EXCEEDED (past the call timeout); RESOURCE_EXHAUSTED
+// leader; no answer within the call timeout, which is how etcd treats a
+// request it cannot serve: for a Txn the message then says its outcome is
+// unknown); RESOURCE_EXHAUSTED
 // (a request over etcd's size limit, or etcd's space quota is full);
 // UNAUTHENTICATED / PERMISSION_DENIED (TLS or etcd auth); INVALID_ARGUMENT
 // (a request etcd refuses as malformed); INTERNAL otherwise. Messages name

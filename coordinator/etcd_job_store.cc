@@ -35,9 +35,9 @@ constexpr int64_t kListBatch = 256;
 std::string Padded(int64_t n) { return absl::StrFormat("%020d", n); }
 
 absl::Status PrefixError(const std::string& prefix, const std::string& why) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "etcd key prefix '", prefix, "' ", why,
-      " (write it as /name or /name/name..., of letters, digits, '.', '_' and '-')"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("etcd key prefix '", prefix, "' ", why,
+                   " (write it as /name or /name/name..., of letters, digits, '.', '_' and '-')"));
 }
 
 absl::Status CheckPrefix(const std::string& prefix) {
@@ -124,8 +124,9 @@ std::string NodeValue(const NodeRecord& node) {
 }
 
 NodeRecord NodeFromProto(const spb::NodeRecord& p) {
-  return NodeRecord{p.name(),  p.address(), p.slots(), p.gpus(),
-                    p.state(), absl::FromUnixMicros(p.last_seen_us()), p.labels()};
+  return NodeRecord{p.name(),  p.address(), p.slots(),
+                    p.gpus(),  p.state(),   absl::FromUnixMicros(p.last_seen_us()),
+                    p.labels()};
 }
 
 }  // namespace
@@ -138,11 +139,13 @@ EtcdJobStore::EtcdJobStore(std::shared_ptr<EtcdClient> client, std::string prefi
 
 EtcdJobStore::~EtcdJobStore() = default;
 
-absl::StatusOr<std::unique_ptr<EtcdJobStore>> EtcdJobStore::Open(
-    std::shared_ptr<EtcdClient> client, std::string prefix, const Clock* clock) {
+absl::StatusOr<std::unique_ptr<EtcdJobStore>> EtcdJobStore::Open(std::shared_ptr<EtcdClient> client,
+                                                                 std::string prefix,
+                                                                 const Clock* clock) {
   MESH_CHECK(client != nullptr && clock != nullptr, "EtcdJobStore needs a client and a clock");
   ETCD_STORE_RETURN_IF_ERROR(CheckPrefix(prefix));
-  std::unique_ptr<EtcdJobStore> store(new EtcdJobStore(std::move(client), std::move(prefix), clock));
+  std::unique_ptr<EtcdJobStore> store(
+      new EtcdJobStore(std::move(client), std::move(prefix), clock));
   ETCD_STORE_RETURN_IF_ERROR(store->CheckSchema());
   return store;
 }
@@ -229,10 +232,9 @@ absl::StatusOr<bool> EtcdJobStore::Commit(EtcdTxn txn) {
     absl::StatusOr<std::optional<EtcdKeyValue>> holder = client_->Get(fence.key);
     if (!holder.ok()) return Named(holder.status(), "read the fence");
     if (!holder->has_value() || (*holder)->create_revision != fence.create_revision) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job store ", Describe(), ": not written: the fence ", fence.key,
-                       " (create revision ", fence.create_revision,
-                       ") is gone: this coordinator no longer leads"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job store ", Describe(), ": not written: the fence ", fence.key, " (create revision ",
+          fence.create_revision, ") is gone: this coordinator no longer leads"));
     }
   }
   return result->succeeded;
@@ -312,10 +314,7 @@ absl::StatusOr<CreateJobResult> EtcdJobStore::CreateJob(const NewJob& job) {
              EventValue(JobEvent{record.id, 1, now, "", record.state, job.reason, 0}));
     absl::StatusOr<bool> committed = Commit(std::move(txn));
     if (!committed.ok()) {
-      const absl::StatusCode code = committed.status().code();
-      if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded) {
-        return committed.status();
-      }
+      if (committed.status().code() != absl::StatusCode::kUnavailable) return committed.status();
       // Unknown outcome: the Txn may have been applied. If the job is there
       // with this call's token, it was, and the job is acknowledged now;
       // otherwise the error stands (the caller may retry, with its
@@ -331,9 +330,9 @@ absl::StatusOr<CreateJobResult> EtcdJobStore::CreateJob(const NewJob& job) {
     if (*committed) return CreateJobResult{std::move(record), /*existed=*/false};
     // Another writer took the number or the key; read again.
   }
-  return absl::AbortedError(
-      absl::StrCat("job store ", Describe(), ": CreateJob lost ", kMaxConflictRetries,
-                   " races for the job counter in a row"));
+  return absl::AbortedError(absl::StrCat("job store ", Describe(), ": CreateJob lost ",
+                                         kMaxConflictRetries,
+                                         " races for the job counter in a row"));
 }
 
 absl::StatusOr<JobRecord> EtcdJobStore::GetJob(const std::string& id) const {
@@ -361,9 +360,8 @@ absl::StatusOr<JobPage> EtcdJobStore::ListJobs(const JobQuery& query) const {
         return absl::DataLossError(
             absl::StrCat("job store ", Describe(), ": ", kv.key, " does not parse"));
       }
-      if (!query.states.empty() &&
-          std::find(query.states.begin(), query.states.end(), record.state()) ==
-              query.states.end()) {
+      if (!query.states.empty() && std::find(query.states.begin(), query.states.end(),
+                                             record.state()) == query.states.end()) {
         continue;
       }
       if (static_cast<int>(page.jobs.size()) == window->limit) {
@@ -378,8 +376,7 @@ absl::StatusOr<JobPage> EtcdJobStore::ListJobs(const JobQuery& query) const {
   }
 }
 
-absl::StatusOr<JobRecord> EtcdJobStore::UpdateJob(const std::string& id,
-                                                  const JobUpdate& update) {
+absl::StatusOr<JobRecord> EtcdJobStore::UpdateJob(const std::string& id, const JobUpdate& update) {
   ETCD_STORE_RETURN_IF_ERROR(job_store::CheckUpdate(id, update));
   const std::optional<int64_t> number = job_store::JobNumber(id);
   if (!number.has_value()) return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
@@ -401,8 +398,8 @@ absl::StatusOr<JobRecord> EtcdJobStore::UpdateJob(const std::string& id,
     // Someone else updated the job in between: check the preconditions
     // against what it is now.
   }
-  return absl::AbortedError(absl::StrCat("job ", id, ": lost ", kMaxConflictRetries,
-                                         " update races in a row"));
+  return absl::AbortedError(
+      absl::StrCat("job ", id, ": lost ", kMaxConflictRetries, " update races in a row"));
 }
 
 absl::StatusOr<std::vector<JobEvent>> EtcdJobStore::ListEvents(const std::string& id) const {
@@ -443,8 +440,8 @@ absl::Status EtcdJobStore::UpsertNode(const NodeRecord& node) {
   absl::StatusOr<bool> committed = Commit(std::move(txn));
   if (!committed.ok()) return committed.status();
   if (!*committed) {
-    return absl::FailedPreconditionError(absl::StrCat("job store ", Describe(), ": node ",
-                                                      node.name, " not written (fenced)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job store ", Describe(), ": node ", node.name, " not written (fenced)"));
   }
   return absl::OkStatus();
 }
@@ -501,8 +498,8 @@ absl::Status EtcdJobStore::MarkNode(const std::string& name, const std::string& 
     if (!committed.ok()) return committed.status();
     if (*committed) return absl::OkStatus();
   }
-  return absl::AbortedError(absl::StrCat("node ", name, ": lost ", kMaxConflictRetries,
-                                         " update races in a row"));
+  return absl::AbortedError(
+      absl::StrCat("node ", name, ": lost ", kMaxConflictRetries, " update races in a row"));
 }
 
 }  // namespace mesh::coordinator

@@ -26,7 +26,7 @@
 //
 // Errors, in the terms of job_store.h's common contract: UNAVAILABLE when
 // no endpoint answers or etcd has no quorum (etcd's "request timed out",
-// "no leader"); DEADLINE_EXCEEDED when a call runs past its deadline;
+// "no leader", or no answer within the client's call timeout);
 // RESOURCE_EXHAUSTED for a record over etcd's request size limit or a full
 // quota (etcd's NOSPACE alarm); DATA_LOSS for a value under the prefix that
 // does not parse; FAILED_PRECONDITION for a schema newer than this build's,
@@ -69,8 +69,7 @@ class EtcdJobStore final : public JobStore {
   // FAILED_PRECONDITION (a newer schema, or keys under the prefix without a
   // Mesh schema: not a Mesh store); DATA_LOSS (an unreadable schema key).
   static absl::StatusOr<std::unique_ptr<EtcdJobStore>> Open(std::shared_ptr<EtcdClient> client,
-                                                            std::string prefix,
-                                                            const Clock* clock);
+                                                            std::string prefix, const Clock* clock);
 
   ~EtcdJobStore() override;
 

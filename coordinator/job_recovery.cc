@@ -174,6 +174,14 @@ absl::Status JobManager::Recover() {
       // registers, which marks those ranks running first). A node that never
       // comes back is lost after its heartbeat timeout, failing the job.
       if (state == JOB_STATE_SCHEDULED) continue;
+      // RUNNING: its ranks may be past rendezvous with the old coordinator;
+      // they re-attach with their next call instead of failing.
+      std::vector<std::string> hosts;
+      for (const RankPlacement& rank : job->placement->ranks) hosts.push_back(rank.node);
+      if (absl::Status s = coordination_->AllowReattach(id, job->generation(), std::move(hosts));
+          !s.ok()) {
+        spdlog::warn("recovery: job {}: its ranks cannot re-attach: {}", id, s.ToString());
+      }
       for (int rank = 0; rank < job->placement->world_size; ++rank) {
         job->MarkUnaccounted(rank,
                              now + options_.node_recovery_grace + options_.node_heartbeat_timeout);

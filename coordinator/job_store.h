@@ -31,10 +31,11 @@
 // Error contract, common to every call and backend:
 //   UNAVAILABLE          the store cannot be reached or cannot commit now
 //                        (SQLite: locked past the busy timeout; etcd: no
-//                        member answers, or no quorum); retry.
-//   DEADLINE_EXCEEDED    etcd: the call ran past its deadline; whether a
-//                        mutation took effect is unknown (the next read
-//                        tells).
+//                        member answers, or no quorum); retry. For an etcd
+//                        write that got no answer in time, whether it took
+//                        effect is unknown (the message says so; the next
+//                        read tells, and an idempotency key makes a retried
+//                        CreateJob safe).
 //   DATA_LOSS            the stored data is corrupt or not a Mesh store.
 //   RESOURCE_EXHAUSTED   the disk (SQLite) or the backend's quota (etcd) is
 //                        full, or a record is larger than the backend takes.
@@ -276,8 +277,7 @@ std::optional<int64_t> JobNumber(const std::string& id);
 // microsecond), its version bumped, and the event that records it.
 // Possible errors: ABORTED when a precondition of `update` fails (nothing
 // is changed).
-absl::Status ApplyUpdate(const JobUpdate& update, absl::Time now, JobRecord* job,
-                         JobEvent* event);
+absl::Status ApplyUpdate(const JobUpdate& update, absl::Time now, JobRecord* job, JobEvent* event);
 
 // `time` truncated to whole microseconds, as the stores keep it.
 absl::Time ToMicros(absl::Time time);

@@ -1,5 +1,7 @@
 #include "coordinator/leader_election.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -35,6 +37,7 @@ absl::StatusOr<LeaderTerm> LeaderElection::Campaign(
   const absl::Duration poll =
       std::max(absl::Milliseconds(50), std::min(absl::Seconds(1), options_.lease_ttl / 10));
   std::string seen = "\x01";  // Not an address: the first look always reports.
+  bool warned_own_address = false;
   int64_t lease = 0;
   while (!stop_.HasBeenNotified()) {
     // A lease of our own, granted once and renewed while we wait, so that
@@ -60,10 +63,17 @@ absl::StatusOr<LeaderTerm> LeaderElection::Campaign(
     absl::StatusOr<std::optional<EtcdKeyValue>> holder = client_->Get(options_.key);
     if (holder.ok()) {
       const std::string address = holder->has_value() ? (*holder)->value : "";
-      if (holder->has_value() && address == options_.address && (*holder)->lease != lease) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "leader election: ", options_.key, " holds this replica's address ", address,
-            " under another lease: another coordinator is configured with the same address"));
+      if (holder->has_value() && address == options_.address && (*holder)->lease != lease &&
+          !warned_own_address) {
+        // This replica's previous process (restarted at once after a crash),
+        // or a second replica configured with this address: either way the
+        // key frees itself when that lease expires.
+        spdlog::warn(
+            "leader election: {} holds this replica's own address {} under another lease: "
+            "waiting for it to expire (a previous process of this replica; if it stays, two "
+            "coordinators are configured with one --advertise address)",
+            options_.key, address);
+        warned_own_address = true;
       }
       if (address != seen) {
         seen = address;
@@ -102,10 +112,11 @@ void LeaderElection::RenewLoop(std::function<void(const std::string&)> on_lost) 
       }
     } else {
       absl::StatusOr<std::optional<EtcdKeyValue>> holder = client_->Get(options_.key);
-      if (holder.ok() && (!holder->has_value() || (*holder)->create_revision != term.create_revision)) {
+      if (holder.ok() &&
+          (!holder->has_value() || (*holder)->create_revision != term.create_revision)) {
         lost = holder->has_value()
-                   ? absl::StrCat("the election key now belongs to ", (*holder)->value,
-                                  " (term ", (*holder)->create_revision, ")")
+                   ? absl::StrCat("the election key now belongs to ", (*holder)->value, " (term ",
+                                  (*holder)->create_revision, ")")
                    : "the election key was deleted";
       }
     }

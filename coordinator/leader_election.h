@@ -67,10 +67,11 @@ class LeaderElection {
   // Blocks until this replica leads; returns its term. While it waits, it
   // looks at the key every lease_ttl / 10 (at least 50 ms) and calls
   // `on_leader` with the current leader's address whenever that changes
-  // ("" while none holds the key). etcd being unreachable is waited out.
-  // Possible errors: CANCELLED after Stop(); FAILED_PRECONDITION when the
-  // key holds this replica's own address under another lease (two replicas
-  // configured with one address).
+  // ("" while none holds the key). etcd being unreachable is waited out,
+  // and so is the key held under this replica's own address by another
+  // lease (its previous process, restarted at once after a crash), which
+  // is logged.
+  // Possible errors: CANCELLED after Stop().
   absl::StatusOr<LeaderTerm> Campaign(const std::function<void(const std::string&)>& on_leader);
 
   // After Campaign: renews the lease every lease_ttl / 3 on a thread, and

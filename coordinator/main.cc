@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<mesh::coordinator::Replica>> StartReplica(
 // options and returns 0) or a shutdown signal arrives (returns it).
 // Possible errors: those of Replica::WaitToLead.
 absl::StatusOr<int> WaitToLeadOrSignal(mesh::coordinator::Replica& replica, const sigset_t& signals,
-                       mesh::coordinator::CoordinatorConfig* config) {
+                                       mesh::coordinator::CoordinatorConfig* config) {
   std::atomic<bool> campaigning{true};
   std::atomic<int> received{0};
   std::thread watcher([&] {
@@ -455,6 +455,16 @@ int main(int argc, char** argv) {
       return 2;
     }
     store_url = *url;
+    if (url->kind == mesh::coordinator::StoreUrl::Kind::kEtcd &&
+        !security.auth.tokens_file.empty() && security.auth.worker_token_key_file.empty()) {
+      // Each replica would make a key of its own, and after a failover the
+      // running ranks' worker tokens would not verify.
+      std::fprintf(stderr,
+                   "mesh-coordinator: --store etcd://... with --auth-tokens needs "
+                   "--worker-token-key: a key file every replica reads, so that worker tokens "
+                   "verify on whichever replica leads\n");
+      return 2;
+    }
     spdlog::info("durable state in {}", config.store);
   } else if (config.state_dir.empty()) {
     spdlog::warn(
@@ -493,6 +503,23 @@ int main(int argc, char** argv) {
     spdlog::info("serving /metrics on {}", config.metrics_target);
   }
 
+  // Leadership (docs/metrics.md, docs/ha.md): a coordinator on SQLite leads
+  // alone; a replica on etcd is a standby (0) until elected.
+  mesh::metrics::Gauge* leader_gauge = nullptr;
+  mesh::metrics::Gauge* term_gauge = nullptr;
+  if (config.metrics != nullptr) {
+    leader_gauge =
+        config.metrics
+            ->AddGauge("mesh_coordinator_leader",
+                       "1 while this coordinator leads (serves); 0 while it is a standby replica.")
+            ->Get();
+    term_gauge = config.metrics
+                     ->AddGauge("mesh_coordinator_leader_term",
+                                "The term this replica leads in (the etcd revision of its "
+                                "election); 0 when not leading or not on etcd.")
+                     ->Get();
+  }
+
   // On an etcd store, a replica: standby until elected (docs/ha.md).
   std::unique_ptr<mesh::coordinator::Replica> replica;
   if (store_url.has_value() && store_url->kind == mesh::coordinator::StoreUrl::Kind::kEtcd) {
@@ -525,9 +552,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   static std::atomic<bool> lost_leadership{false};
+  if (leader_gauge != nullptr) leader_gauge->Set(1);
   if (replica != nullptr) {
-    replica->KeepLeading([](const std::string& reason) {
+    if (term_gauge != nullptr) term_gauge->Set(static_cast<double>(config.etcd.fence_revision));
+    replica->KeepLeading([leader_gauge, term_gauge](const std::string& reason) {
       spdlog::critical("lost the leadership: {}; stepping down", reason);
+      if (leader_gauge != nullptr) leader_gauge->Set(0);
+      if (term_gauge != nullptr) term_gauge->Set(0);
       lost_leadership = true;
       ::kill(::getpid(), SIGTERM);
     });

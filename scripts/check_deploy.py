@@ -14,11 +14,24 @@ is checked instead:
            no privilege escalation, drop ALL, no hostPID/IPC/Network;
            Services have named ports and select a workload; PVCs request
            storage; every Secret/ConfigMap/PVC a pod mounts is in the base;
-           the coordinator ConfigMap obeys config.schema.json
+           the coordinator ConfigMap obeys config.schema.json. The same
+           checks run on the base with each kustomize Component under
+           deploy/k8s applied (k8s/ha, docs/ha.md: its resources, its
+           `$patch: delete` and JSON 6902 patches), plus, for coordinator
+           replicas (--store=etcd://): 2+ replicas, no PVC, --advertise from
+           the downward API, readiness on `meshctl health` but no liveness
+           or startup probe on it (that would restart every standby), a
+           shared --worker-token-key, a rollout that cannot stall
   compose  deploy/compose: Dockerfiles, bind-mounted files and secrets
-           exist (or are made by gen-certs.sh); no --insecure anywhere
+           exist (or are made by gen-certs.sh); no --insecure anywhere;
+           coordinator replicas (--store=etcd://, compose.ha.yaml) restart
+           on failure (exit 3), set --advertise and a shared
+           --worker-token-key, name etcd services of the file, and every
+           agent's MESH_COORDINATOR lists every replica
   docker   Dockerfiles under deploy/docker: several FROM stages, and a final
-           stage with a non-root USER and a HEALTHCHECK
+           stage with a non-root USER and a HEALTHCHECK; those under
+           deploy/compose (etcd.Dockerfile: nothing built, one stage): the
+           non-root USER and the HEALTHCHECK
   systemd  `systemd-analyze verify` of deploy/systemd/*.service (ExecStart
            pointed at stub executables) and the `systemd-analyze security`
            exposure at or below 2.0 (mesh-agent.service: 4.0, MAX_EXPOSURE_BY_UNIT);
@@ -30,6 +43,7 @@ Exit: 0 ok, 1 problems found (listed on stderr), 77 skipped, 2 usage.
 """
 
 import argparse
+import copy
 import json
 import os
 import re
@@ -198,7 +212,149 @@ def check_k8s(root, problems):
         for o in load_all(path):
             if not all(o.get(k) for k in ("apiVersion", "kind")):
                 problems.add(rel(root, path), "object without apiVersion/kind")
+    check_k8s_objects(root, k8s, objects, problems)
+    # Components (k8s/ha): the base with each applied, checked the same way.
+    for name in sorted(os.listdir(k8s)):
+        cfile = os.path.join(k8s, name, "kustomization.yaml")
+        if not os.path.exists(cfile):
+            continue
+        comp = load_all(cfile)[0]
+        if comp.get("kind") != "Component":
+            problems.add(rel(root, cfile), "is not a kustomize Component (an overlay inside "
+                                           "its base's folder is a cycle to kustomize)")
+            continue
+        rendered = apply_component(root, os.path.join(k8s, name), comp, objects, problems)
+        if rendered is not None:
+            label = f" (with deploy/k8s/{name})"
+            check_k8s_objects(root, k8s, [(w + label, o) for w, o in rendered], problems)
 
+
+def json_patch(doc, ops, where):
+    """RFC 6902 add/remove/replace/test on `doc` (modified in place).
+    Returns a problem message, or None."""
+    for op in ops:
+        path = op.get("path", "")
+        keys = [k.replace("~1", "/").replace("~0", "~") for k in path.split("/")[1:]]
+        parent = doc
+        try:
+            for k in keys[:-1]:
+                parent = parent[int(k)] if isinstance(parent, list) else parent[k]
+            last = keys[-1]
+            kind = op.get("op")
+            if isinstance(parent, list):
+                index = len(parent) if last == "-" else int(last)
+                if kind == "test" and parent[index] != op.get("value"):
+                    return f"{where}: test {path} == {op.get('value')!r} fails: {parent[index]!r}"
+                if kind == "remove":
+                    del parent[index]
+                elif kind == "replace":
+                    parent[index] = copy.deepcopy(op["value"])
+                elif kind == "add":
+                    parent.insert(index, copy.deepcopy(op["value"]))
+            else:
+                if kind == "test" and parent.get(last, object()) != op.get("value"):
+                    return f"{where}: test {path} == {op.get('value')!r} fails: " \
+                           f"{parent.get(last)!r}"
+                if kind == "remove":
+                    del parent[last]
+                elif kind == "replace":
+                    if last not in parent:
+                        return f"{where}: replace {path}: no such member"
+                    parent[last] = copy.deepcopy(op["value"])
+                elif kind == "add":
+                    parent[last] = copy.deepcopy(op["value"])
+            if kind not in ("add", "remove", "replace", "test"):
+                return f"{where}: unsupported op {kind!r}"
+        except (KeyError, IndexError, ValueError, TypeError) as e:
+            return f"{where}: {op.get('op')} {path}: no such path ({e!r})"
+    return None
+
+
+def apply_component(root, cdir, comp, base, problems):
+    """The base's objects with the Component in `cdir` applied, or None."""
+    where = rel(root, os.path.join(cdir, "kustomization.yaml"))
+    objects = [(w, copy.deepcopy(o)) for w, o in base]
+    for res in comp.get("resources", []):
+        path = os.path.join(cdir, res)
+        if not os.path.exists(path):
+            problems.add(where, f"resource {res} does not exist")
+            return None
+        objects += [(rel(root, path), o) for o in load_all(path)]
+    for patch in comp.get("patches", []):
+        path = os.path.join(cdir, patch.get("path", ""))
+        if not os.path.isfile(path):
+            problems.add(where, f"patch {patch.get('path')} does not exist")
+            return None
+        docs = load_all(path)
+        target = patch.get("target")
+        if target is None:  # Only `$patch: delete` of a whole object.
+            for d in docs:
+                if not isinstance(d, dict) or d.get("$patch") != "delete":
+                    problems.add(rel(root, path), "a patch without target must be "
+                                                  "`$patch: delete` here")
+                    return None
+                name = (d.get("metadata") or {}).get("name")
+                kept = [(w, o) for w, o in objects if not (
+                    o.get("kind") == d.get("kind") and o["metadata"].get("name") == name)]
+                if len(kept) == len(objects):
+                    problems.add(rel(root, path), f"deletes {d.get('kind')}/{name}, which the "
+                                                  "base does not have")
+                objects = kept
+            continue
+        ops = docs[0] if docs else []
+        matched = [o for _, o in objects if o.get("kind") == target.get("kind")
+                   and o["metadata"].get("name") == target.get("name")]
+        if not matched:
+            problems.add(where, f"patch target {target.get('kind')}/{target.get('name')} "
+                                "is not in the base")
+            return None
+        for o in matched:
+            bad = json_patch(o, ops, rel(root, path))
+            if bad:
+                problems.add(rel(root, path), bad)
+                return None
+    return objects
+
+
+def flag_values(args, flag):
+    return [a.split("=", 1)[1] for a in args or [] if isinstance(a, str)
+            and a.startswith(flag + "=")]
+
+
+def check_k8s_replicas(w, spec, pod, problems):
+    """A coordinator Deployment on an etcd store (docs/ha.md)."""
+    c = (pod.get("containers") or [{}])[0]
+    args = c.get("args") or []
+    if (spec.get("replicas") or 1) < 2:
+        problems.add(w, "--store=etcd:// but fewer than 2 replicas")
+    if any("persistentVolumeClaim" in v for v in pod.get("volumes") or []):
+        problems.add(w, "--store=etcd:// keeps no state on a volume, but a PVC is mounted")
+    advertise = flag_values(args, "--advertise")
+    if not advertise:
+        problems.add(w, "replicas need --advertise (the pod IP, from the downward API)")
+    env = {e.get("name") for e in c.get("env") or []}
+    for var in re.findall(r"\$\((\w+)\)", " ".join(advertise)):
+        if var not in env:
+            problems.add(w, f"--advertise uses $({var}), which the container's env lacks")
+    ready = json.dumps(c.get("readinessProbe") or {})
+    if "health" not in ready:
+        problems.add(w, "readinessProbe does not run `meshctl health` (only the leader is "
+                        "SERVING, so only it should be Ready)")
+    for probe in ("livenessProbe", "startupProbe"):
+        if "health" in json.dumps(c.get(probe) or {}):
+            problems.add(w, f"{probe} runs `meshctl health`, which fails on every standby")
+    if flag_values(args, "--auth-tokens") and not flag_values(args, "--worker-token-key"):
+        problems.add(w, "replicas with tokens need one shared --worker-token-key")
+    strategy = spec.get("strategy") or {}
+    if strategy.get("type", "RollingUpdate") == "RollingUpdate":
+        unavailable = (strategy.get("rollingUpdate") or {}).get("maxUnavailable", "25%")
+        if unavailable != "100%" and not (isinstance(unavailable, int) and
+                                          unavailable >= (spec.get("replicas") or 1)):
+            problems.add(w, f"maxUnavailable {unavailable}: standbys are never Ready, so a "
+                            "rolling update stalls; use 100%")
+
+
+def check_k8s_objects(root, k8s, objects, problems):
     by_kind = {}
     for where, o in objects:
         for key in ("apiVersion", "kind"):
@@ -235,6 +391,9 @@ def check_k8s(root, problems):
                         if ref not in by_kind.get(ref_kind, {}):
                             problems.add(w, f"volume {v.get('name')} names {ref_kind} '{ref}', "
                                             "which is not in the base")
+            if any(a.startswith("--store=etcd://") for c in pod.get("containers") or []
+                   for a in c.get("args") or [] if isinstance(a, str)):
+                check_k8s_replicas(w, spec, pod, problems)
             if kind == "Deployment" and (spec.get("replicas", 1) == 1 and any(
                     "persistentVolumeClaim" in v for v in pod.get("volumes") or [])):
                 if (spec.get("strategy") or {}).get("type") != "Recreate":
@@ -285,6 +444,50 @@ def check_k8s(root, problems):
 # ---- Compose ------------------------------------------------------------------
 
 
+# Compose files that stand alone (the others are overlays of compose.yaml).
+STANDALONE_COMPOSE = ("compose.yaml", "compose.ha.yaml")
+
+
+def check_compose_replicas(where, doc, problems):
+    """Coordinator replicas on an etcd store (compose.ha.yaml, docs/ha.md)."""
+    services = doc.get("services") or {}
+    replicas = {}
+    for name, svc in services.items():
+        cmd = svc.get("command") or []
+        cmd = cmd.split() if isinstance(cmd, str) else cmd
+        stores = flag_values(cmd, "--store")
+        if not any(v.startswith("etcd://") for v in stores):
+            continue
+        replicas[svc.get("hostname", name)] = name
+        w = f"{where} service {name}"
+        if svc.get("restart") not in ("on-failure", "always", "unless-stopped"):
+            problems.add(w, f"restart {svc.get('restart')!r}: a deposed leader exits 3 and "
+                            "must be restarted (on-failure)")
+        if not flag_values(cmd, "--advertise"):
+            problems.add(w, "a replica needs --advertise (its service name)")
+        if flag_values(cmd, "--auth-tokens") and not flag_values(cmd, "--worker-token-key"):
+            problems.add(w, "replicas with tokens need one shared --worker-token-key")
+        hosts = stores[0][len("etcd://"):].split("/", 1)[0].split(",")
+        for h in hosts:
+            if h.rsplit(":", 1)[0] not in services:
+                problems.add(w, f"--store names {h}, which is no service of this file")
+    if not replicas:
+        return
+    if len(replicas) < 2:
+        problems.add(where, "--store=etcd:// with fewer than 2 coordinator replicas")
+    for name, svc in services.items():
+        env = svc.get("environment") or {}
+        if isinstance(env, list):
+            env = dict(e.split("=", 1) for e in env if "=" in e)
+        if "MESH_COORDINATOR" not in env:
+            continue
+        named = {a.strip().rsplit(":", 1)[0] for a in str(env["MESH_COORDINATOR"]).split(",")}
+        missing = sorted(set(replicas) - named)
+        if missing:
+            problems.add(f"{where} service {name}",
+                         f"MESH_COORDINATOR does not list the replicas {missing}")
+
+
 def check_compose(root, problems):
     cdir = os.path.join(root, "deploy", "compose")
     gen = os.path.join(cdir, "gen-certs.sh")
@@ -317,7 +520,7 @@ def check_compose(root, problems):
                     problems.add(w, f"dockerfile {rel(root, df)} does not exist")
             for s in svc.get("secrets") or []:
                 s = s if isinstance(s, str) else s.get("source")
-                if os.path.basename(path) == "compose.yaml" and s not in declared:
+                if os.path.basename(path) in STANDALONE_COMPOSE and s not in declared:
                     problems.add(w, f"secret {s} is not declared")
             for v in svc.get("volumes") or []:
                 src = v.split(":")[0] if isinstance(v, str) else v.get("source", "")
@@ -326,8 +529,9 @@ def check_compose(root, problems):
                     if not os.path.exists(full):
                         problems.add(w, f"bind mount {src} does not exist")
             if "image" not in svc and "build" not in svc and \
-                    os.path.basename(path) == "compose.yaml":
+                    os.path.basename(path) in STANDALONE_COMPOSE:
                 problems.add(w, "has neither image nor build")
+        check_compose_replicas(where, doc, problems)
 
 
 # ---- Dockerfiles -----------------------------------------------------------------
@@ -347,17 +551,25 @@ def dockerfile_lines(path):
     return out
 
 
+def dockerfiles(folder):
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder)
+                  if f.endswith("Dockerfile")) if os.path.isdir(folder) else []
+
+
 def check_docker(root, problems):
     ddir = os.path.join(root, "deploy", "docker")
-    paths = sorted(os.path.join(ddir, f) for f in os.listdir(ddir) if f.endswith("Dockerfile")) \
-        if os.path.isdir(ddir) else []
+    paths = dockerfiles(ddir)
     if not paths:
         problems.add("deploy/docker", "no Dockerfiles")
-    for path in paths:
+    # Mesh's images build it (several stages); compose's own (etcd) build nothing.
+    for path in paths + dockerfiles(os.path.join(root, "deploy", "compose")):
         where = rel(root, path)
         lines = dockerfile_lines(path)
         froms = [i for i, l in enumerate(lines) if l.upper().startswith("FROM ")]
-        if len(froms) < 2:
+        if not froms:
+            problems.add(where, "has no FROM")
+            continue
+        if len(froms) < 2 and path in paths:
             problems.add(where, "is not multi-stage (fewer than two FROM)")
             continue
         final = lines[froms[-1]:]
@@ -444,7 +656,24 @@ BREAKAGES = [
      "dockerfile: deploy/docker/agnt.Dockerfile"),
     ("compose", "compose/compose.yaml", "      - --port=7450", "      - --insecure"),
     ("compose", "compose/compose.yaml", "file: ./certs/probe.token", "file: ./certs/prob.token"),
+    ("k8s", "k8s/ha/coordinator-patch.yaml", "{op: replace, path: /spec/replicas, value: 2}",
+     "{op: replace, path: /spec/replicas, value: 1}"),
+    ("k8s", "k8s/ha/coordinator-patch.yaml",
+     "{op: test, path: /spec/template/spec/volumes/0/name, value: state}",
+     "{op: test, path: /spec/template/spec/volumes/0/name, value: config}"),
+    ("k8s", "k8s/ha/coordinator-patch.yaml", "    httpGet: {path: /metrics, port: metrics}",
+     "    exec: {command: [meshctl, health]}"),
+    ("k8s", "k8s/ha/coordinator-patch.yaml", "secretName: mesh-etcd-client,",
+     "secretName: mesh-etcd-clients,"),
+    ("k8s", "k8s/ha/coordinator-patch.yaml", "maxUnavailable: \"100%\"", "maxUnavailable: 1"),
+    ("compose", "compose/compose.ha.yaml", "  restart: on-failure", "  restart: \"no\""),
+    ("compose", "compose/compose.ha.yaml",
+     "MESH_COORDINATOR: coordinator-1:7450,coordinator-2:7450",
+     "MESH_COORDINATOR: coordinator-1:7450"),
+    ("compose", "compose/compose.ha.yaml", "file: ./certs/etcd-client.key",
+     "file: ./certs/etcd-clint.key"),
     ("docker", "docker/coordinator.Dockerfile", "USER 10001:10001", "USER root"),
+    ("docker", "compose/etcd.Dockerfile", "USER etcd", "USER root"),
     ("docker", "docker/agent.Dockerfile", "HEALTHCHECK", "# HEALTHCHECK"),
     ("systemd", "systemd/mesh-agent.service", "Restart=on-failure", "Restart=sometimes"),
     ("systemd", "systemd/mesh-coordinator.service", "NoNewPrivileges=yes",

@@ -2293,5 +2293,59 @@ TEST_F(CoordinationTest, PendingWaitsCountsWaitsAndWatches) {
   EXPECT_EQ(coord().PendingWaits(), 0u);
 }
 
+// ---- Re-attaching after a coordinator restart or failover ---------------------------------
+
+TEST_F(CoordinationTest, RanksOfAnAdoptedGenerationReattachOnTheirFirstCall) {
+  ASSERT_THAT(Create("job", 2), IsOk());
+  // Without AllowReattach, a rank that never joined is refused.
+  EXPECT_THAT(coord().Heartbeat(Rank("job", 0)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("has not joined")));
+  ASSERT_THAT(coord().AllowReattach("job", 0, {"node-a", "node-b"}), IsOk());
+  // Rank 0 comes back with a heartbeat, rank 1 with a KV call: both are in
+  // the generation again, with the incarnations they call with.
+  EXPECT_THAT(coord().Heartbeat(Rank("job", 0)), IsOk());
+  EXPECT_THAT(coord().KvSet(Rank("job", 1), "k", "v"), IsOk());
+  absl::StatusOr<std::string> value = TryGet(Rank("job", 0), "k");
+  ASSERT_THAT(value, IsOk());
+  EXPECT_EQ(*value, "v");
+  absl::StatusOr<std::vector<RankDescription>> ranks =
+      coord().DescribeRanks(Rank("job", 0), {0, 1});
+  ASSERT_THAT(ranks, IsOk());
+  EXPECT_EQ((*ranks)[0].host, "node-a");
+  EXPECT_EQ((*ranks)[1].host, "node-b");
+  // The world is formed again, so liveness runs: a rank that goes silent
+  // fails the generation, naming it.
+  Run(kHeartbeatTimeout + absl::Seconds(2), {Rank("job", 0)});
+  absl::StatusOr<std::optional<JobError>> beat = coord().Heartbeat(Rank("job", 0));
+  ASSERT_THAT(beat, IsOk());
+  ASSERT_TRUE(beat->has_value());
+  EXPECT_EQ((*beat)->rank, 1);
+}
+
+TEST_F(CoordinationTest, ReattachingKeepsTheFencingRules) {
+  ASSERT_THAT(Create("job", 2), IsOk());
+  ASSERT_THAT(coord().AllowReattach("job", 0, {"node-a", "node-b"}), IsOk());
+  ASSERT_THAT(coord().Heartbeat(Rank("job", 0)), IsOk());
+  // Another process as rank 0 is fenced out: the one that re-attached
+  // holds the rank.
+  Caller other = Rank("job", 0);
+  other.incarnation += 7;
+  EXPECT_THAT(coord().Heartbeat(other), StatusIs(absl::StatusCode::kAborted));
+  // A generation the job is not at is refused as before.
+  EXPECT_THAT(coord().Heartbeat(Rank("job", 1, /*generation=*/1)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("does not exist yet")));
+}
+
+TEST_F(CoordinationTest, AllowReattachChecksItsArguments) {
+  ASSERT_THAT(Create("job", 2), IsOk());
+  EXPECT_THAT(coord().AllowReattach("nope", 0, {"a", "b"}), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(coord().AllowReattach("job", 3, {"a", "b"}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("generation 0")));
+  EXPECT_THAT(coord().AllowReattach("job", 0, {"a"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one host per rank")));
+  EXPECT_THAT(coord().AllowReattach("job", 0, {"a", ""}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 }  // namespace coordination_test
 }  // namespace mesh::coordinator
