@@ -291,17 +291,7 @@ absl::StatusOr<CreateJobResult> EtcdJobStore::CreateJob(const NewJob& job) {
     }
     const int64_t number = last + 1;
     const absl::Time now = job_store::ToMicros(clock_->Now());
-    JobRecord record;
-    record.id = job_store::JobId(number);
-    record.idempotency_key = job.idempotency_key;
-    record.name = job.name;
-    record.state = job.state;
-    record.pending_reason = job.pending_reason;
-    record.spec = job.spec;
-    record.owner = job.owner;
-    record.version = 1;
-    record.created_at = now;
-    record.updated_at = now;
+    JobRecord record = job_store::NewJobRecord(job, number, now);
 
     EtcdTxn txn;
     txn.IfModRevision(counter_key, counter->has_value() ? (*counter)->mod_revision : 0);

@@ -80,8 +80,8 @@ absl::Status CheckNodeState(const std::string& name, const std::string& state) {
 
 absl::StatusOr<PageWindow> ParsePage(const JobQuery& query) {
   if (query.limit < 0 || query.limit > JobStore::kMaxPageSize) {
-    return absl::InvalidArgumentError(absl::StrCat("ListJobs: limit ", query.limit,
-                                                   " is outside 0..", JobStore::kMaxPageSize));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ListJobs: limit ", query.limit, " is outside 0..", JobStore::kMaxPageSize));
   }
   PageWindow window;
   window.limit = query.limit == 0 ? JobStore::kDefaultPageSize : query.limit;
@@ -108,8 +108,7 @@ std::optional<int64_t> JobNumber(const std::string& id) {
   return number;
 }
 
-absl::Status ApplyUpdate(const JobUpdate& update, absl::Time now, JobRecord* job,
-                         JobEvent* event) {
+absl::Status ApplyUpdate(const JobUpdate& update, absl::Time now, JobRecord* job, JobEvent* event) {
   if (update.expected_state.has_value() && job->state != *update.expected_state) {
     return absl::AbortedError(absl::StrCat("job ", job->id, ": expected state ",
                                            *update.expected_state, ", but it is ", job->state,
@@ -129,14 +128,27 @@ absl::Status ApplyUpdate(const JobUpdate& update, absl::Time now, JobRecord* job
   if (update.placement.has_value()) job->placement = *update.placement;
   job->version += 1;
   job->updated_at = ToMicros(now);
-  *event = JobEvent{job->id,   job->version,  job->updated_at, from_state,
+  *event = JobEvent{job->id,    job->version,  job->updated_at, from_state,
                     job->state, update.reason, job->generation};
   return absl::OkStatus();
 }
 
-absl::Time ToMicros(absl::Time time) {
-  return absl::FromUnixMicros(absl::ToUnixMicros(time));
+JobRecord NewJobRecord(const NewJob& job, int64_t number, absl::Time now) {
+  JobRecord record;
+  record.id = JobId(number);
+  record.idempotency_key = job.idempotency_key;
+  record.name = job.name;
+  record.state = job.state;
+  record.pending_reason = job.pending_reason;
+  record.spec = job.spec;
+  record.owner = job.owner;
+  record.version = 1;
+  record.created_at = ToMicros(now);
+  record.updated_at = record.created_at;
+  return record;
 }
+
+absl::Time ToMicros(absl::Time time) { return absl::FromUnixMicros(absl::ToUnixMicros(time)); }
 
 }  // namespace job_store
 }  // namespace mesh::coordinator

@@ -279,6 +279,10 @@ std::optional<int64_t> JobNumber(const std::string& id);
 // is changed).
 absl::Status ApplyUpdate(const JobUpdate& update, absl::Time now, JobRecord* job, JobEvent* event);
 
+// The record CreateJob stores for `job` as job-<number>: version 1,
+// created and updated at `now` (rounded to the microsecond).
+JobRecord NewJobRecord(const NewJob& job, int64_t number, absl::Time now);
+
 // `time` truncated to whole microseconds, as the stores keep it.
 absl::Time ToMicros(absl::Time time);
 

@@ -230,8 +230,8 @@ class SqliteJobStore::Transaction {
 };
 
 absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::string& path,
-                                                         const Clock* clock,
-                                                         JobStoreOptions options) {
+                                                                     const Clock* clock,
+                                                                     JobStoreOptions options) {
   MESH_CHECK(clock != nullptr, "JobStore needs a clock");
   if (path != ":memory:" && !absl::StartsWith(path, "file:")) {
     // Every job's spec and environment is in here: readable by the
@@ -434,17 +434,7 @@ absl::StatusOr<CreateJobResult> SqliteJobStore::CreateJob(const NewJob& job) {
   // Rounded to what the column holds, so that the returned record equals a
   // later GetJob.
   const absl::Time now = FromMicros(Micros(clock_->Now()));
-  JobRecord record;
-  record.id = job_store::JobId(number);
-  record.idempotency_key = job.idempotency_key;
-  record.name = job.name;
-  record.state = job.state;
-  record.pending_reason = job.pending_reason;
-  record.spec = job.spec;
-  record.owner = job.owner;
-  record.version = 1;
-  record.created_at = now;
-  record.updated_at = now;
+  JobRecord record = job_store::NewJobRecord(job, number, now);
   {
     Statement insert(*this, absl::StrCat("INSERT INTO jobs (", kJobColumns,
                                          ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "

@@ -279,9 +279,13 @@ TEST_F(SubprocessTest, TheChildGetsOnlyStdioAndDefaultSignals) {
   sigaddset(&block, SIGUSR2);
   ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &block, &old_mask), 0);
 
-  auto [out, exit] = Run(Shell(absl::StrCat("if [ -e /proc/$$/fd/", leaked,
-                                            " ]; then echo fd open; else echo fd closed; fi; ",
-                                            "grep -E '^(SigIgn|SigBlk)' /proc/$$/status")));
+  // Builtins only: the shell must not fork while /proc/$$/status is read,
+  // since a shell blocks its signals around a fork, and that mask would be
+  // read instead of the one it was given.
+  auto [out, exit] = Run(Shell(absl::StrCat(
+      "if [ -e /proc/$$/fd/", leaked, " ]; then echo fd open; else echo fd closed; fi; ",
+      "while read -r line; do case $line in SigIgn*|SigBlk*) echo \"$line\";; esac; done "
+      "< /proc/$$/status")));
 
   close(leaked);
   sigaction(SIGUSR1, &old_action, nullptr);

@@ -40,6 +40,7 @@
 #include "coordinator/etcd_job_store.h"
 #include "coordinator/job_store.h"
 #include "coordinator/sqlite_job_store.h"
+#include "tests/coordinator/job_store_records.h"
 #include "tests/util/etcd_cluster.h"
 #include "tests/util/proc.h"
 #include "tests/util/status_matchers.h"
@@ -47,6 +48,8 @@
 namespace mesh::coordinator {
 namespace job_store_conformance_test {
 
+using job_store_records::MakeJob;
+using job_store_records::MakeNode;
 using ::mesh::testing::EtcdCluster;
 using ::mesh::testing::IsOk;
 using ::mesh::testing::StatusIs;
@@ -127,28 +130,6 @@ absl::StatusOr<std::unique_ptr<EtcdJobStore>> OpenEtcdStore(const EtcdCluster& c
 }
 
 // ---- Records ----------------------------------------------------------------
-
-NewJob MakeJob(const std::string& name, const std::string& key = "") {
-  NewJob job;
-  job.name = name;
-  job.idempotency_key = key;
-  job.state = "PENDING";
-  job.pending_reason = "waiting for 2 nodes";
-  job.spec = std::string("spec\0of ", 8) + name;  // Binary-safe: an embedded NUL.
-  return job;
-}
-
-NodeRecord MakeNode(const std::string& name, absl::Time seen) {
-  NodeRecord node;
-  node.name = name;
-  node.address = absl::StrCat("127.0.0.1:", name.size() + 7000);
-  node.slots = 8;
-  node.gpus = 4;
-  node.state = "READY";
-  node.last_seen = seen;
-  node.labels = "zone=a";
-  return node;
-}
 
 std::vector<std::string> Ids(const std::vector<JobRecord>& jobs) {
   std::vector<std::string> ids;

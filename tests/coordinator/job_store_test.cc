@@ -18,25 +18,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "tests/coordinator/job_store_records.h"
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
 namespace job_store_test {
 
+using job_store_records::MakeJob;
+using job_store_records::MakeNode;
 using ::mesh::testing::IsOk;
 using ::mesh::testing::StatusIs;
 using ::testing::HasSubstr;
 using Code = absl::StatusCode;
-
-NewJob MakeJob(const std::string& name, const std::string& key = "") {
-  NewJob job;
-  job.name = name;
-  job.idempotency_key = key;
-  job.state = "PENDING";
-  job.pending_reason = "waiting for 2 nodes";
-  job.spec = std::string("spec\0of ", 8) + name;  // Binary-safe: an embedded NUL.
-  return job;
-}
 
 // A fresh directory per test, removed with its files.
 class TempDir {
@@ -60,18 +53,6 @@ class TempDir {
  private:
   std::string path_;
 };
-
-NodeRecord MakeNode(const std::string& name, absl::Time seen) {
-  NodeRecord node;
-  node.name = name;
-  node.address = absl::StrCat("127.0.0.1:", name.size() + 7000);
-  node.slots = 8;
-  node.gpus = 4;
-  node.state = "READY";
-  node.last_seen = seen;
-  node.labels = "zone=a";
-  return node;
-}
 
 // ---- On-disk behaviour -------------------------------------------------------
 

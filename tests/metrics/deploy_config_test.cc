@@ -82,7 +82,7 @@ TEST_F(DeployConfigTest, PromtoolAcceptsTheAlertRules) {
   ToolResult r = Promtool({"check", "rules", kAlerts});
   SKIP_IF_MISSING();
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("SUCCESS: 7 rules found")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("SUCCESS: 8 rules found")) << r.output;
 }
 
 TEST_F(DeployConfigTest, AlertsFireAndStayQuietAsTheirUnitTestsExpect) {

@@ -153,7 +153,7 @@ TEST_F(PrometheusScrapeTest, ScrapesTheClusterThroughTheSdFileAndSeesAJobSucceed
       EXPECT_EQ(rule.value("state", ""), "inactive") << rule.dump();
     }
   }
-  EXPECT_EQ(loaded, 7) << rules->body;
+  EXPECT_EQ(loaded, 8) << rules->body;
 
   // Every dashboard query is valid PromQL to this server.
   std::optional<std::string> python = FindTool("python3", "MESH_PYTHON3");
