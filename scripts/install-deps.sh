@@ -31,9 +31,9 @@ core_packages=(
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   # Tensor interchange.
   libdlpack-dev
-  # The etcd store backend: etcd's .proto files (its client stubs are made
-  # from them at build time) and etcdctl; the server for the tests.
-  golang-etcd-server-dev etcd-client
+  # The etcd store backend: etcdctl (and the server, below, for the tests).
+  # etcd's .proto files come from golang-etcd-server-dev, extracted below.
+  etcd-client
   # The Python package (python/): pybind11 and the headers, torch for its tests.
   pybind11-dev python3-dev python3-torch
   # systemd readiness and watchdog (sd_notify).
@@ -85,7 +85,20 @@ for pkg in "${want[@]}"; do
   [[ "$status" == ii* ]] || missing+=("$pkg")
 done
 
-if ((${#missing[@]} == 0)); then
+# etcd's .proto files, from which the build makes its etcd client stubs
+# (protos/CMakeLists.txt), as Debian ships them in golang-etcd-server-dev.
+# That package depends on the Go sources of all of etcd's libraries (135
+# packages, 141 MB to download), none of which the build reads, so only its
+# .proto files are taken: the package is downloaded and they are extracted
+# under $etcd_protos. An installed package serves as well.
+etcd_protos=/usr/local/share/mesh/etcd-protos
+etcd_rpc_proto=go.etcd.io/etcd/etcdserver/etcdserverpb/rpc.proto
+need_etcd_protos=false
+if [[ ! -f /usr/share/gocode/src/$etcd_rpc_proto && ! -f $etcd_protos/$etcd_rpc_proto ]]; then
+  need_etcd_protos=true
+fi
+
+if ((${#missing[@]} == 0)) && ! "$need_etcd_protos"; then
   echo "install-deps.sh: all ${#want[@]} packages already installed."
   exit 0
 fi
@@ -117,6 +130,23 @@ echo "install-deps.sh: installing ${#missing[@]} missing package(s): ${missing[*
 export DEBIAN_FRONTEND=noninteractive
 # The package lists may be absent on a fresh machine; refresh them once.
 "${sudo[@]}" apt-get update -qq
+if "$need_etcd_protos"; then
+  echo "install-deps.sh: extracting etcd's .proto files from golang-etcd-server-dev into $etcd_protos"
+  deb_dir=$(mktemp -d)
+  # As root, apt hands downloads to its _apt user, which cannot write here.
+  sandbox=()
+  [[ $(id -u) -ne 0 ]] || sandbox=(-o APT::Sandbox::User=root)
+  (cd "$deb_dir" && apt-get download -qq "${sandbox[@]}" golang-etcd-server-dev)
+  "${sudo[@]}" mkdir -p "$etcd_protos"
+  dpkg-deb --fsys-tarfile "$deb_dir"/golang-etcd-server-dev_*.deb |
+    "${sudo[@]}" tar -x -C "$etcd_protos" --strip-components=5 --wildcards \
+      './usr/share/gocode/src/*.proto'
+  rm -rf "$deb_dir"
+  [[ -f $etcd_protos/$etcd_rpc_proto ]] || {
+    echo "install-deps.sh: golang-etcd-server-dev holds no $etcd_rpc_proto" >&2
+    exit 1
+  }
+fi
 if ((${#plain[@]} > 0)); then
   "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${plain[@]}"
 fi
