@@ -27,6 +27,7 @@
 #include "bench/progress_bench.h"
 #include "bench/redistribute_bench.h"
 #include "bench/rendezvous_bench.h"
+#include "bench/store_bench.h"
 #include "bench/waiters_bench.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
@@ -117,11 +118,12 @@ void PrintWaiters(const mesh::bench::WaitersBenchResult& r) {
 // suites that failed, as the exit status.
 int RunAllSmoke(const std::string& json_dir) {
   const std::vector<std::vector<std::string>> suites = {
-      {"ping"},          {"rendezvous"},
-      {"waiters"},       {"collectives", "-c"},
-      {"redistribute"},  {"launch", "--no-torchrun"},
-      {"metrics"},       {"progress"},
-      {"nccl-overhead"}, {"dtensor-pack"}};
+      {"ping"},         {"rendezvous"},
+      {"waiters"},      {"collectives", "-c"},
+      {"redistribute"}, {"launch", "--no-torchrun"},
+      {"metrics"},      {"progress"},
+      {"store"},        {"nccl-overhead"},
+      {"dtensor-pack"}};
   int failed = 0;
   for (const auto& suite : suites) {
     std::vector<std::string> args = {"/proc/self/exe", suite[0], "--smoke"};
@@ -391,6 +393,27 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
 
+  mesh::bench::StoreBenchOptions store;
+  CLI::App* store_cmd = app.add_subcommand(
+      "store",
+      "The job store on SQLite and on a 3-member etcd (started here): submit acknowledgement "
+      "latency, throughput, and leader takeover after a replica goes silent");
+  store_cmd->add_option("--creates", store.creates, "Sequential CreateJobs per backend")
+      ->check(CLI::PositiveNumber);
+  store_cmd->add_option("--threads", store.threads, "Threads of the concurrent run")
+      ->check(CLI::PositiveNumber);
+  store_cmd
+      ->add_option("--concurrent-creates", store.concurrent_creates,
+                   "CreateJobs of the concurrent run, per backend")
+      ->check(CLI::PositiveNumber);
+  store_cmd->add_option("--takeovers", store.takeovers, "Leader takeovers measured")
+      ->check(CLI::PositiveNumber);
+  store_cmd->add_option("--lease", store.lease_s, "Leader lease, seconds")
+      ->check(CLI::Range(1.0, 60.0));
+  store_cmd->add_option("--etcd", store.etcd_endpoints,
+                        "An etcd cluster to use (host:port,...); default: start 3 members");
+  store_cmd->add_option("--etcd-binary", store.etcd_binary, "etcd to start");
+
   mesh::bench::ProgressBenchOptions progress;
   CLI::App* progress_cmd = app.add_subcommand(
       "progress",
@@ -476,6 +499,49 @@ int main(int argc, char** argv) {
                   row.pack_fraction, row.unpack_gbps, row.unpack_fraction);
     }
     return Finish(mesh::bench::ToJson(*result), json_path);
+  }
+
+  if (store_cmd->parsed()) {
+    if (smoke) {
+      store.creates = 20;
+      store.concurrent_creates = 40;
+      store.takeovers = 1;
+    }
+    auto result = mesh::bench::RunStoreBench(store);
+    if (!result.ok()) {
+      if (absl::IsFailedPrecondition(result.status())) {
+        const std::string why(result.status().message());
+        std::printf("# mesh-bench store: skipped: %s\n", why.c_str());
+        return Finish({{"suite", "store"}, {"skipped", why}}, json_path);
+      }
+      std::fprintf(stderr, "mesh-bench store: %s\n", result.status().ToString().c_str());
+      return 1;
+    }
+    const auto& r = *result;
+    std::printf(
+        "# mesh-bench store: CreateJob with an idempotency key, %d sequential and %d from %d "
+        "threads per backend; etcd: %s; load average %.2f\n",
+        store.creates, store.concurrent_creates, store.threads, r.etcd.c_str(), r.load_average);
+    std::printf("| %-8s | %10s | %10s | %10s | %12s | %14s |\n", "backend", "ack p50 ms",
+                "ack p99 ms", "ack max ms", "seq. per s", "concurrent/s");
+    std::printf("%s\n", Rule({8, 10, 10, 10, 12, 14}).c_str());
+    for (const auto& b : r.backends) {
+      std::printf("| %-8s | %10.2f | %10.2f | %10.2f | %12.0f | %14.0f |\n", b.name.c_str(),
+                  b.ack.p50_us / 1000, b.ack.p99_us / 1000, b.ack.max_us / 1000, b.creates_per_s,
+                  b.concurrent_creates_per_s);
+    }
+    if (r.backends.size() == 2 && r.backends[0].ack.p50_us > 0) {
+      std::printf("# etcd / sqlite: ack p50 %.2fx, p99 %.2fx, concurrent throughput %.2fx\n",
+                  r.backends[1].ack.p50_us / r.backends[0].ack.p50_us,
+                  r.backends[1].ack.p99_us / std::max(1.0, r.backends[0].ack.p99_us),
+                  r.backends[1].concurrent_creates_per_s /
+                      std::max(1.0, r.backends[0].concurrent_creates_per_s));
+    }
+    std::printf(
+        "# leader takeover after the leader goes silent (lease %.1f s), %d runs: p50 %.2f s, "
+        "max %.2f s (target: < 3 s with a 2 s lease); etcd ack p99 target: < 20 ms\n",
+        r.lease_s, r.takeover.count, r.takeover.p50_us / 1e6, r.takeover.max_us / 1e6);
+    return Finish(mesh::bench::ToJson(r), json_path);
   }
 
   if (progress_cmd->parsed()) {

@@ -323,6 +323,33 @@ class Report:
                  p.get("tracked_ns"), p.get("baseline_ns"),
                  note=f"adds {p.get('added_ns', 0):.0f} ns per collective (target <= 200)")
 
+    def store(self):
+        s = self.suite("store")
+        if s is None:
+            return
+        if "error" in s:
+            self.add("store", "job store", "failed", None, note=s["error"])
+            return
+        if "skipped" in s:
+            self.add("store", "job store on etcd", "skipped", None, note=s["skipped"])
+            return
+        b = {x["name"]: x for x in s.get("backends", [])}
+        sqlite, etcd = b.get("sqlite"), b.get("etcd")
+        if not sqlite or not etcd:
+            return
+        self.add("store", "submit ack p50 (ms), etcd vs SQLite",
+                 etcd["ack"]["p50_us"] / 1000, sqlite["ack"]["p50_us"] / 1000,
+                 note=f"etcd: {s.get('etcd', '')}")
+        self.add("store", "submit ack p99 (ms), etcd vs SQLite",
+                 etcd["ack"]["p99_us"] / 1000, sqlite["ack"]["p99_us"] / 1000,
+                 note="target: etcd p99 < 20 ms")
+        self.add("store", "creates/s from 8 threads, etcd vs SQLite",
+                 etcd.get("concurrent_creates_per_s"), sqlite.get("concurrent_creates_per_s"))
+        t = s.get("takeover", {})
+        self.add("store", f"leader takeover p50 (s), lease {s.get('lease_s')} s",
+                 t.get("p50_us", 0) / 1e6, "—",
+                 note=f"max {t.get('max_us', 0) / 1e6:.2f} s over {t.get('count')}; target < 3 s")
+
     def python(self):
         p = self.suite("python")
         if p is None:
@@ -404,6 +431,7 @@ def main():
     rep.launch()
     rep.metrics()
     rep.progress()
+    rep.store()
     rep.python()
     rep.gpu()
     load_end = os.getloadavg()

@@ -217,6 +217,9 @@ fi
 run_mesh metrics metrics
 run_mesh progress progress
 
+# ---- The job store: SQLite against a 3-member etcd it starts; leader takeover -----------
+run_mesh store store
+
 # ---- Python bindings: meshrt against the C++ calls on the same objects -----------------
 # Debian's interpreter (torch) with the build's meshrt; without torch the
 # suite still times the store and reports the collectives as skipped.

@@ -104,7 +104,7 @@ TEST(BenchReportSmoke, PipelineWritesOneTableWithEverySuite) {
   }
   EXPECT_EQ(suites, (std::set<std::string>{"rpc latency", "rendezvous", "waiters",
                                            "collectives (2 procs)", "redistribute", "launch",
-                                           "metrics", "progress", "python", "gpu"}));
+                                           "metrics", "progress", "store", "python", "gpu"}));
   std::filesystem::remove_all(out);
 }
 
@@ -116,11 +116,11 @@ TEST(BenchReportSmoke, MeshBenchSmokeAloneRunsEverySuite) {
       RunToEnd({MESH_BENCH_BIN, "--smoke", "--json-dir", out}, {}, absl::Seconds(240), &status);
   EXPECT_EQ(status, 0);
   for (const char* suite : {"ping", "rendezvous", "waiters", "collectives", "redistribute",
-                            "launch", "metrics", "nccl-overhead", "dtensor-pack"}) {
+                            "launch", "metrics", "store", "nccl-overhead", "dtensor-pack"}) {
     EXPECT_TRUE(std::filesystem::exists(absl::StrCat(out, "/", suite, ".json"))) << suite;
   }
   ASSERT_FALSE(lines.empty());
-  EXPECT_EQ(lines.back(), "# mesh-bench --smoke: 10 suites, 0 failed");
+  EXPECT_EQ(lines.back(), "# mesh-bench --smoke: 11 suites, 0 failed");
   std::filesystem::remove_all(out);
 }
 
