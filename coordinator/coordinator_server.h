@@ -39,8 +39,8 @@
 #include "coordinator/node_service.h"
 #include "coordinator/rpc_metrics.h"
 #include "coordinator/server_info.h"
-#include "coordinator/store_url.h"
 #include "coordinator/service_discovery.h"
+#include "coordinator/store_url.h"
 #include "coordinator/worker_service.h"
 
 namespace mesh::coordinator {

@@ -16,7 +16,8 @@ class StandbyServer::Service final : public grpc::CallbackGenericService {
     leader_ = address;
   }
 
-  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* context) override {
     std::string leader;
     {
       absl::MutexLock lock(&mu_);
@@ -27,8 +28,7 @@ class StandbyServer::Service final : public grpc::CallbackGenericService {
         leader.empty()
             ? "this mesh-coordinator is a standby replica and no replica leads right now; "
               "retry shortly"
-            : absl::StrCat("this mesh-coordinator is a standby replica; the leader is at ",
-                           leader);
+            : absl::StrCat("this mesh-coordinator is a standby replica; the leader is at ", leader);
     class Reactor final : public grpc::ServerGenericBidiReactor {
      public:
       explicit Reactor(grpc::Status status) { Finish(std::move(status)); }
