@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/coordinator_targets.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "mesh/v1/job.grpc.pb.h"
 #include "tests/metrics/metrics_test_util.h"
 #include "tests/util/cluster_queries.h"

@@ -16,6 +16,36 @@ TEST_F(HaTest, PausedLeaderIsDeposedAndStepsDownWithoutWriting) {
   StartCoordinator(0);
   ASSERT_EQ(Leader(), 0);
   StartCoordinator(1);
+  // What docs/ha.md promises of a standby, as any client sees it: every RPC
+  // is UNAVAILABLE naming the leader, in the message and in the trailing
+  // metadata "mesh-leader", and its health is NOT_SERVING.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+        v1::ListJobsRequest request;
+        v1::ListJobsResponse response;
+        const grpc::Status status = Jobs(1)->ListJobs(&context, request, &response);
+        const auto& trailers = context.GetServerTrailingMetadata();
+        const auto leader = trailers.find("mesh-leader");
+        return status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+               absl::StrContains(status.error_message(),
+                                 absl::StrCat("the leader is at ", addresses_[0])) &&
+               leader != trailers.end() &&
+               std::string(leader->second.data(), leader->second.size()) == addresses_[0];
+      },
+      absl::Seconds(10)))
+      << "the standby did not name the leader";
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    grpc::health::v1::HealthCheckRequest request;
+    grpc::health::v1::HealthCheckResponse response;
+    ASSERT_TRUE(grpc::health::v1::Health::NewStub(NewPrivateChannel(addresses_[1]))
+                    ->Check(&context, request, &response)
+                    .ok());
+    EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  }
   coordinators_[0]->Signal(SIGSTOP);
   // The standby takes over once the paused leader's lease expires.
   const absl::Time paused = absl::Now();
