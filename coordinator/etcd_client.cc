@@ -89,6 +89,7 @@ struct EtcdClient::Endpoint {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::KV::Stub> kv;
   std::unique_ptr<pb::Lease::Stub> lease;
+  std::unique_ptr<pb::Watch::Stub> watch;
   std::unique_ptr<pb::Maintenance::Stub> maintenance;
 };
 
@@ -175,6 +176,7 @@ absl::StatusOr<std::shared_ptr<EtcdClient>> EtcdClient::Connect(EtcdClientOption
     endpoint->channel = grpc::CreateCustomChannel(address, credentials, args);
     endpoint->kv = pb::KV::NewStub(endpoint->channel);
     endpoint->lease = pb::Lease::NewStub(endpoint->channel);
+    endpoint->watch = pb::Watch::NewStub(endpoint->channel);
     endpoint->maintenance = pb::Maintenance::NewStub(endpoint->channel);
     client->endpoints_.push_back(std::move(endpoint));
   }
@@ -353,6 +355,47 @@ absl::StatusOr<EtcdTxnResult> EtcdClient::Txn(const EtcdTxn& txn) const {
       });
   if (!status.ok()) return status;
   return EtcdTxnResult{response.succeeded(), response.header().revision()};
+}
+
+absl::StatusOr<bool> EtcdClient::WaitForChange(const std::string& key, int64_t revision,
+                                               absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  Endpoint& endpoint = *endpoints_[current_.load() % endpoints_.size()];
+  if (endpoint.channel->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY &&
+      !endpoint.channel->WaitForConnected(absl::ToChronoTime(deadline))) {
+    return absl::UnavailableError(
+        absl::StrCat("etcd ", endpoint.address, ": watch: cannot connect"));
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  auto stream = endpoint.watch->Watch(&context);
+  pb::WatchRequest request;
+  pb::WatchCreateRequest* create = request.mutable_create_request();
+  create->set_key(key);
+  create->set_start_revision(revision + 1);
+  bool changed = false;
+  if (stream->Write(request)) {
+    pb::WatchResponse response;
+    while (stream->Read(&response)) {
+      // The first answer confirms the watch ("created"); a cancelled one
+      // means the start revision was compacted away (or etcd refused the
+      // watch): either way the caller reads the key again.
+      if (response.events_size() > 0 || response.canceled()) {
+        changed = true;
+        break;
+      }
+    }
+  }
+  if (changed) {
+    context.TryCancel();
+    (void)stream->Finish();
+    return true;
+  }
+  stream->WritesDone();
+  const grpc::Status status = stream->Finish();
+  if (status.ok() || status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) return false;
+  return absl::Status(CodeFor(status),
+                      absl::StrCat("etcd ", endpoint.address, ": watch: ", status.error_message()));
 }
 
 absl::StatusOr<int64_t> EtcdClient::LeaseGrant(absl::Duration ttl) const {

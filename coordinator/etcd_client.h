@@ -1,5 +1,5 @@
 // EtcdClient: the few etcd v3 calls the coordinator makes (KV Range and
-// Txn, Lease), over stubs generated at build time from etcd's own .proto
+// Txn, Watch, Lease), over stubs generated at build time from etcd's own .proto
 // files as Debian ships them (protos/CMakeLists.txt). No HTTP gateway, no
 // hand-written wire format.
 //
@@ -136,6 +136,21 @@ class EtcdClient {
   static std::string PrefixEnd(const std::string& prefix);
 
   absl::StatusOr<EtcdTxnResult> Txn(const EtcdTxn& txn) const;
+
+  // ---- Watch --------------------------------------------------------------
+
+  // Waits until `key` changes after store revision `revision` (a put or a
+  // delete with a higher revision), for at most `timeout`: true when it
+  // did (or etcd compacted that history away, so the caller must read the
+  // key again), false when the timeout passed first. A change made between
+  // the caller's read at `revision` and this call is reported at once:
+  // the watch starts at revision + 1. One Watch stream on the current
+  // endpoint, closed before returning.
+  // Possible errors: UNAVAILABLE (the endpoint cannot be reached; no
+  // failover to another one here, the caller simply asks again); those of
+  // etcd, as in the header comment.
+  absl::StatusOr<bool> WaitForChange(const std::string& key, int64_t revision,
+                                     absl::Duration timeout) const;
 
   // ---- Leases -------------------------------------------------------------
 

@@ -34,57 +34,86 @@ std::string LeaderElection::leader() const {
 
 absl::StatusOr<LeaderTerm> LeaderElection::Campaign(
     const std::function<void(const std::string&)>& on_leader) {
-  const absl::Duration poll =
-      std::max(absl::Milliseconds(50), std::min(absl::Seconds(1), options_.lease_ttl / 10));
+  // How long one wait for the key to change lasts: it also bounds how late
+  // Stop() is noticed and how late this replica's own lease is renewed.
+  const absl::Duration renew_every = std::max(absl::Milliseconds(100), options_.lease_ttl / 3);
+  const absl::Duration slice = std::min(absl::Seconds(1), renew_every);
+  const absl::Duration retry =
+      std::max(absl::Milliseconds(50), std::min(slice, options_.lease_ttl / 10));
   std::string seen = "\x01";  // Not an address: the first look always reports.
   bool warned_own_address = false;
+  bool saw_other_leader = false;
   int64_t lease = 0;
+  absl::Time renew_at = absl::InfinitePast();
   while (!stop_.HasBeenNotified()) {
     // A lease of our own, granted once and renewed while we wait, so that
     // winning needs only the Txn.
     if (lease == 0) {
       absl::StatusOr<int64_t> granted = client_->LeaseGrant(options_.lease_ttl);
-      if (granted.ok()) lease = *granted;
-    } else if (!client_->LeaseKeepAlive(lease).ok()) {
-      lease = 0;  // Expired (or etcd is away): a new one next round.
-      continue;
+      if (granted.ok()) {
+        lease = *granted;
+        renew_at = absl::Now() + renew_every;
+      }
+    } else if (absl::Now() >= renew_at) {
+      if (!client_->LeaseKeepAlive(lease).ok()) {
+        lease = 0;  // Expired (or etcd is away): a new one next round.
+        continue;
+      }
+      renew_at = absl::Now() + renew_every;
     }
+    bool txn_answered = false;
     if (lease != 0) {
       EtcdTxn txn;
       txn.IfCreateRevision(options_.key, 0).Put(options_.key, options_.address, lease);
       absl::StatusOr<EtcdTxnResult> won = client_->Txn(txn);
+      txn_answered = won.ok();
       if (won.ok() && won->succeeded) {
         absl::MutexLock lock(&mu_);
-        term_ = LeaderTerm{won->revision, lease};
+        term_ = LeaderTerm{won->revision, lease, saw_other_leader};
         leader_ = options_.address;
         return term_;
       }
     }
-    absl::StatusOr<std::optional<EtcdKeyValue>> holder = client_->Get(options_.key);
-    if (holder.ok()) {
-      const std::string address = holder->has_value() ? (*holder)->value : "";
-      if (holder->has_value() && address == options_.address && (*holder)->lease != lease &&
-          !warned_own_address) {
-        // This replica's previous process (restarted at once after a crash),
-        // or a second replica configured with this address: either way the
-        // key frees itself when that lease expires.
-        spdlog::warn(
-            "leader election: {} holds this replica's own address {} under another lease: "
-            "waiting for it to expire (a previous process of this replica; if it stays, two "
-            "coordinators are configured with one --advertise address)",
-            options_.key, address);
-        warned_own_address = true;
-      }
-      if (address != seen) {
-        seen = address;
-        {
-          absl::MutexLock lock(&mu_);
-          leader_ = address;
-        }
-        if (on_leader) on_leader(address);
-      }
+    absl::StatusOr<EtcdRangeResult> holder = client_->Range(options_.key, "", 1);
+    if (!holder.ok()) {
+      stop_.WaitForNotificationWithTimeout(retry);
+      continue;
     }
-    stop_.WaitForNotificationWithTimeout(poll);
+    const EtcdKeyValue* held = holder->kvs.empty() ? nullptr : &holder->kvs.front();
+    const std::string address = held != nullptr ? held->value : "";
+    if (held != nullptr && address == options_.address && held->lease != lease &&
+        !warned_own_address) {
+      // This replica's previous process (restarted at once after a crash),
+      // or a second replica configured with this address: either way the
+      // key frees itself when that lease expires.
+      spdlog::warn(
+          "leader election: {} holds this replica's own address {} under another lease: "
+          "waiting for it to expire (a previous process of this replica; if it stays, two "
+          "coordinators are configured with one --advertise address)",
+          options_.key, address);
+      warned_own_address = true;
+    }
+    if (!address.empty() && address != options_.address) saw_other_leader = true;
+    if (address != seen) {
+      seen = address;
+      {
+        absl::MutexLock lock(&mu_);
+        leader_ = address;
+      }
+      if (on_leader) on_leader(address);
+    }
+    if (held == nullptr) {
+      // Free: the Txn lost a race (try again now), or it could not be
+      // asked (no lease, or etcd refused it: try again shortly).
+      if (!txn_answered) stop_.WaitForNotificationWithTimeout(retry);
+      continue;
+    }
+    // Held: sleep on a watch of the key until it changes, so that this
+    // replica campaigns the moment the holder's lease expires or it resigns.
+    const absl::Duration wait =
+        std::max(absl::ZeroDuration(), std::min(slice, renew_at - absl::Now()));
+    absl::StatusOr<bool> changed = client_->WaitForChange(options_.key, holder->revision, wait);
+    if (!changed.ok()) stop_.WaitForNotificationWithTimeout(retry);
   }
   if (lease != 0) client_->LeaseRevoke(lease).IgnoreError();
   return absl::CancelledError("leader election stopped");

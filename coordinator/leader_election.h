@@ -54,6 +54,9 @@ struct LeaderElectionOptions {
 struct LeaderTerm {
   int64_t create_revision = 0;  // The fence (EtcdJobStore::SetFence).
   int64_t lease = 0;
+  // Another replica held the key while this one campaigned: this term is a
+  // failover, not the first leader of an empty store.
+  bool took_over = false;
 };
 
 class LeaderElection {
@@ -64,14 +67,16 @@ class LeaderElection {
   LeaderElection(const LeaderElection&) = delete;
   LeaderElection& operator=(const LeaderElection&) = delete;
 
-  // Blocks until this replica leads; returns its term. While it waits, it
-  // looks at the key every lease_ttl / 10 (at least 50 ms) and calls
-  // `on_leader` with the current leader's address whenever that changes
-  // ("" while none holds the key). etcd being unreachable is waited out,
+  // Blocks until this replica leads; returns its term. While the key is
+  // held, it waits on an etcd Watch of the key, so that it campaigns as
+  // soon as the holder's lease expires or the holder resigns; each wait
+  // lasts at most min(1 s, lease_ttl / 3), when it renews its own lease.
+  // It calls `on_leader` with the current leader's address whenever that
+  // changes ("" while none holds the key). etcd being unreachable is waited out,
   // and so is the key held under this replica's own address by another
   // lease (its previous process, restarted at once after a crash), which
   // is logged.
-  // Possible errors: CANCELLED after Stop().
+  // Possible errors: CANCELLED after Stop() (noticed within one wait).
   absl::StatusOr<LeaderTerm> Campaign(const std::function<void(const std::string&)>& on_leader);
 
   // After Campaign: renews the lease every lease_ttl / 3 on a thread, and

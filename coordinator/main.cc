@@ -507,6 +507,7 @@ int main(int argc, char** argv) {
   // alone; a replica on etcd is a standby (0) until elected.
   mesh::metrics::Gauge* leader_gauge = nullptr;
   mesh::metrics::Gauge* term_gauge = nullptr;
+  mesh::metrics::Counter* failovers = nullptr;
   if (config.metrics != nullptr) {
     leader_gauge =
         config.metrics
@@ -518,6 +519,11 @@ int main(int argc, char** argv) {
                                 "The term this replica leads in (the etcd revision of its "
                                 "election); 0 when not leading or not on etcd.")
                      ->Get();
+    failovers = config.metrics
+                    ->AddCounter("mesh_coordinator_failovers_total",
+                                 "Times this replica took the leadership over from another "
+                                 "replica (etcd store); 0 for the first leader of a store.")
+                    ->Get();
   }
 
   // On an etcd store, a replica: standby until elected (docs/ha.md).
@@ -555,6 +561,7 @@ int main(int argc, char** argv) {
   if (leader_gauge != nullptr) leader_gauge->Set(1);
   if (replica != nullptr) {
     if (term_gauge != nullptr) term_gauge->Set(static_cast<double>(config.etcd.fence_revision));
+    if (failovers != nullptr && replica->took_over()) failovers->Increment();
     replica->KeepLeading([leader_gauge, term_gauge](const std::string& reason) {
       spdlog::critical("lost the leadership: {}; stepping down", reason);
       if (leader_gauge != nullptr) leader_gauge->Set(0);

@@ -51,8 +51,10 @@ absl::StatusOr<EtcdStoreOptions> Replica::WaitToLead() {
     }
   });
   if (!term.ok()) return term.status();
-  spdlog::info("elected leader as {} (term {}, lease TTL {})", advertised_, term->create_revision,
-               absl::FormatDuration(options_.lease_ttl));
+  took_over_ = term->took_over;
+  spdlog::info("elected leader as {} (term {}, lease TTL {}{})", advertised_, term->create_revision,
+               absl::FormatDuration(options_.lease_ttl),
+               took_over_ ? ", taking over from the previous leader" : "");
   standby_->Shutdown();
   EtcdStoreOptions etcd = options_.etcd;
   etcd.client = client_;

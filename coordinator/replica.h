@@ -56,6 +56,10 @@ class Replica {
   // LeaderElection::Campaign.
   absl::StatusOr<EtcdStoreOptions> WaitToLead();
 
+  // After WaitToLead: whether another replica led before this one took
+  // over (LeaderTerm::took_over).
+  bool took_over() const { return took_over_; }
+
   // After WaitToLead: see LeaderElection::KeepLeading.
   void KeepLeading(std::function<void(const std::string& reason)> on_lost);
   // Hands the leadership over at once (at a clean shutdown).
@@ -72,6 +76,7 @@ class Replica {
   std::string key_;
   std::string advertised_;
   int port_ = 0;
+  bool took_over_ = false;
 };
 
 }  // namespace mesh::coordinator

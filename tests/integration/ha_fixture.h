@@ -17,8 +17,11 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/coordinator_targets.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -51,6 +54,9 @@ class HaTest : public ::testing::Test {
       ASSERT_TRUE(port.ok()) << port.status();
       ports_.push_back(*port);
       addresses_.push_back(absl::StrCat("127.0.0.1:", *port));
+      absl::StatusOr<int> metrics_port = FreePort();
+      ASSERT_TRUE(metrics_port.ok()) << metrics_port.status();
+      metrics_ports_.push_back(*metrics_port);
     }
   }
 
@@ -79,8 +85,25 @@ class HaTest : public ::testing::Test {
             "0.2",
             "--etcd-timeout",
             "1.5",
+            "--metrics-port",
+            absl::StrCat(metrics_ports_[i]),
             "--log-level",
             "info"};
+  }
+
+  // The value of the unlabelled sample `name` on replica `i`'s /metrics;
+  // nullopt when it cannot be scraped or has no such sample.
+  std::optional<double> Metric(int i, const std::string& name) {
+    absl::StatusOr<std::string> body = Scrape(metrics_ports_[i]);
+    if (!body.ok()) return std::nullopt;
+    for (absl::string_view line : absl::StrSplit(*body, '\n')) {
+      double value = 0;
+      if (absl::ConsumePrefix(&line, name) && absl::ConsumePrefix(&line, " ") &&
+          absl::SimpleAtod(line, &value)) {
+        return value;
+      }
+    }
+    return std::nullopt;
   }
 
   void StartCoordinator(int i) {
@@ -148,6 +171,7 @@ class HaTest : public ::testing::Test {
   std::unique_ptr<EtcdCluster> etcd_;
   std::string store_;
   std::vector<int> ports_;
+  std::vector<int> metrics_ports_;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<Subprocess>> coordinators_;
   std::vector<std::unique_ptr<Subprocess>> agents_;

@@ -46,12 +46,21 @@ TEST_F(HaTest, PausedLeaderIsDeposedAndStepsDownWithoutWriting) {
                     .ok());
     EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
   }
+  EXPECT_EQ(Metric(1, "mesh_coordinator_leader"), 0);
+  EXPECT_EQ(Metric(0, "mesh_coordinator_leader"), 1);
+  EXPECT_EQ(Metric(0, "mesh_coordinator_failovers_total"), 0)
+      << "the first leader took over from no one";
   coordinators_[0]->Signal(SIGSTOP);
   // The standby takes over once the paused leader's lease expires.
   const absl::Time paused = absl::Now();
   ASSERT_TRUE(WaitUntil([&] { return Leader(absl::Seconds(3)) == 1; }, absl::Seconds(15)));
   std::printf("takeover from a paused leader (lease %s s): %s\n", kLease,
               absl::FormatDuration(absl::Now() - paused).c_str());
+  // What a dashboard sees: the new leader leads, in a later term, after a
+  // failover (docs/metrics.md).
+  EXPECT_EQ(Metric(1, "mesh_coordinator_leader"), 1);
+  EXPECT_EQ(Metric(1, "mesh_coordinator_failovers_total"), 1);
+  EXPECT_GT(Metric(1, "mesh_coordinator_leader_term").value_or(0), 0);
   grpc::ClientContext context;
   v1::SubmitJobRequest request;
   *request.mutable_spec() = TrueSpec("after-pause");

@@ -1,6 +1,6 @@
 // gMock matchers for absl::Status and absl::StatusOr<T>, shared by every
-// test (Abseil 20220623 ships none): IsOk(), StatusIs(code),
-// StatusIs(code, message_matcher).
+// test (Abseil 20220623 ships none): IsOk(), IsOkAndHolds(matcher),
+// StatusIs(code), StatusIs(code, message_matcher).
 #pragma once
 
 #include <string>
@@ -22,6 +22,15 @@ MATCHER(IsOk, "is OK") {
   const absl::Status status = ::mesh::testing::GetStatus(arg);
   *result_listener << "status is " << status;
   return status.ok();
+}
+
+// A StatusOr<T> that is OK and whose value matches `matcher`.
+MATCHER_P(IsOkAndHolds, matcher, "") {
+  if (!arg.ok()) {
+    *result_listener << "status is " << arg.status();
+    return false;
+  }
+  return ::testing::ExplainMatchResult(matcher, *arg, result_listener);
 }
 
 MATCHER_P(StatusIs, code, "") {
