@@ -7,6 +7,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/coordinator_targets.h"
 #include "common/grpc_status.h"
 #include "mesh/v1/job.grpc.pb.h"
 
@@ -200,6 +201,8 @@ absl::StatusOr<std::unique_ptr<NodeClient>> NewGrpcNodeClient(
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options.backoff_max)));
+  // One DNS name for several replicas: calls reach the leader through it.
+  AddCoordinatorChannelArgs(target, &args);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       security::MakeChannel(target, security, args);
   if (!channel.ok()) return channel.status();

@@ -7,6 +7,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/coordinator_targets.h"
 #include "common/grpc_deadline.h"
 #include "common/grpc_status.h"
 #include "common/version.h"
@@ -28,13 +29,22 @@ grpc::ChannelArguments KeepaliveArgs() {
 
 }  // namespace
 
+// Keepalives, and for one DNS name with several replicas, calls that
+// reach the leader through it (AddCoordinatorChannelArgs).
+grpc::ChannelArguments CoordinatorArgs(const std::string& address) {
+  grpc::ChannelArguments args = KeepaliveArgs();
+  AddCoordinatorChannelArgs(address, &args);
+  return args;
+}
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), KeepaliveArgs());
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   CoordinatorArgs(address));
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     const std::string& address, const security::ClientSecurity& security) {
-  return security::MakeChannel(address, security, KeepaliveArgs());
+  return security::MakeChannel(address, security, CoordinatorArgs(address));
 }
 
 AdminClient::AdminClient(std::shared_ptr<grpc::Channel> channel)

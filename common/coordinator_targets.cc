@@ -1,5 +1,7 @@
 #include "common/coordinator_targets.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -24,6 +26,42 @@ std::vector<std::string> SplitCoordinatorTargets(const std::string& value) {
     if (!part.empty()) targets.emplace_back(part);
   }
   return targets;
+}
+
+bool MayNameSeveralReplicas(const std::string& target) {
+  if (absl::StartsWith(target, "dns:")) return true;
+  for (absl::string_view scheme : {"ipv4:", "ipv6:"}) {
+    if (absl::StartsWith(target, scheme)) return absl::StrContains(target, ',');
+  }
+  if (absl::StartsWith(target, "unix") || absl::StrContains(target, ":/")) return false;
+  // host:port; an IPv6 literal is bracketed.
+  if (absl::StartsWith(target, "[")) return false;
+  const size_t colon = target.rfind(':');
+  const std::string host = target.substr(0, colon);
+  if (host.empty() || absl::AsciiStrToLower(host) == "localhost") return false;
+  in_addr v4;
+  in6_addr v6;
+  return inet_pton(AF_INET, host.c_str(), &v4) != 1 && inet_pton(AF_INET6, host.c_str(), &v6) != 1;
+}
+
+void AddCoordinatorChannelArgs(const std::string& target, grpc::ChannelArguments* args) {
+  if (!MayNameSeveralReplicas(target)) return;
+  args->SetInt(GRPC_ARG_ENABLE_RETRIES, 1);
+  // A standby answers at once, without a response message, so the retry is
+  // transparent to the call; it picks again, and round_robin moves on.
+  args->SetServiceConfigJSON(R"json({
+    "loadBalancingConfig": [{"round_robin": {}}],
+    "methodConfig": [{
+      "name": [{}],
+      "retryPolicy": {
+        "maxAttempts": 5,
+        "initialBackoff": "0.02s",
+        "maxBackoff": "0.5s",
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": ["UNAVAILABLE"]
+      }
+    }]
+  })json");
 }
 
 absl::StatusOr<std::string> FindLeader(const std::vector<std::string>& targets,

@@ -1,8 +1,9 @@
 // The coordinator address a client is given (--coordinator,
 // MESH_COORDINATOR): one host:port, or the comma-separated addresses of
-// the replicas of a coordinator on an etcd store (docs/ha.md). One replica
-// leads; the others are standbys whose every RPC fails with UNAVAILABLE and
-// whose standard health service says NOT_SERVING.
+// the replicas of a coordinator on an etcd store (docs/ha.md), or one DNS
+// name whose records are those replicas. One replica leads; the others are
+// standbys whose every RPC fails with UNAVAILABLE and whose standard health
+// service says NOT_SERVING.
 //
 // Thread safety: free functions; LeaderTracker is thread-safe.
 #pragma once
@@ -25,6 +26,23 @@ namespace mesh {
 // entries dropped. One address gives a list of one, and so does a gRPC URI
 // ("ipv4:a:1,b:2", "dns:///name:7450": one channel, its own resolver).
 std::vector<std::string> SplitCoordinatorTargets(const std::string& value);
+
+// Whether one target may stand for several replicas behind one channel: a
+// host name other than "localhost" (its DNS records), a dns: URI, or an
+// ipv4:/ipv6: URI listing several addresses. Not an IP address, a unix:
+// socket or "localhost".
+bool MayNameSeveralReplicas(const std::string& target);
+
+// Channel arguments for one coordinator target. When the target may name
+// several replicas (MayNameSeveralReplicas), the channel spreads calls
+// over all of its addresses (round_robin, re-resolving the name as gRPC's
+// resolver does when connections fail) and retries a call that a replica
+// answers with UNAVAILABLE, as a standby does, on the next address: up to
+// 5 attempts in all, 20 ms apart and doubling, so that with up to 5
+// replicas every call reaches the leader. Other targets are left alone
+// (no retries: a single coordinator's UNAVAILABLE reaches the caller at
+// once).
+void AddCoordinatorChannelArgs(const std::string& target, grpc::ChannelArguments* args);
 
 using ChannelMaker =
     std::function<absl::StatusOr<std::shared_ptr<grpc::Channel>>(const std::string& target)>;

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/retry_pushback.h"
 
 namespace mesh::coordinator {
 namespace {
@@ -214,9 +215,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10'000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  if (config.metrics != nullptr) {
+  {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-    creators.push_back(std::make_unique<RpcMetricsInterceptorFactory>(config.metrics));
+    // The leader's UNAVAILABLE is not retried by clients' channels the way a
+    // standby's is (coordinator/retry_pushback.h).
+    creators.push_back(std::make_unique<NoClientRetryInterceptorFactory>());
+    if (config.metrics != nullptr) {
+      creators.push_back(std::make_unique<RpcMetricsInterceptorFactory>(config.metrics));
+    }
     builder.experimental().SetInterceptorCreators(std::move(creators));
   }
   builder.RegisterService(&server->admin_service_);

@@ -68,10 +68,17 @@ absl::StatusOr<LeaderTerm> LeaderElection::Campaign(
       absl::StatusOr<EtcdTxnResult> won = client_->Txn(txn);
       txn_answered = won.ok();
       if (won.ok() && won->succeeded) {
-        absl::MutexLock lock(&mu_);
-        term_ = LeaderTerm{won->revision, lease, saw_other_leader};
-        leader_ = options_.address;
-        return term_;
+        LeaderTerm term{won->revision, lease, saw_other_leader};
+        {
+          absl::MutexLock lock(&mu_);
+          term_ = term;
+          leader_ = options_.address;
+        }
+        // Renew from this moment: the lease was last renewed up to
+        // TTL/3 ago, and the caller's start-up (the store's recovery read)
+        // must not eat into what is left of it.
+        renewer_ = std::thread([this, term] { RenewLoop(term); });
+        return term;
       }
     }
     absl::StatusOr<EtcdRangeResult> holder = client_->Range(options_.key, "", 1);
@@ -120,17 +127,24 @@ absl::StatusOr<LeaderTerm> LeaderElection::Campaign(
 }
 
 void LeaderElection::KeepLeading(std::function<void(const std::string& reason)> on_lost) {
-  renewer_ = std::thread([this, on_lost = std::move(on_lost)] { RenewLoop(on_lost); });
-}
-
-void LeaderElection::RenewLoop(std::function<void(const std::string&)> on_lost) {
-  LeaderTerm term;
+  std::string reason;
   {
     absl::MutexLock lock(&mu_);
-    term = term_;
+    if (!lost_) {
+      on_lost_ = std::move(on_lost);
+      return;
+    }
+    reason = lost_reason_;
   }
+  // Lost before anyone listened (during the caller's start-up).
+  if (on_lost) on_lost(reason);
+}
+
+void LeaderElection::RenewLoop(LeaderTerm term) {
   const absl::Duration period = std::max(absl::Milliseconds(100), options_.lease_ttl / 3);
-  while (!stop_.WaitForNotificationWithTimeout(period)) {
+  // The first renewal at once, then every period.
+  for (absl::Duration wait = absl::ZeroDuration(); !stop_.WaitForNotificationWithTimeout(wait);
+       wait = period) {
     absl::StatusOr<absl::Duration> renewed = client_->LeaseKeepAlive(term.lease);
     std::string lost;
     if (!renewed.ok()) {
@@ -150,10 +164,14 @@ void LeaderElection::RenewLoop(std::function<void(const std::string&)> on_lost) 
       }
     }
     if (!lost.empty()) {
+      std::function<void(const std::string&)> on_lost;
       {
         absl::MutexLock lock(&mu_);
         term_ = LeaderTerm{};
         leader_.clear();
+        lost_ = true;
+        lost_reason_ = lost;
+        on_lost = std::move(on_lost_);
       }
       if (on_lost) on_lost(lost);
       return;
@@ -162,6 +180,7 @@ void LeaderElection::RenewLoop(std::function<void(const std::string&)> on_lost) 
 }
 
 absl::Status LeaderElection::Resign() {
+  Stop();  // No renewal, and no report of the loss that follows.
   int64_t lease = 0;
   {
     absl::MutexLock lock(&mu_);

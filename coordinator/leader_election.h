@@ -19,7 +19,8 @@
 //
 // Thread safety: Campaign, KeepLeading and Resign are called by one owner
 // thread, in that order; Stop and leader() from any thread. The renewal
-// runs on a thread of its own, which calls on_lost at most once.
+// runs on a thread of its own from the moment Campaign wins; on_lost is
+// called at most once.
 #pragma once
 
 #include <cstdint>
@@ -79,13 +80,16 @@ class LeaderElection {
   // Possible errors: CANCELLED after Stop() (noticed within one wait).
   absl::StatusOr<LeaderTerm> Campaign(const std::function<void(const std::string&)>& on_leader);
 
-  // After Campaign: renews the lease every lease_ttl / 3 on a thread, and
-  // calls `on_lost` once, with the reason, when etcd says the lease expired
-  // or the key no longer belongs to this term.
+  // Once Campaign has won, a thread renews the lease at once and then every
+  // lease_ttl / 3, until Stop or Resign. KeepLeading names who hears, once,
+  // with the reason, when etcd says the lease expired or the key no longer
+  // belongs to this term; a loss before KeepLeading is reported by it, on
+  // the caller's thread, otherwise on the renewal thread.
   void KeepLeading(std::function<void(const std::string& reason)> on_lost);
 
-  // Gives up the leadership at once (revokes the lease, which deletes the
-  // key), so that a follower takes over without waiting for the TTL.
+  // Gives up the leadership at once (stops the renewals, then revokes the
+  // lease, which deletes the key), so that a follower takes over without
+  // waiting for the TTL. No on_lost follows.
   absl::Status Resign();
 
   // Ends Campaign (CANCELLED) and the renewal thread; no on_lost follows.
@@ -95,7 +99,7 @@ class LeaderElection {
   std::string leader() const;
 
  private:
-  void RenewLoop(std::function<void(const std::string&)> on_lost);
+  void RenewLoop(LeaderTerm term);
 
   const std::shared_ptr<EtcdClient> client_;
   const LeaderElectionOptions options_;
@@ -104,6 +108,9 @@ class LeaderElection {
   mutable absl::Mutex mu_;
   std::string leader_ ABSL_GUARDED_BY(mu_);
   LeaderTerm term_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string&)> on_lost_ ABSL_GUARDED_BY(mu_);
+  bool lost_ ABSL_GUARDED_BY(mu_) = false;
+  std::string lost_reason_ ABSL_GUARDED_BY(mu_);
   std::thread renewer_;
 };
 

@@ -457,6 +457,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewCoordinatorChannel(
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
+  // One DNS name for several replicas: calls reach the leader through it.
+  AddCoordinatorChannelArgs(target, &args);
   security::ClientSecurity channel_security = security;
   channel_security.token.clear();
   return security::MakeChannel(target, channel_security, std::move(args));

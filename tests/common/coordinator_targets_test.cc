@@ -25,6 +25,21 @@ TEST(SplitCoordinatorTargets, SplitsAtCommasAndTrims) {
   EXPECT_THAT(SplitCoordinatorTargets("dns:///mesh:7450"), ElementsAre("dns:///mesh:7450"));
 }
 
+TEST(MayNameSeveralReplicas, NamesAndAddressListsButNotOneAddress) {
+  EXPECT_TRUE(MayNameSeveralReplicas("mesh-coordinator:7450"));
+  EXPECT_TRUE(MayNameSeveralReplicas("coord.example.com:7450"));
+  EXPECT_TRUE(MayNameSeveralReplicas("dns:///mesh:7450"));
+  EXPECT_TRUE(MayNameSeveralReplicas("ipv4:10.0.0.1:7450,10.0.0.2:7450"));
+  EXPECT_TRUE(MayNameSeveralReplicas("ipv6:[::1]:7450,[::2]:7450"));
+  EXPECT_FALSE(MayNameSeveralReplicas("127.0.0.1:7450"));
+  EXPECT_FALSE(MayNameSeveralReplicas("[::1]:7450"));
+  EXPECT_FALSE(MayNameSeveralReplicas("localhost:7450"));
+  EXPECT_FALSE(MayNameSeveralReplicas("LocalHost:7450"));
+  EXPECT_FALSE(MayNameSeveralReplicas("ipv4:10.0.0.1:7450"));
+  EXPECT_FALSE(MayNameSeveralReplicas("unix:/run/mesh.sock"));
+  EXPECT_FALSE(MayNameSeveralReplicas("unix-abstract:mesh"));
+}
+
 TEST(LeaderTracker, RotatesOncePerFailure) {
   LeaderTracker tracker({"a", "b", "c"});
   EXPECT_EQ(tracker.current(), 0u);
