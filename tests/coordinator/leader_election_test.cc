@@ -33,6 +33,7 @@ using ::mesh::testing::EtcdCluster;
 using ::mesh::testing::IsOk;
 using ::mesh::testing::IsOkAndHolds;
 using ::mesh::testing::StatusIs;
+using ::testing::AnyOf;
 using ::testing::Contains;
 using ::testing::HasSubstr;
 
@@ -228,9 +229,39 @@ TEST_F(LeaderElectionTest, TheLeaderLearnsItLostWhenItsLeaseIsRevokedBehindItsBa
   // As etcd does when the lease expires (a pause longer than the TTL).
   ASSERT_THAT(client_->LeaseRevoke(term->lease), IsOk());
   ASSERT_TRUE(lost.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_THAT(reason, HasSubstr("lease"));
+  // Revoking the lease deletes the key: the renewal sees one or the other.
+  EXPECT_THAT(reason, AnyOf(HasSubstr("lease expired"), HasSubstr("key was deleted")));
   EXPECT_EQ(a->leader(), "");
   a->Stop();
+}
+
+TEST_F(LeaderElectionTest, ALossBeforeKeepLeadingIsReportedByIt) {
+  // Renewals start when Campaign wins, before the caller (the coordinator,
+  // reading its store) gets to KeepLeading.
+  std::unique_ptr<LeaderElection> a = Election("replica-a:1", absl::Seconds(3));
+  absl::StatusOr<LeaderTerm> term = a->Campaign(nullptr);
+  ASSERT_THAT(term, IsOk());
+  ASSERT_THAT(client_->LeaseRevoke(term->lease), IsOk());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!a->leader().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_EQ(a->leader(), "") << "the renewal did not notice the revoked lease";
+  std::string reason;
+  a->KeepLeading([&](const std::string& why) { reason = why; });
+  EXPECT_THAT(reason, AnyOf(HasSubstr("lease expired"), HasSubstr("key was deleted")))
+      << "reported at once, on the caller's thread";
+}
+
+TEST_F(LeaderElectionTest, ResigningReportsNoLossAndFreesTheKey) {
+  std::unique_ptr<LeaderElection> a = Election("replica-a:1", absl::Seconds(3));
+  ASSERT_THAT(a->Campaign(nullptr), IsOk());
+  std::atomic<int> losses{0};
+  a->KeepLeading([&](const std::string&) { ++losses; });
+  ASSERT_THAT(a->Resign(), IsOk());
+  absl::SleepFor(absl::Milliseconds(1500));  // Past a renewal period.
+  EXPECT_EQ(losses.load(), 0);
+  absl::StatusOr<std::optional<EtcdKeyValue>> key = client_->Get(kKey);
+  ASSERT_THAT(key, IsOk());
+  EXPECT_FALSE(key->has_value());
 }
 
 }  // namespace
