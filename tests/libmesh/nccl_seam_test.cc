@@ -530,11 +530,13 @@ TEST_F(NcclSeamTest, WatchdogAbortsOnAnAsyncErrorAndFailsThePendingOp) {
   ASSERT_TRUE(work.ok()) << work.status();
   EXPECT_FALSE((*work)->IsCompleted());
   api_.SetAsyncError("world", ncclRemoteError);
-  ASSERT_TRUE(Eventually([&] { return !(*world)->health().ok(); }));
+  // The watchdog marks the group unhealthy, then fails the pending op, then
+  // aborts the communicator: wait for the last step before looking.
+  ASSERT_TRUE(Eventually([&] { return api_.aborted("world"); }));
   EXPECT_EQ((*world)->health().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string((*world)->health().message()), HasSubstr("all_reduce #0"));
+  EXPECT_TRUE((*work)->IsCompleted());
   EXPECT_EQ((*work)->status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(api_.aborted("world"));
 }
 
 TEST_F(NcclSeamTest, WatchdogTimesOutAStuckOp) {
