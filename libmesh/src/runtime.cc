@@ -577,16 +577,19 @@ absl::Status Runtime::Start() {
     join.nccl_unique_id = *std::move(id);
   }
   // Join is idempotent for one incarnation, so an unreachable coordinator
-  // (not up yet, restarting, a network blip) is retried until the join
-  // deadline; every other error is final.
+  // (not up yet, restarting, a network blip; UNAVAILABLE) is retried until
+  // the join deadline, and so is CANCELLED, which only the server side
+  // gives here: a standby replica that becomes the leader cancels the calls
+  // it had. Every other error is final.
   const absl::Time join_deadline = absl::Now() + options_.join_timeout;
   absl::Duration backoff = absl::Milliseconds(50);
   absl::StatusOr<internal::JoinResult> joined;
   while (true) {
     join.timeout = std::max(join_deadline - absl::Now(), absl::Milliseconds(1));
     joined = client_->Join(join);
-    if (joined.ok() || joined.status().code() != absl::StatusCode::kUnavailable ||
-        absl::Now() + backoff >= join_deadline) {
+    const bool transient =
+        absl::IsUnavailable(joined.status()) || absl::IsCancelled(joined.status());
+    if (joined.ok() || !transient || absl::Now() + backoff >= join_deadline) {
       break;
     }
     absl::SleepFor(backoff);

@@ -139,5 +139,58 @@ TEST_F(HaTest, LeaderKilledUnderARunningJobPastRendezvousDoesNotRestartIt) {
                                        .output;
 }
 
+TEST_F(HaTest, LeaderKilledWhileAJobIsInRendezvousCompletesItWithoutARestart) {
+  StartCoordinator(0);
+  ASSERT_EQ(Leader(), 0);
+  StartCoordinator(1);
+  StartAgent(0, 1);
+  StartAgent(1, 1);
+  ASSERT_TRUE(WaitUntil([&] { return ReadyNodes() == 2; }, absl::Seconds(30)));
+
+  // Rank 0 joins at once and waits in Join for rank 1, which comes 5 s
+  // later: the leader dies in between, with the job in rendezvous.
+  v1::JobSpec spec;
+  spec.set_name("late-joiner");
+  for (const char* arg :
+       {"/bin/sh", "-c", "if [ \"$MESH_RANK\" = 1 ]; then sleep 5; fi; exec \"$0\" \"$@\"",
+        ALLREDUCE_2D_BIN, "--gloo-host", "127.0.0.1", "--rounds", "20"}) {
+    spec.add_command(arg);
+  }
+  spec.mutable_nodes()->set_min(2);
+  spec.set_nproc_per_node(1);
+  spec.set_max_restarts(2);
+  grpc::ClientContext context;
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::SubmitJobResponse response;
+  ASSERT_TRUE(Jobs(0)->SubmitJob(&context, request, &response).ok());
+  const std::string id = response.job().id();
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        std::optional<v1::Job> job = GetJob(id);
+        return job.has_value() && job->state() == v1::JOB_STATE_RUNNING;
+      },
+      absl::Seconds(30)));
+  absl::SleepFor(absl::Seconds(1));  // Rank 0 is in Join; rank 1 sleeps.
+  KillCoordinator(0);
+
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        std::optional<v1::Job> job = GetJob(id);
+        return job.has_value() &&
+               (job->state() == v1::JOB_STATE_SUCCEEDED || job->state() == v1::JOB_STATE_FAILED);
+      },
+      absl::Seconds(90)));
+  std::optional<v1::Job> job = GetJob(id);
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->DebugString();
+  EXPECT_EQ(job->restarts(), 0) << job->DebugString()
+                                << RunMerged({"/bin/sh", "-c",
+                                              absl::StrCat("tail -n 20 ", dir_.path(),
+                                                           "/agent-*/jobs/*/gen-0/rank-*.log")},
+                                             absl::Seconds(10))
+                                       .output;
+}
+
 }  // namespace ha_failover_test
 }  // namespace mesh::testing
