@@ -1102,12 +1102,37 @@ void Coordination::ExpireLocked(uint64_t id, Waiter w, Completions& done) {
   }
 }
 
+void Coordination::SetServerLag(const ServerLag* lag) {
+  absl::MutexLock lock(&mu_);
+  server_lag_ = lag;
+}
+
+void Coordination::ForgiveStall(absl::Duration stall) {
+  if (stall <= absl::ZeroDuration()) return;
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  for (auto& [job_id, job] : jobs_) job->current->liveness.ForgiveStall(stall, now);
+  spdlog::warn(
+      "the coordinator stalled for {} (paused, or starved of CPU): heartbeat silences do not "
+      "count that time",
+      FormatDurationShort(stall));
+}
+
 void Coordination::CheckLivenessLocked(absl::Time now, Completions& done) {
+  // A heartbeat sent now may wait this long in the server's own backlog.
+  const absl::Duration grace = server_lag_ == nullptr
+                                   ? absl::ZeroDuration()
+                                   : std::min(server_lag_->Grace(now), options_.heartbeat_timeout);
+  bool held = false;
   for (auto& [job_id, job] : jobs_) {
     Generation& gen = *job->current;
     if (gen.error.has_value()) continue;
-    const std::optional<LivenessTracker::Silent> dead = gen.liveness.FirstDead(now);
-    if (!dead.has_value()) continue;
+    std::optional<LivenessTracker::Silent> dead = gen.liveness.FirstDead(now - grace);
+    if (!dead.has_value()) {
+      held = held || (grace > absl::ZeroDuration() && gen.liveness.FirstDead(now).has_value());
+      continue;
+    }
+    dead->silent += grace;
     JobError error;
     error.rank = dead->rank;
     error.host = gen.rendezvous.host(dead->rank);
@@ -1119,6 +1144,13 @@ void Coordination::CheckLivenessLocked(absl::Time now, Completions& done) {
                            FormatDurationShort(options_.heartbeat_timeout), ")");
     FailGenerationLocked(gen, std::move(error), done);
   }
+  if (held && !grace_held_) {
+    spdlog::warn(
+        "a rank has been silent past the heartbeat timeout, but the coordinator's own backlog "
+        "({}) may hold its heartbeats: not declared dead yet",
+        FormatDurationShort(grace));
+  }
+  grace_held_ = held;
 }
 
 void Coordination::CheckHangsLocked(absl::Time now, Completions& done) {

@@ -85,6 +85,7 @@
 #include "coordinator/job_layout.h"     // JobLayout
 #include "coordinator/kv_table.h"       // KvLimits, CompareSetResult, KvListResult, KvStats
 #include "coordinator/rendezvous.h"     // DeviceInfo, RankDescription
+#include "coordinator/server_lag.h"
 #include "coordinator/waiter_registry.h"
 
 namespace mesh::coordinator {
@@ -381,8 +382,18 @@ class Coordination {
 
   // ---- Time and shutdown ---------------------------------------------------------
 
-  // Expires waits whose deadline has passed and declares silent ranks dead.
+  // Expires waits whose deadline has passed and declares silent ranks dead:
+  // silent for longer than heartbeat_timeout plus the server's grace
+  // (SetServerLag), which never exceeds another heartbeat_timeout.
   void Tick();
+
+  // Liveness allows for the coordinator's own delays (server_lag.h): `lag`
+  // (not owned; must outlive this object, or be null: no grace) gives the
+  // grace added to the heartbeat timeout.
+  void SetServerLag(const ServerLag* lag);
+  // The coordinator stalled for `stall`: it does not count towards any
+  // rank's silence (LivenessTracker::ForgiveStall).
+  void ForgiveStall(absl::Duration stall);
   // How often Tick should run for deadlines to be honored promptly.
   absl::Duration TickInterval() const;
 
@@ -512,6 +523,10 @@ class Coordination {
   absl::flat_hash_map<std::string, JobError> failed_removed_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> failed_removed_order_ ABSL_GUARDED_BY(mu_);
   absl::Time next_liveness_check_ ABSL_GUARDED_BY(mu_);
+  const ServerLag* server_lag_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Whether the last liveness check held back a death for the grace alone
+  // (logged once per episode).
+  bool grace_held_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time next_hang_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time next_gauge_update_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/retry_pushback.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 
 namespace mesh::coordinator {
 namespace {
@@ -249,7 +250,25 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     // writes again.
     spdlog::error("{}", written.ToString());
   }
+  server->coordination_.SetServerLag(server->lag_.get());
+  server->jobs_.SetServerLag(server->lag_.get());
+  if (config.metrics != nullptr) {
+    server->lag_gauge_ =
+        config.metrics
+            ->AddGauge("mesh_coordinator_server_lag_seconds",
+                       "How long a request may wait in the coordinator's own backlog (its probe "
+                       "call's wait); liveness adds it to the heartbeat timeouts.")
+            ->Get();
+    server->stall_seconds_ =
+        config.metrics
+            ->AddCounter("mesh_coordinator_stall_seconds_total",
+                         "Time the coordinator process did not run (paused, starved of CPU), "
+                         "which heartbeat silences do not count.")
+            ->Get();
+  }
   if (config.run_ticker) {
+    grpc::ChannelArguments probe_args;
+    server->probe_channel_ = server->server_->InProcessChannel(probe_args);
     CoordinatorServer* self = server.get();
     self->ticker_ = std::thread([self] { self->RunTicker(); });
   }
@@ -265,11 +284,30 @@ void CoordinatorServer::RunTicker() {
   // The token file is checked for edits about once a second.
   const absl::Duration auth_interval = absl::Seconds(1);
   const absl::Duration wake = std::min({coordination_interval, jobs_interval, auth_interval});
+  // The backlog probe: often enough that the grace follows the backlog
+  // within a fraction of any heartbeat timeout.
+  const absl::Duration probe_interval = absl::Milliseconds(100);
   absl::Time next_coordination = absl::Now() + coordination_interval;
   absl::Time next_jobs = absl::Now() + jobs_interval;
   absl::Time next_auth = absl::Now() + auth_interval;
+  absl::Time next_probe = absl::Now();
+  absl::Time last_wake = absl::Now();
   while (!stop_ticker_.WaitForNotificationWithTimeout(wake)) {
     const absl::Time now = absl::Now();
+    // Woken late: the process did not run (SIGSTOP, a VM pause, a starved
+    // CPU) or this thread was stuck in a Tick; either way the coordinator's
+    // delay, which no rank or node is blamed for.
+    if (const absl::Duration stall = StallOf(now - last_wake, wake); stall > absl::ZeroDuration()) {
+      coordination_.ForgiveStall(stall);
+      jobs_.ForgiveStall(stall);
+      if (stall_seconds_ != nullptr) stall_seconds_->Increment(absl::ToDoubleSeconds(stall));
+    }
+    last_wake = now;
+    if (now >= next_probe) {
+      if (!lag_->probe_pending()) SendLagProbe();
+      if (lag_gauge_ != nullptr) lag_gauge_->Set(absl::ToDoubleSeconds(lag_->Grace(now)));
+      next_probe = now + probe_interval;
+    }
     if (now >= next_coordination) {
       coordination_.Tick();
       next_coordination = now + coordination_interval;
@@ -283,6 +321,26 @@ void CoordinatorServer::RunTicker() {
       next_auth = now + auth_interval;
     }
   }
+}
+
+void CoordinatorServer::SendLagProbe() {
+  struct Probe {
+    std::unique_ptr<grpc::health::v1::Health::Stub> stub;
+    grpc::ClientContext context;
+    grpc::health::v1::HealthCheckRequest request;
+    grpc::health::v1::HealthCheckResponse response;
+  };
+  auto* probe = new Probe;
+  probe->stub = grpc::health::v1::Health::NewStub(probe_channel_);
+  // Bounded like every call; a probe that times out counts as answered at
+  // its deadline, and the next one measures again.
+  probe->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  lag_->ProbeSent(absl::Now());
+  probe->stub->async()->Check(&probe->context, &probe->request, &probe->response,
+                              [lag = lag_, probe](grpc::Status) {
+                                lag->ProbeAnswered(absl::Now());
+                                delete probe;
+                              });
 }
 
 void CoordinatorServer::ReloadTokens() {

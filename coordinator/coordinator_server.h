@@ -39,6 +39,7 @@
 #include "coordinator/node_service.h"
 #include "coordinator/rpc_metrics.h"
 #include "coordinator/server_info.h"
+#include "coordinator/server_lag.h"
 #include "coordinator/service_discovery.h"
 #include "coordinator/store_url.h"
 #include "coordinator/worker_service.h"
@@ -158,8 +159,11 @@ class CoordinatorServer {
                     std::unique_ptr<JobStore> store, std::unique_ptr<Authenticator> authenticator);
 
   // Runs each manager's Tick about every its TickInterval() until
-  // stop_ticker_.
+  // stop_ticker_; forgives the managers a stall when it wakes late, and
+  // sends the lag probe (server_lag.h).
   void RunTicker();
+  // One health Check through the in-process channel, answered into lag_.
+  void SendLagProbe();
   // authenticator_->ReloadIfChanged, logged.
   void ReloadTokens();
 
@@ -170,6 +174,10 @@ class CoordinatorServer {
   // server_ (declared last) has stopped calling into them.
   ServerInfo server_info_;
   ServiceDiscovery discovery_;
+  // How far behind the server is; read by both managers' liveness checks.
+  // Shared with the probe call's callback, which may run after this object
+  // is gone.
+  const std::shared_ptr<ServerLag> lag_ = std::make_shared<ServerLag>();
   Coordination coordination_;
   const std::unique_ptr<JobStore> store_;
   // Null: no token authentication.
@@ -190,6 +198,10 @@ class CoordinatorServer {
   // Calls coordination_.Tick() and jobs_.Tick(); see RunTicker.
   absl::Notification stop_ticker_;
   std::thread ticker_;
+  // The lag probe's channel (in-process, made once serving) and metrics.
+  std::shared_ptr<grpc::Channel> probe_channel_;
+  metrics::Gauge* lag_gauge_ = nullptr;
+  metrics::Counter* stall_seconds_ = nullptr;
 
   absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

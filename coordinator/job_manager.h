@@ -299,6 +299,14 @@ class JobManager {
   void Tick();
   absl::Duration TickInterval() const;
 
+  // Node liveness allows for the coordinator's own delays, as
+  // Coordination's does (server_lag.h): `lag` (not owned, may be null)
+  // gives the grace added to node_heartbeat_timeout, at most another
+  // node_heartbeat_timeout; a stall does not count towards any node's
+  // silence.
+  void SetServerLag(const ServerLag* lag);
+  void ForgiveStall(absl::Duration stall);
+
   // Ends every stream and wait with UNAVAILABLE; later calls fail with
   // UNAVAILABLE. Idempotent.
   void Shutdown();
@@ -374,6 +382,7 @@ class JobManager {
   ServiceDiscovery* const discovery_;  // May be null.
 
   mutable absl::Mutex mu_;
+  const ServerLag* server_lag_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool recovered_or_used_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);

@@ -57,6 +57,17 @@ void LivenessTracker::Leave(int rank) {
   Unlink(rank);
 }
 
+void LivenessTracker::ForgiveStall(absl::Duration stall, absl::Time now) {
+  if (stall <= absl::ZeroDuration()) return;
+  // The same shift for every rank keeps the list's order; capping at `now`
+  // can only make neighbours equal.
+  for (int rank = head_; rank != kNone; rank = nodes_[rank].next) {
+    Node& n = nodes_[rank];
+    n.last_seen = std::min(n.last_seen + stall, std::max(now, n.last_seen));
+    latest_ = std::max(latest_, n.last_seen);
+  }
+}
+
 std::optional<LivenessTracker::Silent> LivenessTracker::FirstDead(absl::Time now) const {
   if (head_ == kNone) return std::nullopt;
   const absl::Duration silent = now - nodes_[head_].last_seen;

@@ -57,6 +57,12 @@ class LivenessTracker {
   void Leave(int rank);
   bool left(int rank) const { return nodes_[rank].left; }
 
+  // The coordinator stalled for `stall` (coordinator/server_lag.h): that
+  // time does not count towards any rank's silence. Every tracked rank's
+  // last sign of life moves `stall` later, but not past `now`. O(ranks);
+  // a no-op for a stall <= 0.
+  void ForgiveStall(absl::Duration stall, absl::Time now);
+
   // The longest-silent tracked rank when it has been silent for longer than
   // the timeout at `now`; nullopt before Start or when every rank is within
   // its timeout. Among ranks last seen at the same instant, the one seen

@@ -316,10 +316,29 @@ void JobManager::NodeLostLocked(Node& node, const std::string& why, Effects& eff
 
 // Tick's part: READY nodes silent for node_heartbeat_timeout (counted from
 // the end of the recovery grace after Recover) are LOST.
-void JobManager::ExpireSilentNodesLocked(absl::Time now, Effects& effects) {
+void JobManager::SetServerLag(const ServerLag* lag) {
+  absl::MutexLock lock(&mu_);
+  server_lag_ = lag;
+}
+
+void JobManager::ForgiveStall(absl::Duration stall) {
+  if (stall <= absl::ZeroDuration()) return;
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
   for (auto& [name, node] : nodes_) {
-    if (node->ready &&
-        now - std::max(node->last_seen, node->silence_from) > options_.node_heartbeat_timeout) {
+    const absl::Time from = std::max(node->last_seen, node->silence_from);
+    node->silence_from = std::min(from + stall, std::max(now, from));
+  }
+}
+
+void JobManager::ExpireSilentNodesLocked(absl::Time now, Effects& effects) {
+  // A heartbeat sent now may wait this long in the server's own backlog.
+  const absl::Duration grace =
+      server_lag_ == nullptr ? absl::ZeroDuration()
+                             : std::min(server_lag_->Grace(now), options_.node_heartbeat_timeout);
+  for (auto& [name, node] : nodes_) {
+    if (node->ready && now - grace - std::max(node->last_seen, node->silence_from) >
+                           options_.node_heartbeat_timeout) {
       NodeLostLocked(
           *node,
           absl::StrCat("no heartbeat for ", FormatDurationShort(absl::Trunc(

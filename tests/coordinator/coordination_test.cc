@@ -1812,6 +1812,67 @@ TEST_F(CoordinationTest, HeartbeatsWithinTheTimeoutNeverCauseAFalsePositive) {
   EXPECT_FALSE(info->failed);
 }
 
+// ---- The coordinator's own delays (server_lag.h) ---------------------------------------
+
+TEST_F(CoordinationTest, TheServersOwnBacklogIsNotBlamedOnASilentRank) {
+  StartJob("job", {"host-a", "host-b"});
+  const Caller r0 = Rank("job", 0), r1 = Rank("job", 1);
+  Captured<absl::StatusOr<JobError>> watch;
+  ASSERT_THAT(coord().Watch(r0, watch.Callback()), IsOk());
+  ServerLag lag;
+  coord().SetServerLag(&lag);
+
+  // The server's probe has waited since now: so may rank 1's heartbeats.
+  lag.ProbeSent(clock_.Now());
+  Run(absl::Seconds(15), {r0});
+  EXPECT_FALSE(watch.fired()) << "rank 1 blamed for 15 s of the server's own backlog";
+
+  // The backlog clears (a probe answered at once) and rank 1 is still
+  // silent: now it is dead.
+  lag.ProbeAnswered(clock_.Now());
+  lag.ProbeSent(clock_.Now());
+  lag.ProbeAnswered(clock_.Now());
+  ASSERT_TRUE(RunUntil([&] { return watch.fired(); }, absl::Seconds(2), {r0}));
+  ASSERT_THAT(watch.result(), IsOk());
+  EXPECT_EQ(watch.result()->rank, 1);
+  EXPECT_THAT(watch.result()->reason, HasSubstr("no heartbeat for"));
+}
+
+TEST_F(CoordinationTest, TheBacklogGraceIsCappedAtOneMoreTimeout) {
+  StartJob("job", {"host-a", "host-b"});
+  const Caller r0 = Rank("job", 0);
+  Captured<absl::StatusOr<JobError>> watch;
+  ASSERT_THAT(coord().Watch(r0, watch.Callback()), IsOk());
+  ServerLag lag;
+  coord().SetServerLag(&lag);
+  lag.ProbeSent(clock_.Now());  // Never answered: a server stuck for good.
+  Run(absl::Seconds(19), {r0});
+  EXPECT_FALSE(watch.fired());
+  // Silent for more than twice the timeout: dead whatever the backlog.
+  ASSERT_TRUE(RunUntil([&] { return watch.fired(); }, absl::Seconds(3), {r0}));
+  EXPECT_EQ(watch.result()->rank, 1);
+}
+
+TEST_F(CoordinationTest, AStallOfTheCoordinatorDoesNotCountTowardsSilence) {
+  StartJob("job", {"host-a", "host-b"});
+  const Caller r0 = Rank("job", 0), r1 = Rank("job", 1);
+  Captured<absl::StatusOr<JobError>> watch;
+  ASSERT_THAT(coord().Watch(r0, watch.Callback()), IsOk());
+  Run(absl::Seconds(5), {r0, r1});
+  // The process stops for 30 s (SIGSTOP): no tick, no heartbeat processed.
+  // When it runs again, the ticker finds the stall and forgives it before
+  // the next liveness check.
+  clock_.Advance(absl::Seconds(30));
+  coord().ForgiveStall(absl::Seconds(30));
+  coord().Tick();
+  EXPECT_FALSE(watch.fired()) << "a rank blamed for the coordinator's pause";
+  // Forgiving is not forgetting: rank 1, silent from now on, dies on time.
+  Run(absl::Seconds(9), {r0});
+  EXPECT_FALSE(watch.fired());
+  ASSERT_TRUE(RunUntil([&] { return watch.fired(); }, absl::Seconds(3), {r0}));
+  EXPECT_EQ(watch.result()->rank, 1);
+}
+
 // ---- Hang diagnosis ------------------------------------------------------------------
 
 TEST_F(CoordinationTest, ARankThatNeverEntersTheCollectiveFailsTheGenerationAsAHang) {

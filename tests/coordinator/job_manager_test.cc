@@ -1569,6 +1569,34 @@ TEST_F(JobManagerTest, HeartbeatsWithinTheTimeoutKeepNodesReady) {
   EXPECT_EQ(manager().stats().nodes_lost, 0);
 }
 
+TEST_F(JobManagerTest, NeitherTheCoordinatorsStallNorItsBacklogLosesANode) {
+  AddTwoNodes();
+  const std::string id = RunJob(SpecWithRestarts(0));
+  // The coordinator stops for three timeouts; the ticker forgives the stall
+  // before the next check.
+  clock_.Advance(3 * kHeartbeatTimeout);
+  manager().ForgiveStall(3 * kHeartbeatTimeout);
+  manager().Tick();
+  EXPECT_EQ(NodeInfo("node-b").state(), v1::NODE_STATE_READY);
+
+  // Then its own backlog holds node-b's heartbeats (the probe waits).
+  ServerLag lag;
+  manager().SetServerLag(&lag);
+  lag.ProbeSent(clock_.Now());
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(5), {a_});
+  EXPECT_EQ(NodeInfo("node-b").state(), v1::NODE_STATE_READY);
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_RUNNING);
+
+  // The backlog clears and node-b is still silent: LOST, as it would be.
+  lag.ProbeAnswered(clock_.Now());
+  lag.ProbeSent(clock_.Now());
+  lag.ProbeAnswered(clock_.Now());
+  AdvanceWithHeartbeats(absl::Seconds(5), {a_});
+  EXPECT_EQ(NodeInfo("node-b").state(), v1::NODE_STATE_LOST);
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_FAILED);
+  manager().SetServerLag(nullptr);
+}
+
 // ---- Nodes and sessions ----------------------------------------------------------------
 
 TEST_F(JobManagerTest, RegisterNodeTellsTheHeartbeatAndListsTheNode) {

@@ -153,5 +153,38 @@ TEST_F(LivenessTrackerTest, ALargeWorldFindsItsOneSilentRank) {
   EXPECT_EQ(DeadNow(tracker), kSilent);
 }
 
+TEST_F(LivenessTrackerTest, AForgivenStallDoesNotCountButLaterSilenceDoes) {
+  LivenessTracker tracker(3, kTimeout);
+  tracker.Start(clock_.Now());
+  clock_.Advance(absl::Seconds(4));
+  tracker.Heartbeat(1, clock_.Now());  // Rank 1 seen at 4 s; 0 and 2 at 0 s.
+  clock_.Advance(absl::Seconds(20));   // The coordinator was stopped for 20 s.
+  EXPECT_NE(DeadNow(tracker), -1) << "without forgiveness, the pause kills";
+  tracker.ForgiveStall(absl::Seconds(20), clock_.Now());
+  EXPECT_EQ(DeadNow(tracker), -1);
+  // Silences resume where they were: ranks 0 and 2 had 4 s behind them,
+  // so they die 6 s on (lowest first), rank 1 4 s after that.
+  clock_.Advance(absl::Seconds(6));
+  EXPECT_EQ(DeadNow(tracker), -1);
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_EQ(DeadNow(tracker), 0);
+}
+
+TEST_F(LivenessTrackerTest, AForgivenStallNeverMovesALastSightingPastNow) {
+  LivenessTracker tracker(2, kTimeout);
+  tracker.Start(clock_.Now());
+  clock_.Advance(absl::Seconds(1));
+  tracker.Heartbeat(0, clock_.Now());
+  // A stall longer than the time since the sighting (the grace is what the
+  // coordinator lost, not credit for the future).
+  tracker.ForgiveStall(absl::Seconds(30), clock_.Now());
+  clock_.Advance(kTimeout + absl::Milliseconds(1));
+  const std::optional<LivenessTracker::Silent> dead = tracker.FirstDead(clock_.Now());
+  ASSERT_TRUE(dead.has_value());
+  EXPECT_EQ(dead->silent, kTimeout + absl::Milliseconds(1));
+  tracker.ForgiveStall(absl::ZeroDuration(), clock_.Now());  // A no-op.
+  EXPECT_EQ(DeadNow(tracker), dead->rank);
+}
+
 }  // namespace liveness_test
 }  // namespace mesh::coordinator

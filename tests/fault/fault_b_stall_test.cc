@@ -143,6 +143,45 @@ TEST_F(StallTest, StoppedAgentWithNoSpareNodeFailsTheJobNamingIt) {
   EXPECT_EQ(cluster_.Get(id)->state(), v1::JOB_STATE_FAILED);
 }
 
+// The coordinator itself stalled (SIGSTOP) for three node heartbeat
+// timeouts, under a running libmesh job: when it runs again it forgives the
+// time it lost (coordinator/server_lag.h), so no node is LOST; the job goes
+// on and succeeds without a restart. (Ranks give up on a coordinator they
+// cannot reach for their own heartbeat timeout, docs/failure-semantics.md,
+// so that one is longer than the pause here.) The ticker and the threads
+// that read the queued heartbeats resume together, and which runs first is
+// up to the scheduler; the forgiveness makes the outcome the same either
+// way (its unit tests: coordination_test, job_manager_test, liveness_test).
+TEST_F(StallTest, StoppedCoordinatorBlamesNoNodeAndNoRank) {
+  CoordinatorFlags flags;
+  flags.heartbeat_interval = 0.5;
+  flags.heartbeat_timeout = 30;
+  ASSERT_TRUE(cluster_.StartCoordinator(flags).ok());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(cluster_.StartAgent(NamedAgent(absl::StrCat("node-", i))).ok());
+  }
+  ASSERT_TRUE(
+      FaultCluster::Eventually(absl::Seconds(20), [&] { return cluster_.ReadyNodes() == 2; }));
+  v1::JobSpec spec = cluster_.ShellJob("", /*nodes=*/2, /*nproc=*/1);
+  spec.clear_command();
+  spec.add_command(FAULT_B_WORKER_BIN);
+  (*spec.mutable_env())["FAULT_B_HOLD_SECONDS"] = "12";
+  const std::string id = cluster_.Submit(spec);
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(cluster_.WaitForState(id, v1::JOB_STATE_RUNNING, absl::Seconds(20)));
+  absl::SleepFor(absl::Seconds(2));  // Joined: the ranks heartbeat.
+
+  cluster_.coordinator().Signal(SIGSTOP);
+  absl::SleepFor(3 * kNodeTimeout);
+  cluster_.coordinator().Signal(SIGCONT);
+
+  auto job = cluster_.WaitTerminal(id, absl::Seconds(60));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->DebugString();
+  EXPECT_EQ(job->restarts(), 0) << job->DebugString();
+  EXPECT_EQ(cluster_.ReadyNodes(), 2);
+}
+
 // The fencing contract itself, through NodeService as a stale agent would
 // call it: once a node is lost, every call of its old session is ABORTED,
 // and a new registration gets a new session that works.
