@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include <grpcpp/client_context.h>
@@ -71,13 +72,16 @@ absl::Status Connect(const std::vector<std::shared_ptr<grpc::Channel>>& channels
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> StartBenchCoordinator() {
+absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> StartBenchCoordinator(
+    bool ranks_heartbeat) {
   coordinator::CoordinatorConfig config;
   config.port = 0;
-  // Simulated ranks do not heartbeat; with the default 10 s timeout a long
-  // round (or a held wait) would fail its generation for missed heartbeats.
-  config.coordination.heartbeat_timeout = absl::Hours(1);
-  config.coordination.max_wait = absl::Hours(2);
+  if (!ranks_heartbeat) {
+    // With the default 10 s timeout, a held wait of ranks that never
+    // heartbeat would fail its generation for missed heartbeats.
+    config.coordination.heartbeat_timeout = absl::Hours(1);
+    config.coordination.max_wait = absl::Hours(2);
+  }
   return coordinator::CoordinatorServer::Start(config);
 }
 
@@ -314,13 +318,28 @@ class MeshRound {
 
   absl::StatusOr<RoundResult> Run() {
     state_.Start();
+    std::thread heartbeats([this] { HeartbeatLoop(); });
     for (int r = 0; r < ranks_; ++r) {
       state_.RankStarted(r);
       StartJoin(r);
     }
     state_.Wait(timeout_ + absl::Seconds(60));
-    if (absl::Status s = state_.status(); !s.ok()) return s;
-    return state_.Result();
+    round_over_.Notify();
+    heartbeats.join();
+    // Every heartbeat answered, then every rank leaves (so the coordinator
+    // stops tracking the generation): no call may outlive the round.
+    Drain();
+    for (int r = 0; r < ranks_; ++r) StartLeave(r);
+    Drain();
+    RoundResult result;
+    if (absl::Status s = state_.status(); !s.ok()) {
+      return HeartbeatStatus().ok() ? s : HeartbeatStatus();
+    }
+    if (absl::Status s = HeartbeatStatus(); !s.ok()) return s;
+    result = state_.Result();
+    result.heartbeats = heartbeats_sent_.load();
+    result.heartbeat_errors = heartbeat_errors_.load();
+    return result;
   }
 
  private:
@@ -384,6 +403,15 @@ class MeshRound {
   void OnJoin(std::unique_ptr<JoinCall> call, const grpc::Status& status) {
     const int rank = call->rank;
     const std::string wrong = CheckJoin(*call, status);
+    if (wrong.empty()) {
+      // As libmesh's Runtime does: heartbeat at the interval Join gave.
+      const absl::Duration interval = absl::Seconds(call->response.heartbeat_interval_seconds());
+      int64_t expected = 0;
+      interval_ns_.compare_exchange_strong(expected, absl::ToInt64Nanoseconds(interval));
+      timeout_ns_.store(
+          absl::ToInt64Nanoseconds(absl::Seconds(call->response.heartbeat_timeout_seconds())));
+      joined_[rank].store(true, std::memory_order_release);
+    }
     call.reset();
     if (!wrong.empty()) return state_.Fail(rank, wrong);
     state_.StepDone(rank, kJoin);
@@ -458,12 +486,113 @@ class MeshRound {
     state_.RankDone();
   }
 
+  // ---- Heartbeats, and the Leave at the end --------------------------------
+
+  using HeartbeatCall = Call<v1::HeartbeatRequest, v1::HeartbeatResponse>;
+  using LeaveCall = Call<v1::LeaveRequest, v1::LeaveResponse>;
+  static constexpr int kHeartbeatSlices = 10;
+
+  // Every joined rank heartbeats once per interval, spread over it in
+  // kHeartbeatSlices (ranks are not in step, any more than real ones are),
+  // until the round is over.
+  void HeartbeatLoop() {
+    for (int slice = 0; !round_over_.HasBeenNotified(); slice = (slice + 1) % kHeartbeatSlices) {
+      const int64_t interval_ns = interval_ns_.load();
+      const absl::Duration step = interval_ns == 0
+                                      ? absl::Milliseconds(10)
+                                      : absl::Nanoseconds(interval_ns) / kHeartbeatSlices;
+      if (round_over_.WaitForNotificationWithTimeout(step)) return;
+      if (interval_ns == 0) continue;
+      for (int r = slice; r < ranks_; r += kHeartbeatSlices) {
+        if (joined_[r].load(std::memory_order_acquire)) StartHeartbeat(r);
+      }
+    }
+  }
+
+  void StartHeartbeat(int rank) {
+    // Bounded like the Runtime's: a heartbeat slower than the timeout is as
+    // good as lost.
+    const auto deadline =
+        std::chrono::system_clock::now() + std::chrono::nanoseconds(timeout_ns_.load());
+    auto* call = new HeartbeatCall(rank, deadline);
+    FillContext(rank, call->request.mutable_context());
+    outstanding_.fetch_add(1);
+    heartbeats_sent_.fetch_add(1);
+    Stub(rank)->Heartbeat(
+        &call->context, &call->request, &call->response,
+        [this, call](grpc::Status s) { OnHeartbeat(std::unique_ptr<HeartbeatCall>(call), s); });
+  }
+
+  void OnHeartbeat(std::unique_ptr<HeartbeatCall> call, const grpc::Status& status) {
+    if (!status.ok()) {
+      // Transient for a Runtime (it retries at the next beat): counted.
+      heartbeat_errors_.fetch_add(1);
+    } else if (call->response.has_error()) {
+      // The generation failed: a rank was declared dead (or failed) while
+      // every simulated rank heartbeats on time.
+      absl::MutexLock lock(&heartbeat_mu_);
+      if (heartbeat_failure_.empty()) {
+        heartbeat_failure_ = absl::StrCat(
+            "rank ", call->rank,
+            "'s heartbeat found its generation failed: ", call->response.error().message());
+      }
+    }
+    call.reset();
+    Done();
+  }
+
+  void StartLeave(int rank) {
+    auto* call = new LeaveCall(rank, std::chrono::system_clock::now() + std::chrono::seconds(60));
+    FillContext(rank, call->request.mutable_context());
+    outstanding_.fetch_add(1);
+    Stub(rank)->Leave(&call->context, &call->request, &call->response, [this, call](grpc::Status) {
+      delete call;
+      Done();
+    });
+  }
+
+  void Done() {
+    if (outstanding_.fetch_sub(1) == 1) {
+      absl::MutexLock lock(&heartbeat_mu_);
+      drained_cv_.SignalAll();
+    }
+  }
+
+  // Waits until no heartbeat or Leave is pending. They all carry deadlines,
+  // so a live coordinator ends them in time; past that, abort loudly (they
+  // reference this round).
+  void Drain() {
+    absl::MutexLock lock(&heartbeat_mu_);
+    const absl::Time limit = absl::Now() + absl::Seconds(120);
+    while (outstanding_.load() > 0) {
+      MESH_CHECK(!drained_cv_.WaitWithDeadline(&heartbeat_mu_, limit) || outstanding_.load() == 0,
+                 "heartbeats or leaves still pending two minutes after the round");
+    }
+  }
+
+  absl::Status HeartbeatStatus() const {
+    absl::MutexLock lock(&heartbeat_mu_);
+    if (heartbeat_failure_.empty()) return absl::OkStatus();
+    return absl::AbortedError(heartbeat_failure_);
+  }
+
   const std::vector<std::unique_ptr<WorkerService::Stub>>& stubs_;
   const int ranks_;
   const JobSpec job_;
   const absl::Duration timeout_;
   const std::optional<std::chrono::system_clock::time_point> deadline_;
   RoundState state_;
+
+  std::unique_ptr<std::atomic<bool>[]> joined_ = std::make_unique<std::atomic<bool>[]>(ranks_);
+  std::atomic<int64_t> interval_ns_{0};
+  std::atomic<int64_t> timeout_ns_{0};
+  absl::Notification round_over_;
+  std::atomic<int64_t> outstanding_{0};
+  std::atomic<int64_t> heartbeats_sent_{0};
+  std::atomic<int64_t> heartbeat_errors_{0};
+  mutable absl::Mutex heartbeat_mu_;
+  absl::CondVar drained_cv_;
+  std::string heartbeat_failure_ ABSL_GUARDED_BY(heartbeat_mu_);
 };
 
 constexpr int kBaselineCalls = 3;
@@ -693,10 +822,15 @@ nlohmann::json ToJson(const RendezvousBenchResult& result) {
       for (size_t s = 0; s < names.size() && s < r.step_s.size(); ++s) {
         steps[names[s]] = r.step_s[s];
       }
-      out.push_back({{"total_s", r.total_s},
-                     {"cpu_s", r.cpu_s},
-                     {"step_s", steps},
-                     {"rank_latency", ToJson(r.rank_latency)}});
+      nlohmann::json round = {{"total_s", r.total_s},
+                              {"cpu_s", r.cpu_s},
+                              {"step_s", steps},
+                              {"rank_latency", ToJson(r.rank_latency)}};
+      if (r.heartbeats > 0) {
+        round["heartbeats"] = r.heartbeats;
+        round["heartbeat_errors"] = r.heartbeat_errors;
+      }
+      out.push_back(std::move(round));
     }
     return out;
   };

@@ -14,6 +14,12 @@
 //    rank 0's Join carries the world ncclUniqueId;                          every rank
 //    every reply must carry it back                                        gets the group id
 //
+// Meanwhile every joined rank heartbeats at the interval its Join reply
+// gave, as libmesh's Runtime does, against the coordinator's default
+// timeouts: a heartbeat that finds the generation failed (a rank declared
+// dead while all heartbeat on time) fails the round. After the round every
+// rank leaves.
+//
 // The baseline round makes the same number of callers each do three
 // sequential grpc.health.v1.Health/Check calls (a callback service that does
 // no work) over the same channels. mesh/baseline is the coordinator's cost of
@@ -51,10 +57,12 @@ std::vector<std::shared_ptr<grpc::Channel>> MakeConnections(const std::string& a
 absl::Status Connect(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
                      absl::Duration timeout);
 
-// Starts a coordinator in this process on 127.0.0.1:0 for a benchmark. The
-// simulated ranks never heartbeat, so its heartbeat timeout is raised far
-// above any round's length; everything else is the default configuration.
-absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> StartBenchCoordinator();
+// Starts a coordinator in this process on 127.0.0.1:0 for a benchmark, in
+// the default configuration. `ranks_heartbeat` false (simulated ranks that
+// never heartbeat, as waiters_bench's) raises its heartbeat timeout far
+// above any round's length instead.
+absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> StartBenchCoordinator(
+    bool ranks_heartbeat = true);
 
 // This process's resource use, from /proc/self.
 struct ProcessStats {
@@ -110,6 +118,12 @@ struct RoundResult {
   std::vector<double> step_first_s;
   // Per rank: its first request sent -> its last reply.
   LatencyStats rank_latency;
+  // Mesh rounds: heartbeats sent (each joined rank once per the interval
+  // Join gave, until the round is over) and those that failed in transit
+  // (a deadline, the server's backlog); a heartbeat that finds the
+  // generation failed fails the round.
+  int64_t heartbeats = 0;
+  int64_t heartbeat_errors = 0;
 };
 
 struct RendezvousBenchResult {

@@ -334,7 +334,7 @@ absl::StatusOr<WaitersBenchResult> RunWaitersBench(const WaitersBenchOptions& op
   }
 
   // Declared first so that it outlives the channels and every call.
-  auto server = StartBenchCoordinator();
+  auto server = StartBenchCoordinator(/*ranks_heartbeat=*/false);
   if (!server.ok()) return server.status();
   WaitersBenchResult result;
   result.coordinator = (*server)->address();
