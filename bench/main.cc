@@ -325,6 +325,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   rendezvous_cmd->add_flag("--grpc-deadlines", rendezvous.grpc_deadlines,
                            "Also give every call a gRPC deadline (a timer per call)");
+  rendezvous_cmd->add_flag("--connection-per-rank", rendezvous.connection_per_rank,
+                           "Each rank its own connection, as in a real job (overrides "
+                           "--channels)");
 
   mesh::bench::WaitersBenchOptions waiters;
   std::string kind = "all";

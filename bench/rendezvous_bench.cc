@@ -52,6 +52,8 @@ std::vector<std::shared_ptr<grpc::Channel>> MakeConnections(const std::string& a
 absl::Status Connect(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
                      absl::Duration timeout) {
   const auto deadline = std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout);
+  // Every connection starts at once; then each is waited for.
+  for (const auto& channel : channels) channel->GetState(/*try_to_connect=*/true);
   for (size_t i = 0; i < channels.size(); ++i) {
     grpc_connectivity_state state = channels[i]->GetState(/*try_to_connect=*/true);
     while (state != GRPC_CHANNEL_READY) {
@@ -660,7 +662,7 @@ absl::Status ValidateOptions(const RendezvousBenchOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("ranks must be in 1..", kMaxRanks, "; got ", o.ranks));
   }
-  if (o.channels < 1 || o.channels > 1024) {
+  if (!o.connection_per_rank && (o.channels < 1 || o.channels > 1024)) {
     return absl::InvalidArgumentError(
         absl::StrCat("channels must be in 1..1024; got ", o.channels));
   }
@@ -686,8 +688,40 @@ const std::vector<std::string>& BaselineStepNames() {
   return *names;
 }
 
-absl::StatusOr<RendezvousBenchResult> RunRendezvousBench(const RendezvousBenchOptions& options) {
-  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+namespace {
+
+// Raises this process's descriptor soft limit to its hard limit, and says
+// whether `needed` descriptors (plus a margin for everything else) fit.
+absl::Status ReserveDescriptors(int64_t needed) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return absl::InternalError("getrlimit failed");
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+    getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  const int64_t margin = 256;
+  if (limit.rlim_cur != RLIM_INFINITY && static_cast<int64_t>(limit.rlim_cur) < needed + margin) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(needed, " connections need ", needed + margin,
+                     " descriptors; this process may open ", limit.rlim_cur,
+                     " (ulimit -Hn). Run the coordinator as its own process (--coordinator, "
+                     "mesh-bench serve) to halve the need, or raise the limit"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RendezvousBenchResult> RunRendezvousBench(const RendezvousBenchOptions& given) {
+  if (absl::Status s = ValidateOptions(given); !s.ok()) return s;
+  RendezvousBenchOptions options = given;
+  if (options.connection_per_rank) {
+    options.channels = options.ranks;
+    // A client and, in process, a server end per connection.
+    const int64_t needed = int64_t{options.channels} * (options.coordinator.empty() ? 2 : 1);
+    if (absl::Status s = ReserveDescriptors(needed); !s.ok()) return s;
+  }
 
   // Declared first so that it outlives the channels and every call.
   std::unique_ptr<coordinator::CoordinatorServer> server;
@@ -706,7 +740,10 @@ absl::StatusOr<RendezvousBenchResult> RunRendezvousBench(const RendezvousBenchOp
   }
 
   const auto channels = MakeConnections(result.coordinator, options.channels);
-  if (absl::Status s = Connect(channels, absl::Seconds(10)); !s.ok()) {
+  // 10 s, and more for thousands of connections (a connection per rank).
+  const absl::Duration connect_timeout =
+      std::max(absl::Seconds(10), absl::Milliseconds(5) * options.channels);
+  if (absl::Status s = Connect(channels, connect_timeout); !s.ok()) {
     return absl::UnavailableError(
         absl::StrCat("coordinator ", result.coordinator, ": ", s.message()));
   }

@@ -86,6 +86,12 @@ struct RendezvousBenchOptions {
   int ranks = 4096;
   // Connections the ranks are spread over, rank r on channel r % channels.
   int channels = 4;
+  // Each rank its own connection (channels = ranks), as ranks of a real job
+  // have: the coordinator then holds as many connections as ranks. Needs a
+  // descriptor per connection in this process (and another per connection
+  // in an in-process coordinator); the soft limit is raised to the hard
+  // one, and a run that would exceed it is refused (RESOURCE_EXHAUSTED).
+  bool connection_per_rank = false;
   // Coordinator to measure; empty starts one in this process (own threads)
   // and creates jobs directly, otherwise jobs come from AdminService.CreateJob.
   std::string coordinator;

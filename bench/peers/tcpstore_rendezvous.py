@@ -13,7 +13,8 @@ TCPStore server in this process, the way torch jobs rendezvous through c10d:
 TCPStore's client API is blocking, so ranks cannot each be an asynchronous
 chain as in the Mesh suite: --connections client threads (each its own TCP
 connection, 4 by default like mesh-bench's channels) each drive N/connections
-ranks through every step in turn. Every round uses fresh keys. Prints one
+ranks through every step in turn; --connection-per-rank gives every rank its
+own connection and thread, as a real job has. Every round uses fresh keys. Prints one
 JSON document on stdout: per-round total and CPU time (this whole process:
 clients and server, like Mesh's in-process figure), step times and the
 median total. On a timeout or a failure it prints the same document with
@@ -100,10 +101,15 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-n", "--ranks", type=int, default=4096)
     p.add_argument("-c", "--connections", type=int, default=4)
+    p.add_argument("--connection-per-rank", action="store_true",
+                   help="one connection and one client thread per rank, as in a real job "
+                        "(overrides --connections)")
     p.add_argument("-r", "--repeat", type=int, default=3)
     p.add_argument("-w", "--warmup", type=int, default=1)
     p.add_argument("--timeout", type=float, default=120, help="per round, seconds")
     args = p.parse_args()
+    if args.connection_per_rank:
+        args.connections = args.ranks
     if args.ranks < 1 or args.connections < 1 or args.repeat < 1 or args.warmup < 0:
         p.error("ranks, connections and repeat must be >= 1, warmup >= 0")
     result = {"benchmark": "tcpstore_rendezvous", "ranks": args.ranks,

@@ -90,6 +90,21 @@ TEST(RendezvousBenchSmoke, ASingleRankRendezvousesWithItself) {
   ExpectRound(result->mesh[0], 1, MeshStepNames().size());
 }
 
+TEST(RendezvousBenchSmoke, EachRankOnItsOwnConnection) {
+  RendezvousBenchOptions options;
+  options.ranks = 24;
+  options.connection_per_rank = true;
+  options.repeat = 1;
+  options.warmup = 0;
+  auto result = RunRendezvousBench(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->channels, 24);
+  ASSERT_EQ(result->mesh.size(), 1u);
+  ExpectRound(result->mesh[0], 24, MeshStepNames().size());
+  // A client end and a server end per connection, in this one process.
+  EXPECT_GE(result->process.open_fds, 48);
+}
+
 TEST(RendezvousBenchSmoke, RejectsBadOptionsAndUnreachableCoordinators) {
   RendezvousBenchOptions bad;
   bad.ranks = 0;
