@@ -41,6 +41,8 @@ RuntimeBackend NcclBackend(NcclBackendOptions options) {
     nccl.world_unique_id = context.join.world_unique_id;
     nccl.group_options = context.group_options;
     nccl.init_timeout = options.init_timeout;
+    nccl.world_init = options.world_init;
+    nccl.ranks_per_root = options.ranks_per_root;
     nccl.group_creation = options.group_creation;
     nccl.stream_mode = options.stream_mode;
     nccl.store = context.store;

@@ -215,6 +215,35 @@ ncclResult_t FakeNcclApi::CommInitRankConfig(ncclComm_t* comm, int nranks, ncclU
   return script.init_polls == 0 ? ncclSuccess : ncclInProgress;
 }
 
+ncclResult_t FakeNcclApi::CommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int n_ids,
+                                               ncclUniqueId* ids, ncclConfig_t* config) {
+  absl::MutexLock lock(&mu_);
+  if (version_ < NCCL_VERSION(2, 23, 0)) {
+    Violation("ncclCommInitRankScalable called on an NCCL older than 2.23");
+    return ncclInvalidUsage;
+  }
+  if (n_ids < 1 || ids == nullptr) {
+    Violation("ncclCommInitRankScalable without unique IDs");
+    return ncclInvalidArgument;
+  }
+  CommScript script;
+  if (!init_scripts_.empty()) {
+    script = init_scripts_.front();
+    init_scripts_.pop_front();
+  }
+  scalable_ids_.assign(ids, ids + n_ids);
+  std::string name = config != nullptr && config->commName != nullptr ? config->commName : "";
+  log_.push_back(absl::StrCat("CommInitRankScalable(", name, ", ", n_ids, " ids)"));
+  Comm* c = NewComm(std::move(name), nranks, rank, script);
+  *comm = c->handle();
+  return script.init_polls == 0 ? ncclSuccess : ncclInProgress;
+}
+
+std::vector<ncclUniqueId> FakeNcclApi::scalable_ids() const {
+  absl::MutexLock lock(&mu_);
+  return scalable_ids_;
+}
+
 ncclResult_t FakeNcclApi::CommSplit(ncclComm_t comm, int, int, ncclComm_t* newcomm,
                                     ncclConfig_t* config) {
   absl::MutexLock lock(&mu_);

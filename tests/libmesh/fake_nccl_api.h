@@ -4,7 +4,8 @@
 // states non-blocking NCCL can report.
 //
 // What it models, after NCCL's documentation and source:
-//   * ncclCommInitRankConfig publishes the communicator at once; its state
+//   * ncclCommInitRankConfig (and ncclCommInitRankScalable, 2.23 on)
+//     publishes the communicator at once; its state
 //     reads ncclInProgress for `init_polls` polls, then `init_result`.
 //   * ncclCommSplit returns `call_result` (ncclSuccess by default, as NCCL
 //     2.28 does while its split job still runs). While the job runs the
@@ -115,6 +116,10 @@ class FakeNcclApi final : public NcclApi {
   ncclResult_t GetUniqueId(ncclUniqueId* id) override;
   ncclResult_t CommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
                                   ncclConfig_t* config) override;
+  ncclResult_t CommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int n_ids,
+                                    ncclUniqueId* ids, ncclConfig_t* config) override;
+  // The root IDs of the last ncclCommInitRankScalable, in order.
+  std::vector<ncclUniqueId> scalable_ids() const;
   ncclResult_t CommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                          ncclConfig_t* config) override;
   ncclResult_t CommGetAsyncError(ncclComm_t comm, ncclResult_t* state) override;
@@ -180,6 +185,7 @@ class FakeNcclApi final : public NcclApi {
   bool events_complete_ ABSL_GUARDED_BY(mu_) = true;
   int finalize_polls_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<CommScript> init_scripts_ ABSL_GUARDED_BY(mu_);
+  std::vector<ncclUniqueId> scalable_ids_ ABSL_GUARDED_BY(mu_);
   std::deque<SplitScript> split_scripts_ ABSL_GUARDED_BY(mu_);
   std::deque<OpScript> op_scripts_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Comm>> comms_ ABSL_GUARDED_BY(mu_);

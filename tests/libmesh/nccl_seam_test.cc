@@ -14,12 +14,14 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "backends/nccl/nccl_factory.h"
@@ -30,6 +32,7 @@
 namespace mesh::nccl {
 namespace nccl_seam_test {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using testing::FakeNcclApi;
 using ::testing::HasSubstr;
@@ -580,6 +583,164 @@ TEST_F(NcclSeamTest, TeardownThatCannotDrainAborts) {
   }
   EXPECT_LT(At("CommFinalize(world)"), At("CommAbort(world)"));
   EXPECT_FALSE(api_.destroyed("world"));
+}
+
+// ---- The world from several roots (ncclCommInitRankScalable) -----------------------
+
+// A broker over a map, as the coordinator's would be after every root has
+// published: Get answers at once, DEADLINE_EXCEEDED naming what is missing.
+class MapBroker final : public NcclUniqueIdBroker {
+ public:
+  absl::Status Publish(absl::Span<const std::pair<std::string, std::string>> ids) override {
+    for (const auto& [key, id] : ids) {
+      published.push_back(key);
+      map[key] = id;
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<std::string>> Get(absl::Span<const std::string> keys,
+                                               absl::Time) override {
+    std::vector<std::string> out;
+    for (const std::string& key : keys) {
+      auto it = map.find(key);
+      if (it == map.end()) return absl::DeadlineExceededError(absl::StrCat("'", key, "' missing"));
+      out.push_back(it->second);
+    }
+    return out;
+  }
+  std::map<std::string, std::string> map;
+  std::vector<std::string> published;
+};
+
+std::string IdBytes(char fill) { return std::string(kNcclUniqueIdBytes, fill); }
+
+std::string IdOf(const ncclUniqueId& id) { return std::string(id.internal, sizeof(id.internal)); }
+
+class NcclScalableInitTest : public NcclSeamTest {
+ protected:
+  NcclProcessGroupFactoryOptions LargeWorld(int rank) {
+    NcclProcessGroupFactoryOptions options = Options(/*world_size=*/2500);
+    options.world_rank = rank;
+    options.ranks_per_root = 1024;  // Roots: ranks 0, 1024 and 2048.
+    return options;
+  }
+  absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> CreateWith(
+      NcclProcessGroupFactoryOptions options, std::unique_ptr<MapBroker> broker) {
+    return CreateNcclFactory(std::move(options), std::move(broker), api_);
+  }
+};
+
+TEST_F(NcclScalableInitTest, ARankOutsideTheRootsFetchesEveryRootsIdInRootOrder) {
+  auto broker = std::make_unique<MapBroker>();
+  broker->map[WorldRootKey(1)] = IdBytes('\x11');
+  broker->map[WorldRootKey(2)] = IdBytes('\x22');
+  MapBroker* seen = broker.get();
+  auto factory = CreateWith(LargeWorld(5), std::move(broker));
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  EXPECT_GE(api_.LogIndex("CommInitRankScalable(world, 3 ids)"), 0);
+  EXPECT_LT(api_.LogIndex("CommInitRankConfig(world)"), 0);
+  EXPECT_TRUE(seen->published.empty()) << "rank 5 is no root";
+  const std::vector<ncclUniqueId> ids = api_.scalable_ids();
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_EQ(IdOf(ids[0]), std::string(kNcclUniqueIdBytes, '\x5a')) << "root 0: the world ID";
+  EXPECT_EQ(IdOf(ids[1]), IdBytes('\x11'));
+  EXPECT_EQ(IdOf(ids[2]), IdBytes('\x22'));
+}
+
+TEST_F(NcclScalableInitTest, ARootPublishesTheIdItMadeAndInitsWithIt) {
+  auto broker = std::make_unique<MapBroker>();
+  broker->map[WorldRootKey(1)] = IdBytes('\x11');
+  MapBroker* seen = broker.get();
+  auto factory = CreateWith(LargeWorld(2048), std::move(broker));
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  ASSERT_EQ(seen->published, std::vector<std::string>{WorldRootKey(2)});
+  const std::vector<ncclUniqueId> ids = api_.scalable_ids();
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_EQ(IdOf(ids[2]), seen->map[WorldRootKey(2)]) << "its own ID, in its place";
+  EXPECT_EQ(seen->map[WorldRootKey(2)].size(), kNcclUniqueIdBytes);
+}
+
+TEST_F(NcclScalableInitTest, AMissingRootIdFailsNamingItAndStartsNoCommunicator) {
+  auto broker = std::make_unique<MapBroker>();
+  broker->map[WorldRootKey(1)] = IdBytes('\x11');  // Root 2 never publishes.
+  auto factory = CreateWith(LargeWorld(7), std::move(broker));
+  ASSERT_FALSE(factory.ok());
+  EXPECT_EQ(factory.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(factory.status().message()),
+              AllOf(HasSubstr("3 roots"), HasSubstr(WorldRootKey(2))));
+  EXPECT_LT(api_.LogIndex("CommInitRankScalable(world, 3 ids)"), 0);
+}
+
+TEST_F(NcclScalableInitTest, SeveralRootsWithoutABrokerIsAFailedPrecondition) {
+  auto factory = CreateNcclFactory(LargeWorld(7), nullptr, api_);
+  ASSERT_FALSE(factory.ok());
+  EXPECT_EQ(factory.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(factory.status().message()), HasSubstr("broker"));
+}
+
+TEST_F(NcclScalableInitTest, AutoUsesOneRootForASmallWorldOrAnOldNccl) {
+  {
+    NcclProcessGroupFactoryOptions options = Options(/*world_size=*/1024);
+    options.ranks_per_root = 1024;
+    auto factory = CreateWith(options, std::make_unique<MapBroker>());
+    ASSERT_TRUE(factory.ok()) << factory.status();
+    EXPECT_GE(api_.LogIndex("CommInitRankConfig(world)"), 0);
+  }
+  FakeNcclApi old;
+  old.set_version(NCCL_VERSION(2, 22, 3));
+  auto broker = std::make_unique<MapBroker>();
+  auto factory = CreateNcclFactory(LargeWorld(5), std::move(broker), old);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  EXPECT_GE(old.LogIndex("CommInitRankConfig(world)"), 0);
+  EXPECT_LT(old.LogIndex("CommInitRankScalable(world, 3 ids)"), 0);
+  EXPECT_THAT(old.violations(), IsEmpty());
+}
+
+TEST_F(NcclScalableInitTest, ForcedScalableNeedsNccl223AndWorksForAWorldOfOne) {
+  NcclProcessGroupFactoryOptions options = Options();
+  options.world_init = NcclWorldInit::kScalable;
+  {
+    // The world-of-one path a GPU run takes: one root, the world ID.
+    auto factory = CreateNcclFactory(options, nullptr, api_);
+    ASSERT_TRUE(factory.ok()) << factory.status();
+    EXPECT_GE(api_.LogIndex("CommInitRankScalable(world, 1 ids)"), 0);
+  }
+  FakeNcclApi old;
+  old.set_version(NCCL_VERSION(2, 22, 3));
+  auto factory = CreateNcclFactory(options, nullptr, old);
+  ASSERT_FALSE(factory.ok());
+  EXPECT_EQ(factory.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(factory.status().message()), HasSubstr("2.23"));
+}
+
+TEST_F(NcclScalableInitTest, AScalableInitInProgressIsAwaitedAndAFailedOneAborted) {
+  NcclProcessGroupFactoryOptions options = Options();
+  options.world_init = NcclWorldInit::kScalable;
+  FakeNcclApi::CommScript slow;
+  slow.init_polls = 3;
+  api_.ScriptInit(slow);
+  {
+    auto factory = CreateNcclFactory(options, nullptr, api_);
+    ASSERT_TRUE(factory.ok()) << factory.status();
+  }
+  FakeNcclApi failing;
+  FakeNcclApi::CommScript broken;
+  broken.init_polls = 2;
+  broken.init_result = ncclSystemError;
+  failing.ScriptInit(broken);
+  auto factory = CreateNcclFactory(options, nullptr, failing);
+  ASSERT_FALSE(factory.ok());
+  EXPECT_EQ(factory.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(failing.aborted("world"));
+}
+
+TEST_F(NcclScalableInitTest, RanksPerRootMustBePositive) {
+  NcclProcessGroupFactoryOptions options = Options();
+  options.ranks_per_root = 0;
+  auto factory = CreateNcclFactory(options, nullptr, api_);
+  ASSERT_FALSE(factory.ok());
+  EXPECT_EQ(factory.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(factory.status().message()), HasSubstr("ranks_per_root"));
 }
 
 }  // namespace nccl_seam_test

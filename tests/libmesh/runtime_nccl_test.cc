@@ -29,7 +29,7 @@ class RuntimeNcclTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_->CreateJob("job", 1).ok());
   }
 
-  RuntimeOptions Options() {
+  RuntimeOptions Options(NcclWorldInit world_init = NcclWorldInit::kAuto) {
     RuntimeOptions options;
     options.env = nullptr;
     options.coordinator = coordinator_->address();
@@ -42,6 +42,7 @@ class RuntimeNcclTest : public ::testing::Test {
     options.rpc_timeout = absl::Seconds(5);
     NcclBackendOptions nccl;
     nccl.init_timeout = absl::Seconds(60);
+    nccl.world_init = world_init;
     options.backend = NcclBackend(nccl);
     return options;
   }
@@ -64,9 +65,15 @@ TEST_F(RuntimeNcclTest, WithoutADeviceInitFailsWithAClearError) {
   std::printf("Init without a device: %s\n", runtime.status().ToString().c_str());
 }
 
-TEST_F(RuntimeNcclTest, WorldOfOneAllReducesOnCuda0) {
+// The world communicator from one root (ncclCommInitRankConfig, the
+// default for a small world) or through ncclCommInitRankScalable, which
+// large worlds use (NcclWorldInit::kScalable forces it here: one root).
+class RuntimeNcclWorldTest : public RuntimeNcclTest,
+                             public ::testing::WithParamInterface<NcclWorldInit> {};
+
+TEST_P(RuntimeNcclWorldTest, WorldOfOneAllReducesOnCuda0) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  absl::StatusOr<std::unique_ptr<Runtime>> runtime = Runtime::Init(Options());
+  absl::StatusOr<std::unique_ptr<Runtime>> runtime = Runtime::Init(Options(GetParam()));
   ASSERT_TRUE(runtime.ok()) << runtime.status();
   EXPECT_EQ((*runtime)->info().world_unique_id.size(), 128u);
 
@@ -88,6 +95,12 @@ TEST_F(RuntimeNcclTest, WorldOfOneAllReducesOnCuda0) {
   for (float v : host) ASSERT_EQ(v, 3.0f);
   EXPECT_TRUE((*runtime)->Shutdown().ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(WorldInit, RuntimeNcclWorldTest,
+                         ::testing::Values(NcclWorldInit::kAuto, NcclWorldInit::kScalable),
+                         [](const ::testing::TestParamInfo<NcclWorldInit>& info) {
+                           return info.param == NcclWorldInit::kAuto ? "OneRoot" : "Scalable";
+                         });
 
 }  // namespace runtime_nccl_test
 }  // namespace mesh

@@ -148,6 +148,18 @@ enum class NcclGroupCreation : uint8_t {
   kUniqueIds,
 };
 
+// How Create makes the world communicator.
+enum class NcclWorldInit : uint8_t {
+  // ncclCommInitRankScalable when the world has more than ranks_per_root
+  // ranks and the NCCL library is >= 2.23, else one root.
+  kAuto,
+  // Always ncclCommInitRankConfig with the one world unique ID.
+  kSingleRoot,
+  // Always ncclCommInitRankScalable (one root per ranks_per_root ranks, at
+  // least one); FAILED_PRECONDITION where NCCL is older than 2.23.
+  kScalable,
+};
+
 // Which stream a group's ops run on (see "Streams" above).
 enum class NcclStreamMode : uint8_t {
   // The group's own stream, ordered after the caller's by events: ops
@@ -166,6 +178,13 @@ struct NcclProcessGroupFactoryOptions {
   // The world ncclUniqueId, 128 raw bytes (mesh.v1 JoinResponse's
   // nccl_unique_id), the same on every rank.
   std::string world_unique_id;
+  // Several roots spread NCCL's bootstrap of a large world: root i is rank
+  // i * ranks_per_root. Root 0's ID is world_unique_id; every other root
+  // makes one and publishes it through the unique-ID broker (key
+  // "nccl/world-root/<i>"), and every rank fetches them all before
+  // ncclCommInitRankScalable. Needs a broker (or `store`).
+  NcclWorldInit world_init = NcclWorldInit::kAuto;
+  int ranks_per_root = 1024;  // At least 1.
   // Options of every group the factory makes (timeout = the watchdog bound).
   ProcessGroupOptions group_options;
   // Bound on creating one batch of communicators (the world in Create, one
@@ -204,9 +223,12 @@ class NcclProcessGroupFactory : public ProcessGroupFactory {
   //                        that is not 128 bytes, a non-CUDA device, or a
   //                        non-positive timeout/interval;
   //   FAILED_PRECONDITION  no CUDA device visible, or `device` is not one;
-  //                        kSplit where NCCL cannot split;
+  //                        kSplit where NCCL cannot split; kScalable where
+  //                        NCCL is older than 2.23; several roots but no
+  //                        unique-ID broker;
   //   DEADLINE_EXCEEDED    the world communicator did not come up within
-  //                        init_timeout (peers missing);
+  //                        init_timeout (peers missing), or a root's unique
+  //                        ID was not published by then (naming it);
   //   UNAVAILABLE          NCCL failed to create it (network, peers,
   //                        devices); FAILED_PRECONDITION for NCCL usage
   //                        errors (e.g. two ranks on one GPU);

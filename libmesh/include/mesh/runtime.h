@@ -189,6 +189,12 @@ struct NcclBackendOptions {
   NcclStreamMode stream_mode = NcclStreamMode::kGroupStream;
   // Bound on creating one batch of communicators.
   absl::Duration init_timeout = absl::Minutes(5);
+  // The world communicator from several roots, one per ranks_per_root
+  // ranks (NcclProcessGroupFactoryOptions): by default where the world is
+  // larger than that and NCCL is >= 2.23. The roots' unique IDs go through
+  // the coordinator's unique-ID broker, scoped to the generation.
+  NcclWorldInit world_init = NcclWorldInit::kAuto;
+  int ranks_per_root = 1024;
 };
 RuntimeBackend NcclBackend(NcclBackendOptions options = {});
 

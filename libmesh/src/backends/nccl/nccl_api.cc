@@ -14,6 +14,20 @@ class RealApi final : public NcclApi {
                                   ncclConfig_t* config) override {
     return ncclCommInitRankConfig(comm, nranks, id, rank, config);
   }
+  ncclResult_t CommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int n_ids,
+                                    ncclUniqueId* ids, ncclConfig_t* config) override {
+#if MESH_NCCL_HAS_INIT_SCALABLE
+    return ncclCommInitRankScalable(comm, nranks, rank, n_ids, ids, config);
+#else
+    (void)comm;
+    (void)nranks;
+    (void)rank;
+    (void)n_ids;
+    (void)ids;
+    (void)config;
+    return ncclInvalidUsage;
+#endif
+  }
   ncclResult_t CommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                          ncclConfig_t* config) override {
 #if MESH_NCCL_HAS_SPLIT

@@ -37,6 +37,10 @@ class NcclApi {
   virtual ncclResult_t GetUniqueId(ncclUniqueId* id) = 0;
   virtual ncclResult_t CommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
                                           ncclConfig_t* config) = 0;
+  // Only called where NCCL has it (MESH_NCCL_HAS_INIT_SCALABLE); the real
+  // one answers ncclInvalidUsage otherwise.
+  virtual ncclResult_t CommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int n_ids,
+                                            ncclUniqueId* ids, ncclConfig_t* config) = 0;
   // Only called where NCCL has it (MESH_NCCL_HAS_SPLIT); the real one
   // answers ncclInvalidUsage otherwise.
   virtual ncclResult_t CommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,

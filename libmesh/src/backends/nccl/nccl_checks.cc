@@ -307,6 +307,10 @@ absl::Status CheckFactoryOptions(const NcclProcessGroupFactoryOptions& options) 
                                 FormatDurationShort(options.group_options.timeout),
                                 "; it must be positive and finite"));
   }
+  if (options.ranks_per_root < 1) {
+    return invalid(
+        absl::StrCat("ranks_per_root is ", options.ranks_per_root, "; it must be at least 1"));
+  }
   if (!positive_finite(options.watchdog_interval)) {
     return invalid(absl::StrCat("watchdog_interval is ",
                                 FormatDurationShort(options.watchdog_interval),

@@ -221,7 +221,45 @@ void NcclFactory::AbortAll(absl::Status reason) {
   for (const std::shared_ptr<GroupCore>& core : live) core->Abort(reason);
 }
 
+// The root unique IDs of a scalable world init, in root order: root 0's
+// is the world ID; root i (rank i * ranks_per_root) makes one and
+// publishes it, and every rank fetches those of roots 1.. in one Get.
+absl::StatusOr<std::vector<ncclUniqueId>> WorldRootIds(
+    NcclApi& api, const NcclProcessGroupFactoryOptions& options, NcclUniqueIdBroker* broker,
+    absl::Time deadline) {
+  const int roots = (options.world_size + options.ranks_per_root - 1) / options.ranks_per_root;
+  std::vector<ncclUniqueId> ids = {ToUniqueId(options.world_unique_id)};
+  if (roots == 1) return ids;
+  if (broker == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NCCL world init with ", roots,
+        " roots needs a unique-ID broker or a store to exchange their IDs; none was given"));
+  }
+  std::vector<std::string> keys;
+  for (int root = 1; root < roots; ++root) keys.push_back(WorldRootKey(root));
+  if (options.world_rank % options.ranks_per_root == 0) {
+    const int root = options.world_rank / options.ranks_per_root;
+    absl::StatusOr<std::string> mine = GenerateIdBytes(api);
+    if (!mine.ok()) return mine.status();
+    const std::pair<std::string, std::string> published[] = {{keys[root - 1], *mine}};
+    if (absl::Status s = broker->Publish(published); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("publishing NCCL world root ", root,
+                                                 "'s unique ID: ", s.message()));
+    }
+  }
+  absl::StatusOr<std::vector<std::string>> fetched = broker->Get(keys, deadline);
+  if (!fetched.ok()) {
+    return absl::Status(fetched.status().code(), absl::StrCat("NCCL world init with ", roots,
+                                                              " roots: fetching their unique IDs: ",
+                                                              fetched.status().message()));
+  }
+  for (const std::string& id : *fetched) ids.push_back(ToUniqueId(id));
+  return ids;
+}
+
 }  // namespace
+
+std::string WorldRootKey(int root) { return absl::StrCat("nccl/world-root/", root); }
 
 absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> CreateNcclFactory(
     NcclProcessGroupFactoryOptions options, std::unique_ptr<NcclUniqueIdBroker> broker) {
@@ -270,9 +308,35 @@ absl::StatusOr<std::unique_ptr<NcclProcessGroupFactory>> CreateNcclFactory(
   }
 
   const std::string what = GroupWhat("world", options.world_rank, options.world_size, device);
-  absl::StatusOr<ncclComm_t> comm = InitComm(
-      api, ToUniqueId(options.world_unique_id), options.world_size, options.world_rank, device,
-      "world", what, absl::Now() + options.init_timeout, [] { return absl::OkStatus(); });
+  const absl::Time deadline = absl::Now() + options.init_timeout;
+  bool scalable = false;
+  switch (options.world_init) {
+    case NcclWorldInit::kAuto:
+      scalable = options.world_size > options.ranks_per_root && ScalableInitAvailable(api);
+      break;
+    case NcclWorldInit::kSingleRoot:
+      break;
+    case NcclWorldInit::kScalable:
+      if (!ScalableInitAvailable(api)) {
+        return absl::FailedPreconditionError(
+            "NCCL factory options: world_init is kScalable, but ncclCommInitRankScalable needs "
+            "NCCL >= 2.23");
+      }
+      scalable = true;
+      break;
+  }
+  absl::StatusOr<ncclComm_t> comm;
+  if (scalable) {
+    absl::StatusOr<std::vector<ncclUniqueId>> ids =
+        WorldRootIds(api, options, broker.get(), deadline);
+    if (!ids.ok()) return ids.status();
+    comm = InitCommScalable(api, *std::move(ids), options.world_size, options.world_rank, device,
+                            "world", what, deadline, [] { return absl::OkStatus(); });
+  } else {
+    comm =
+        InitComm(api, ToUniqueId(options.world_unique_id), options.world_size, options.world_rank,
+                 device, "world", what, deadline, [] { return absl::OkStatus(); });
+  }
   if (!comm.ok()) return comm.status();
 
   auto watchdog = std::make_shared<Watchdog>(options.watchdog_interval);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "backends/nccl/unique_id_broker.h"
@@ -13,6 +14,10 @@
 namespace mesh::nccl {
 
 class NcclApi;  // backends/nccl/nccl_api.h
+
+// The broker key of root `root`'s unique ID in a scalable world init
+// (NcclWorldInit): "nccl/world-root/<root>", root >= 1.
+std::string WorldRootKey(int root);
 
 // As NcclProcessGroupFactory::Create, with `broker` (may be null) used for
 // unique-ID exchange instead of one built over options.store.

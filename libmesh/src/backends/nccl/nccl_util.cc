@@ -27,6 +27,16 @@ bool SplitAvailable(NcclApi& api) {
 #endif
 }
 
+bool ScalableInitAvailable(NcclApi& api) {
+#if MESH_NCCL_HAS_INIT_SCALABLE
+  int version = 0;
+  return api.GetVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 23, 0);
+#else
+  (void)api;
+  return false;
+#endif
+}
+
 ncclDataType_t ToNcclDataType(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
@@ -250,10 +260,15 @@ const char* PersistentName(absl::string_view name) {
   return names->emplace(name).first->c_str();  // Node-based: the string never moves.
 }
 
-absl::StatusOr<ncclComm_t> InitComm(NcclApi& api, const ncclUniqueId& id, int nranks, int rank,
-                                    int device, const char* name, absl::string_view what,
-                                    absl::Time deadline,
-                                    absl::FunctionRef<absl::Status()> cancelled) {
+namespace {
+
+// The common part of InitComm and InitCommScalable: `start` is the NCCL
+// init call (named `call` in errors), made on `device` with a non-blocking
+// config; then the wait, and the abort of a half-made communicator.
+absl::StatusOr<ncclComm_t> StartAndAwaitComm(
+    NcclApi& api, int device, const char* name, absl::string_view what, absl::Time deadline,
+    absl::FunctionRef<absl::Status()> cancelled, absl::string_view call,
+    absl::FunctionRef<ncclResult_t(ncclComm_t*, ncclConfig_t*)> start) {
   DeviceGuard guard(api, device);  // NCCL binds the communicator to the current device.
   if (!guard.status().ok()) {
     return absl::Status(guard.status().code(), absl::StrCat("creating NCCL communicator for ", what,
@@ -261,18 +276,17 @@ absl::StatusOr<ncclComm_t> InitComm(NcclApi& api, const ncclUniqueId& id, int nr
   }
   ncclConfig_t config = NonBlockingConfig(name);
   ncclComm_t comm = nullptr;
-  const ncclResult_t r = api.CommInitRankConfig(&comm, nranks, id, rank, &config);
+  const ncclResult_t r = start(&comm, &config);
   absl::Status status;
   if (r == ncclInProgress || r == ncclSuccess) {
     if (comm == nullptr) {
-      return absl::InternalError(
-          absl::StrCat("ncclCommInitRankConfig for ", what, " returned no communicator"));
+      return absl::InternalError(absl::StrCat(call, " for ", what, " returned no communicator"));
     }
     status = AwaitComm(api, comm, absl::StrCat("creating NCCL communicator for ", what), deadline,
                        cancelled, absl::StatusCode::kUnavailable);
   } else {
-    status = NcclError(api, absl::StrCat("ncclCommInitRankConfig for ", what), r, comm,
-                       absl::StatusCode::kUnavailable);
+    status =
+        NcclError(api, absl::StrCat(call, " for ", what), r, comm, absl::StatusCode::kUnavailable);
   }
   if (!status.ok()) {
     // Unlike a split, an init publishes its communicator before returning,
@@ -282,6 +296,30 @@ absl::StatusOr<ncclComm_t> InitComm(NcclApi& api, const ncclUniqueId& id, int nr
     return status;
   }
   return comm;
+}
+
+}  // namespace
+
+absl::StatusOr<ncclComm_t> InitComm(NcclApi& api, const ncclUniqueId& id, int nranks, int rank,
+                                    int device, const char* name, absl::string_view what,
+                                    absl::Time deadline,
+                                    absl::FunctionRef<absl::Status()> cancelled) {
+  return StartAndAwaitComm(api, device, name, what, deadline, cancelled, "ncclCommInitRankConfig",
+                           [&](ncclComm_t* comm, ncclConfig_t* config) {
+                             return api.CommInitRankConfig(comm, nranks, id, rank, config);
+                           });
+}
+
+absl::StatusOr<ncclComm_t> InitCommScalable(NcclApi& api, std::vector<ncclUniqueId> ids, int nranks,
+                                            int rank, int device, const char* name,
+                                            absl::string_view what, absl::Time deadline,
+                                            absl::FunctionRef<absl::Status()> cancelled) {
+  return StartAndAwaitComm(api, device, name, what, deadline, cancelled, "ncclCommInitRankScalable",
+                           [&](ncclComm_t* comm, ncclConfig_t* config) {
+                             return api.CommInitRankScalable(comm, nranks, rank,
+                                                             static_cast<int>(ids.size()),
+                                                             ids.data(), config);
+                           });
 }
 
 }  // namespace mesh::nccl

@@ -29,6 +29,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -46,6 +47,8 @@
 
 // ncclCommSplit arrived in 2.18.
 #define MESH_NCCL_HAS_SPLIT (NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0))
+// ncclCommInitRankScalable (several root unique IDs) arrived in 2.23.
+#define MESH_NCCL_HAS_INIT_SCALABLE (NCCL_VERSION_CODE >= NCCL_VERSION(2, 23, 0))
 // ncclConfig_t::commName, shown in NCCL's logs and given to profiler
 // plugins. Guarded conservatively (the field sits after 2.25's trafficClass
 // in the struct; 2.27 certainly has it).
@@ -63,6 +66,10 @@ NcclCaps BuiltCaps();
 // group call races with it; from 2.19 the job belongs to the communicator.
 // Older libraries build groups from unique IDs instead.
 bool SplitAvailable(NcclApi& api);
+
+// Whether ncclCommInitRankScalable is usable: compiled in and the loaded
+// library is at least 2.23.
+bool ScalableInitAvailable(NcclApi& api);
 
 // bool travels as uint8. The dtype must have passed CheckTensor (bfloat16
 // needs caps.bfloat16): anything else is a programmer error (checked).
@@ -140,6 +147,14 @@ absl::StatusOr<ncclComm_t> InitComm(NcclApi& api, const ncclUniqueId& id, int nr
                                     int device, const char* name, absl::string_view what,
                                     absl::Time deadline,
                                     absl::FunctionRef<absl::Status()> cancelled);
+
+// InitComm with ncclCommInitRankScalable and several root unique IDs, in
+// the same order on every rank (ScalableInitAvailable must hold). Same
+// errors and cleanup.
+absl::StatusOr<ncclComm_t> InitCommScalable(NcclApi& api, std::vector<ncclUniqueId> ids, int nranks,
+                                            int rank, int device, const char* name,
+                                            absl::string_view what, absl::Time deadline,
+                                            absl::FunctionRef<absl::Status()> cancelled);
 
 // Reads a `newcomm` slot NCCL's split job may be writing concurrently.
 inline ncclComm_t LoadPublished(ncclComm_t* slot) {
