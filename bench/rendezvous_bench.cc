@@ -333,12 +333,10 @@ class MeshRound {
     Drain();
     for (int r = 0; r < ranks_; ++r) StartLeave(r);
     Drain();
-    RoundResult result;
-    if (absl::Status s = state_.status(); !s.ok()) {
-      return HeartbeatStatus().ok() ? s : HeartbeatStatus();
-    }
+    // A death the heartbeats saw explains the round's failure best.
     if (absl::Status s = HeartbeatStatus(); !s.ok()) return s;
-    result = state_.Result();
+    if (absl::Status s = state_.status(); !s.ok()) return s;
+    RoundResult result = state_.Result();
     result.heartbeats = heartbeats_sent_.load();
     result.heartbeat_errors = heartbeat_errors_.load();
     return result;

@@ -1120,9 +1120,7 @@ void Coordination::ForgiveStall(absl::Duration stall) {
 
 void Coordination::CheckLivenessLocked(absl::Time now, Completions& done) {
   // A heartbeat sent now may wait this long in the server's own backlog.
-  const absl::Duration grace = server_lag_ == nullptr
-                                   ? absl::ZeroDuration()
-                                   : std::min(server_lag_->Grace(now), options_.heartbeat_timeout);
+  const absl::Duration grace = CappedGrace(server_lag_, now, options_.heartbeat_timeout);
   bool held = false;
   for (auto& [job_id, job] : jobs_) {
     Generation& gen = *job->current;

@@ -333,9 +333,7 @@ void JobManager::ForgiveStall(absl::Duration stall) {
 
 void JobManager::ExpireSilentNodesLocked(absl::Time now, Effects& effects) {
   // A heartbeat sent now may wait this long in the server's own backlog.
-  const absl::Duration grace =
-      server_lag_ == nullptr ? absl::ZeroDuration()
-                             : std::min(server_lag_->Grace(now), options_.node_heartbeat_timeout);
+  const absl::Duration grace = CappedGrace(server_lag_, now, options_.node_heartbeat_timeout);
   for (auto& [name, node] : nodes_) {
     if (node->ready && now - grace - std::max(node->last_seen, node->silence_from) >
                            options_.node_heartbeat_timeout) {

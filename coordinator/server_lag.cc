@@ -29,6 +29,10 @@ absl::Duration ServerLag::Grace(absl::Time now) const {
   return last_round_trip_;
 }
 
+absl::Duration CappedGrace(const ServerLag* lag, absl::Time now, absl::Duration cap) {
+  return lag == nullptr ? absl::ZeroDuration() : std::min(lag->Grace(now), cap);
+}
+
 absl::Duration StallOf(absl::Duration since_last_wake, absl::Duration expected) {
   const absl::Duration late = since_last_wake - expected;
   return late > kStallSlack ? late : absl::ZeroDuration();

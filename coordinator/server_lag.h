@@ -50,6 +50,10 @@ class ServerLag {
   absl::Duration last_round_trip_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
 };
 
+// `lag`'s Grace at `now`, capped at `cap` (a liveness check allows at most
+// one more timeout); zero when `lag` is null.
+absl::Duration CappedGrace(const ServerLag* lag, absl::Time now, absl::Duration cap);
+
 // The part of a ticker's lateness that counts as a stall: anything beyond
 // `expected` plus kStallSlack (scheduling noise on a busy host is not
 // forgiven, and need not be: timeouts are seconds).
