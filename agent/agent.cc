@@ -1,5 +1,6 @@
 #include "agent/agent.h"
 
+#include <filesystem>
 #include <optional>
 #include <utility>
 
@@ -86,6 +87,29 @@ absl::Status Agent::Start() {
       [this](uint64_t epoch, const std::string& why) { session_->RequestReconnect(epoch, why); });
   applier_ = std::make_unique<OrderApplier>(&config_, launcher_, outbox_.get(), &metrics_, strays_,
                                             isolation_);
+  if (config_.rank_relay) {
+    std::error_code ignored;  // A failure shows as the relay's own.
+    std::filesystem::create_directories(config_.work_dir, ignored);
+    RankRelayOptions relay;
+    relay.socket_path = config_.relay_socket.empty()
+                            ? (std::filesystem::path(config_.work_dir) / "relay.sock").string()
+                            : config_.relay_socket;
+    relay.coordinator = config_.coordinator;
+    relay.security = config_.security;
+    absl::StatusOr<std::unique_ptr<RankRelay>> started = RankRelay::Start(std::move(relay));
+    if (started.ok()) {
+      relay_ = *std::move(started);
+      applier_->set_relay(relay_.get());
+      spdlog::info("rank relay on {}", relay_->target());
+    } else if (!config_.relay_socket.empty()) {
+      return started.status();
+    } else {
+      // The default place did not work (a work dir too deep for a Unix
+      // socket path, say): workers call the coordinator directly.
+      spdlog::warn("no rank relay ({}); workers call the coordinator directly",
+                   std::string(started.status().message()));
+    }
+  }
   applier_->set_on_collectable([this] {
     absl::MutexLock lock(&mu_);
     collect_now_ = true;
@@ -127,6 +151,7 @@ void Agent::Shutdown() {
   outbox_->Stop();
   uploader_->Stop();
   applier_->Shutdown();
+  if (relay_ != nullptr) relay_->Shutdown();
 }
 
 std::string Agent::session_id() const {

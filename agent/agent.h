@@ -73,6 +73,7 @@
 #include "agent/node_client.h"
 #include "agent/order_applier.h"
 #include "agent/process_launcher.h"
+#include "agent/rank_relay.h"
 #include "agent/report_outbox.h"
 #include "agent/stray_killer.h"
 #include "common/metrics.h"
@@ -145,6 +146,10 @@ class Agent {
   // then stops the order thread, the session, the outbox, the uploads and
   // last the workers.
   std::unique_ptr<NodeClient> client_;
+  // Made by Start when config.rank_relay is on (null if it could not listen
+  // at the default place); outlives the applier, which registers each
+  // generation with it.
+  std::unique_ptr<RankRelay> relay_;
   std::unique_ptr<ReportOutbox> outbox_;
   std::unique_ptr<OrderApplier> applier_;
   std::unique_ptr<CoordinatorSession> session_;

@@ -78,6 +78,12 @@ struct AgentConfig {
   // What the agent enforces between jobs (JobIsolation::Describe), sent
   // with every registration and shown by `meshctl nodes`.
   v1::NodeIsolation isolation;
+  // The rank relay (agent/rank_relay.h): workers reach the coordinator's
+  // WorkerService through this agent, on a Unix socket at relay_socket
+  // (empty: <work_dir>/relay.sock). Off: workers call the coordinator
+  // directly.
+  bool rank_relay = true;
+  std::string relay_socket;
 };
 
 }  // namespace mesh::agent

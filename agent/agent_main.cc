@@ -199,6 +199,18 @@ int RunAgentMain(int argc, const char* const* argv) {
                  "default (LD_LIBRARY_PATH, LD_PRELOAD, LD_AUDIT, BASH_ENV, ENV); comma-separated")
       ->envname("MESH_AGENT_ALLOW_JOB_ENV")
       ->delimiter(',');
+  bool rank_relay = true;
+  std::string relay_socket;
+  app.add_option("--rank-relay", rank_relay,
+                 "Serve the workers' rendezvous, heartbeat and KV calls on a Unix socket and "
+                 "forward them to the coordinator, one call per node where the ranks would make "
+                 "one each (docs/rendezvous.md); false: workers call the coordinator directly")
+      ->envname("MESH_AGENT_RANK_RELAY")
+      ->capture_default_str();
+  app.add_option("--relay-socket", relay_socket,
+                 "Path of the rank relay's Unix socket (at most 107 bytes); default: "
+                 "<work-dir>/relay.sock")
+      ->envname("MESH_AGENT_RELAY_SOCKET");
   app.add_flag("--discover", discover, "Print what this host offers as JSON and exit");
   app.add_option("--log-format", log_format, "text or json")
       ->envname("MESH_LOG_FORMAT")
@@ -281,6 +293,8 @@ int RunAgentMain(int argc, const char* const* argv) {
   config.worker_metrics_port_first = worker_port_first;
   config.worker_metrics_port_last = worker_port_last;
   config.instance = NewAgentInstance(config.name);
+  config.rank_relay = rank_relay;
+  config.relay_socket = relay_socket;
   config.allowed_job_env.insert(allow_job_env.begin(), allow_job_env.end());
   if (absl::Status s = CheckAllowedJobEnv(config.allowed_job_env); !s.ok()) {
     return UsageError(std::string(s.message()));

@@ -159,6 +159,9 @@ void OrderApplier::Shutdown() {
     }
   }
   KillStrays(ended);
+  if (relay_ != nullptr) {
+    for (const auto& [job_id, rec] : ended) relay_->RemoveGeneration(job_id, rec->generation);
+  }
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, job] : jobs_) job->generations.clear();
@@ -465,6 +468,7 @@ void OrderApplier::ApplyLaunch(const v1::Assignment& order, absl::Time received)
     assignment.gpu_job = order.gpu_job();
     assignment.gpus.assign(r.gpus().begin(), r.gpus().end());
     assignment.agent_instance = config_.instance;
+    if (relay_ != nullptr) assignment.agent_socket = relay_->socket_path();
     assignment.user_env = user_env;
     assignment.operator_env = config_.operator_env;
     assignment.allowed_job_env = config_.allowed_job_env;
@@ -525,6 +529,8 @@ void OrderApplier::ApplyLaunch(const v1::Assignment& order, absl::Time received)
     }
     jobs_[job_id]->generations[generation] = rec;
   }
+  // Before any worker can call it; CollectFinishedGenerations removes it.
+  if (relay_ != nullptr) relay_->AddGeneration(job_id, generation, ranks, order.worker_token());
   // From here the ports belong to `rec`: OnRankExit releases each.
   metrics_ports.clear();
   const absl::Status started = rec->supervisor->Start(std::move(launches));

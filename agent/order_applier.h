@@ -65,6 +65,7 @@
 #include "agent/agent_metrics.h"
 #include "agent/job_isolation.h"
 #include "agent/process_launcher.h"
+#include "agent/rank_relay.h"
 #include "agent/report_outbox.h"
 #include "agent/stray_killer.h"
 #include "agent/worker_supervisor.h"
@@ -103,6 +104,11 @@ class OrderApplier {
   // left in the generation's cgroup dies at once. Set before the first
   // order.
   void set_on_collectable(std::function<void()> callback) { on_collectable_ = std::move(callback); }
+  // The agent's rank relay, or null (the default): each launched generation
+  // is registered with it before its workers start, and removed once it is
+  // collected, and its workers get MESH_AGENT_SOCKET. Set before the first
+  // order; borrowed, must outlive the applier.
+  void set_relay(RankRelay* relay) { relay_ = relay; }
 
   // After this, a LAUNCH (one in progress included) starts nothing.
   void BeginShutdown();
@@ -151,6 +157,7 @@ class OrderApplier {
   StrayKiller* const strays_;            // May be null.
   const JobIsolation* const isolation_;  // May be null.
   std::function<void()> on_collectable_;
+  RankRelay* relay_ = nullptr;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

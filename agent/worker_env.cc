@@ -132,6 +132,7 @@ absl::StatusOr<std::vector<std::string>> BuildWorkerEnv(
   for (auto& [name, value] : security::ClientSecurityEnv(a.security)) env[name] = value;
   if (a.metrics_port != 0) env["MESH_METRICS_PORT"] = absl::StrCat(a.metrics_port);
   if (!a.agent_instance.empty()) env["MESH_AGENT_INSTANCE"] = a.agent_instance;
+  if (!a.agent_socket.empty()) env["MESH_AGENT_SOCKET"] = a.agent_socket;
 
   env["RANK"] = absl::StrCat(a.rank);
   env["LOCAL_RANK"] = absl::StrCat(a.local_rank);

@@ -66,6 +66,10 @@ struct WorkerAssignment {
   // how the agent finds the worker's descendants that left its process
   // group. Omitted when empty.
   std::string agent_instance;
+  // The agent's rank relay socket (MESH_AGENT_SOCKET, agent/rank_relay.h):
+  // libmesh then makes every WorkerService call through it. Omitted when
+  // empty.
+  std::string agent_socket;
   // The user's env from the job spec, in spec order.
   std::vector<std::pair<std::string, std::string>> user_env;
   // Layer 2: the operator's worker environment (agent/worker_env_file.h).

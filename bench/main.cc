@@ -56,10 +56,12 @@ double Mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
 
 void PrintRendezvous(const mesh::bench::RendezvousBenchResult& r, int warmup) {
   std::printf(
-      "# mesh-bench rendezvous: %d ranks over %d connections, median of %zu rounds "
+      "# mesh-bench rendezvous: %d ranks over %d connections%s, median of %zu rounds "
       "(+%d warm-up) against %s%s; load average %.2f\n",
-      r.ranks, r.channels, r.mesh.size(), warmup, r.coordinator.c_str(),
-      r.in_process ? " (in process)" : "", r.load_average);
+      r.ranks, r.channels,
+      r.via_agent ? absl::StrCat(" through agents of ", r.ranks_per_node, " ranks").c_str() : "",
+      r.mesh.size(), warmup, r.coordinator.c_str(), r.in_process ? " (in process)" : "",
+      r.load_average);
   // "join 0.101-0.120, ...": when the first and the last rank finished each step.
   auto steps = [](const std::vector<double>& first, const std::vector<double>& last,
                   const std::vector<std::string>& names) {
@@ -328,6 +330,13 @@ int main(int argc, char** argv) {
   rendezvous_cmd->add_flag("--connection-per-rank", rendezvous.connection_per_rank,
                            "Each rank its own connection, as in a real job (overrides "
                            "--channels)");
+  rendezvous_cmd->add_flag("--via-agent", rendezvous.via_agent,
+                           "Through agents' rank relays: simulated agents of --ranks-per-node "
+                           "ranks, one connection each, making the relay's node calls");
+  rendezvous_cmd->add_option("--ranks-per-node", rendezvous.ranks_per_node,
+                             "Ranks per simulated agent, with --via-agent")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
 
   mesh::bench::WaitersBenchOptions waiters;
   std::string kind = "all";

@@ -92,6 +92,13 @@ struct RendezvousBenchOptions {
   // in an in-process coordinator); the soft limit is raised to the hard
   // one, and a run that would exceed it is refused (RESOURCE_EXHAUSTED).
   bool connection_per_rank = false;
+  // Through agents (agent/rank_relay.h): ranks_per_node ranks per
+  // simulated agent, each agent with its own connection, making the node
+  // calls a relay makes (JoinBatch, BarrierBatch, one GetUniqueIds,
+  // HeartbeatBatch; rendezvous_nodes.cc). The ranks' hop to their agent is
+  // not simulated.
+  bool via_agent = false;
+  int ranks_per_node = 8;
   // Coordinator to measure; empty starts one in this process (own threads)
   // and creates jobs directly, otherwise jobs come from AdminService.CreateJob.
   std::string coordinator;
@@ -137,6 +144,8 @@ struct RendezvousBenchResult {
   bool in_process = false;
   int ranks = 0;
   int channels = 0;
+  bool via_agent = false;
+  int ranks_per_node = 0;  // With via_agent.
   bool grpc_deadlines = false;
   double load_average = 0;            // When the run started.
   std::vector<RoundResult> mesh;      // One per measured round.

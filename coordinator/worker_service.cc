@@ -1,11 +1,14 @@
 #include "coordinator/worker_service.h"
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "coordinator/rpc_helpers.h"
@@ -155,6 +158,94 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
   std::optional<grpc::Status> finish_status_ ABSL_GUARDED_BY(mu_);
 };
 
+JoinArgs JoinArgsOf(const grpc::CallbackServerContext* ctx, const JoinRequest& request) {
+  JoinArgs args;
+  args.caller = ToCaller(request.context());
+  args.host = request.host();
+  args.device = DeviceInfo{request.device().kind(), request.device().index(),
+                           request.device().uuid(), request.device().pci_bus_id()};
+  if (!request.has_device()) args.device.index = -1;
+  args.nccl_unique_id = request.nccl_unique_id();
+  args.timeout = EffectiveTimeout(ctx, request.timeout_seconds());
+  return args;
+}
+
+void FillJoinResponse(const JoinResult& r, JoinResponse* response) {
+  response->set_rank(r.rank);
+  response->set_world_size(r.world_size);
+  response->set_local_rank(r.local_rank);
+  response->set_local_world_size(r.local_world_size);
+  response->set_node_rank(r.node_rank);
+  response->set_num_nodes(r.num_nodes);
+  for (int64_t d : r.mesh_shape) response->add_mesh_shape(d);
+  for (const auto& n : r.mesh_dim_names) response->add_mesh_dim_names(n);
+  response->set_generation(r.generation);
+  response->set_nccl_unique_id(r.nccl_unique_id);
+  response->set_heartbeat_interval_seconds(absl::ToDoubleSeconds(r.heartbeat_interval));
+  response->set_heartbeat_timeout_seconds(absl::ToDoubleSeconds(r.heartbeat_timeout));
+}
+
+std::vector<GroupProgressReport> GroupsOf(const HeartbeatRequest& request) {
+  std::vector<GroupProgressReport> groups;
+  groups.reserve(request.groups_size());
+  for (const v1::GroupProgress& g : request.groups()) {
+    GroupProgressReport& report = groups.emplace_back();
+    report.name = g.name();
+    report.members.assign(g.members().begin(), g.members().end());
+    report.entered = g.entered();
+    report.completed = g.completed();
+    report.pending_kind = g.pending_kind();
+    report.completed_kind = g.completed_kind();
+    report.waiting = absl::Milliseconds(g.waiting_ms());
+    report.since_completed = absl::Milliseconds(g.since_completed_ms());
+  }
+  return groups;
+}
+
+void FillHeartbeatResponse(const HeartbeatReply& reply, HeartbeatResponse* response) {
+  if (reply.error.has_value()) FillJobError(*reply.error, response->mutable_error());
+  response->set_send_members(reply.send_members);
+}
+
+void SetEntryStatus(const absl::Status& status, EntryStatus* out) {
+  out->set_code(static_cast<int32_t>(status.code()));
+  out->set_message(std::string(status.message()));
+}
+
+// The most entries a batch may carry.
+constexpr int kMaxBatchEntries = 4096;
+
+// A batch's checks: at most kMaxBatchEntries entries, all of one job, and
+// the caller may act for that job. `job_of(i)` is entry i's job id.
+template <typename JobOf>
+absl::Status CheckBatch(const CallAuthorizer& authz, const grpc::CallbackServerContext& ctx,
+                        int size, JobOf job_of) {
+  if (size > kMaxBatchEntries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a batch holds at most ", kMaxBatchEntries, " entries, not ", size));
+  }
+  if (size == 0) return absl::OkStatus();
+  const std::string& job = job_of(0);
+  for (int i = 1; i < size; ++i) {
+    if (job_of(i) != job) {
+      return absl::InvalidArgumentError(absl::StrCat("a batch names one job: entry 0 is for '",
+                                                     job, "' and entry ", i, " for '", job_of(i),
+                                                     "'"));
+    }
+  }
+  return authz.WorkerCall(ctx, job);
+}
+
+// Finishes `reactor` OK when the last of `pending` entries is done.
+struct BatchCountdown {
+  BatchCountdown(grpc::ServerUnaryReactor* r, int n) : reactor(r), pending(n) {}
+  void Done() {
+    if (pending.fetch_sub(1, std::memory_order_acq_rel) == 1) reactor->Finish(grpc::Status::OK);
+  }
+  grpc::ServerUnaryReactor* const reactor;
+  std::atomic<int> pending;
+};
+
 }  // namespace
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Join(Ctx* ctx, const JoinRequest* request,
@@ -163,32 +254,38 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Join(Ctx* ctx, const JoinRequest* r
     return FinishUnary(ctx, denied);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  JoinArgs args;
-  args.caller = ToCaller(request->context());
-  args.host = request->host();
-  args.device = DeviceInfo{request->device().kind(), request->device().index(),
-                           request->device().uuid(), request->device().pci_bus_id()};
-  if (!request->has_device()) args.device.index = -1;
-  args.nccl_unique_id = request->nccl_unique_id();
-  args.timeout = EffectiveTimeout(ctx, request->timeout_seconds());
-  coordination_->Join(std::move(args), [reactor, response](absl::StatusOr<JoinResult> r) {
-    if (r.ok()) {
-      response->set_rank(r->rank);
-      response->set_world_size(r->world_size);
-      response->set_local_rank(r->local_rank);
-      response->set_local_world_size(r->local_world_size);
-      response->set_node_rank(r->node_rank);
-      response->set_num_nodes(r->num_nodes);
-      for (int64_t d : r->mesh_shape) response->add_mesh_shape(d);
-      for (const auto& n : r->mesh_dim_names) response->add_mesh_dim_names(n);
-      response->set_generation(r->generation);
-      response->set_nccl_unique_id(r->nccl_unique_id);
-      response->set_heartbeat_interval_seconds(absl::ToDoubleSeconds(r->heartbeat_interval));
-      response->set_heartbeat_timeout_seconds(absl::ToDoubleSeconds(r->heartbeat_timeout));
-    }
-    reactor->Finish(ToGrpcStatus(r.status()));
-  });
+  coordination_->Join(JoinArgsOf(ctx, *request),
+                      [reactor, response](absl::StatusOr<JoinResult> r) {
+                        if (r.ok()) FillJoinResponse(*r, response);
+                        reactor->Finish(ToGrpcStatus(r.status()));
+                      });
   return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::JoinBatch(Ctx* ctx, const JoinBatchRequest* request,
+                                                       JoinBatchResponse* response) {
+  if (absl::Status bad = CheckBatch(*authz_, *ctx, request->joins_size(),
+                                    [&](int i) -> const std::string& {
+                                      return request->joins(i).context().job_id();
+                                    });
+      !bad.ok()) {
+    return FinishUnary(ctx, bad);
+  }
+  if (request->joins_size() == 0) return FinishUnary(ctx, absl::OkStatus());
+  // Every entry exists before the first Join, whose callback may run inside
+  // the call; each callback writes only its own entry.
+  for (int i = 0; i < request->joins_size(); ++i) response->add_entries();
+  auto countdown = std::make_shared<BatchCountdown>(ctx->DefaultReactor(), request->joins_size());
+  for (int i = 0; i < request->joins_size(); ++i) {
+    JoinBatchEntry* entry = response->mutable_entries(i);
+    coordination_->Join(JoinArgsOf(ctx, request->joins(i)),
+                        [countdown, entry](absl::StatusOr<JoinResult> r) {
+                          if (r.ok()) FillJoinResponse(*r, entry->mutable_reply());
+                          SetEntryStatus(r.status(), entry->mutable_status());
+                          countdown->Done();
+                        });
+  }
+  return countdown->reactor;
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::DescribeRanks(Ctx* ctx,
@@ -360,6 +457,37 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Barrier(Ctx* ctx, const BarrierRequ
   return reactor;
 }
 
+grpc::ServerUnaryReactor* WorkerServiceImpl::BarrierBatch(Ctx* ctx,
+                                                          const BarrierBatchRequest* request,
+                                                          BarrierBatchResponse* response) {
+  if (absl::Status bad = CheckBatch(*authz_, *ctx, request->arrivals_size(),
+                                    [&](int i) -> const std::string& {
+                                      return request->arrivals(i).context().job_id();
+                                    });
+      !bad.ok()) {
+    return FinishUnary(ctx, bad);
+  }
+  if (request->arrivals_size() == 0) return FinishUnary(ctx, absl::OkStatus());
+  for (int i = 0; i < request->arrivals_size(); ++i) response->add_entries();
+  auto countdown =
+      std::make_shared<BatchCountdown>(ctx->DefaultReactor(), request->arrivals_size());
+  for (int i = 0; i < request->arrivals_size(); ++i) {
+    const BarrierRequest& arrival = request->arrivals(i);
+    BarrierBatchEntry* entry = response->mutable_entries(i);
+    coordination_->Barrier(ToCaller(arrival.context()), arrival.name(),
+                           std::vector<int>(arrival.ranks().begin(), arrival.ranks().end()),
+                           EffectiveTimeout(ctx, arrival.timeout_seconds()),
+                           [countdown, entry](absl::StatusOr<int> participants) {
+                             if (participants.ok()) {
+                               entry->mutable_reply()->set_participants(*participants);
+                             }
+                             SetEntryStatus(participants.status(), entry->mutable_status());
+                             countdown->Done();
+                           });
+  }
+  return countdown->reactor;
+}
+
 grpc::ServerUnaryReactor* WorkerServiceImpl::PublishUniqueIds(
     Ctx* ctx, const PublishUniqueIdsRequest* request, PublishUniqueIdsResponse*) {
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
@@ -394,25 +522,28 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(Ctx* ctx, const Heartbeat
   if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
     return FinishUnary(ctx, denied);
   }
-  std::vector<GroupProgressReport> groups;
-  groups.reserve(request->groups_size());
-  for (const v1::GroupProgress& g : request->groups()) {
-    GroupProgressReport& report = groups.emplace_back();
-    report.name = g.name();
-    report.members.assign(g.members().begin(), g.members().end());
-    report.entered = g.entered();
-    report.completed = g.completed();
-    report.pending_kind = g.pending_kind();
-    report.completed_kind = g.completed_kind();
-    report.waiting = absl::Milliseconds(g.waiting_ms());
-    report.since_completed = absl::Milliseconds(g.since_completed_ms());
-  }
-  auto reply = coordination_->Heartbeat(ToCaller(request->context()), groups);
-  if (reply.ok()) {
-    if (reply->error.has_value()) FillJobError(*reply->error, response->mutable_error());
-    response->set_send_members(reply->send_members);
-  }
+  auto reply = coordination_->Heartbeat(ToCaller(request->context()), GroupsOf(*request));
+  if (reply.ok()) FillHeartbeatResponse(*reply, response);
   return FinishUnary(ctx, reply.status());
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::HeartbeatBatch(Ctx* ctx,
+                                                            const HeartbeatBatchRequest* request,
+                                                            HeartbeatBatchResponse* response) {
+  if (absl::Status bad = CheckBatch(*authz_, *ctx, request->heartbeats_size(),
+                                    [&](int i) -> const std::string& {
+                                      return request->heartbeats(i).context().job_id();
+                                    });
+      !bad.ok()) {
+    return FinishUnary(ctx, bad);
+  }
+  for (const HeartbeatRequest& heartbeat : request->heartbeats()) {
+    HeartbeatBatchEntry* entry = response->add_entries();
+    auto reply = coordination_->Heartbeat(ToCaller(heartbeat.context()), GroupsOf(heartbeat));
+    if (reply.ok()) FillHeartbeatResponse(*reply, entry->mutable_reply());
+    SetEntryStatus(reply.status(), entry->mutable_status());
+  }
+  return FinishUnary(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportError(Ctx* ctx,

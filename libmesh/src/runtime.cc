@@ -255,6 +255,15 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const RuntimeOptions& options) 
   if (auto v = Raw(options.tls_server_name, kTlsServerName, env)) {
     config.tls_server_name = v->first;
   }
+  static constexpr Source kAgentSocket{"MESH_AGENT_SOCKET", "agent_socket"};
+  if (auto v = Raw(options.agent_socket, kAgentSocket, env); v.has_value() && !v->first.empty()) {
+    if (v->first.front() != '/' || v->first.size() > 107) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Describe(kAgentSocket, v->second), " is '", v->first,
+                       "', not an absolute Unix socket path of at most 107 bytes"));
+    }
+    config.agent_socket = v->first;
+  }
   // A token is a secret: never sent over plaintext (docs/security.md).
   if (!config.auth_token.empty() && config.tls_ca.empty()) {
     return absl::InvalidArgumentError(
@@ -557,9 +566,15 @@ absl::Status Runtime::Start() {
   identity.incarnation = info_.incarnation;
   internal::CoordinatorClientOptions client_options;
   client_options.auth_token = config_.auth_token;
+  // Through the local agent's rank relay when there is one: a Unix socket,
+  // which needs no TLS (the token still goes with every call).
   absl::StatusOr<std::shared_ptr<internal::CoordinatorClient>> client =
-      internal::NewGrpcCoordinatorClient(config_.coordinator, internal::ChannelSecurityOf(config_),
-                                         identity, client_options);
+      config_.agent_socket.empty()
+          ? internal::NewGrpcCoordinatorClient(config_.coordinator,
+                                               internal::ChannelSecurityOf(config_), identity,
+                                               client_options)
+          : internal::NewGrpcCoordinatorClient(absl::StrCat("unix:", config_.agent_socket), {},
+                                               identity, client_options);
   if (!client.ok()) return client.status();
   client_ = *std::move(client);
 

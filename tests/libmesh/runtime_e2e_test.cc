@@ -3,6 +3,9 @@
 // options), Gloo over loopback TCP. A 2x2 mesh all-reduces along each dim;
 // a rank that hangs mid-collective, or reports an error, ends every other
 // rank's pending collective within a few heartbeat intervals, naming it.
+// Each case runs twice: the ranks calling the coordinator directly, and
+// through two agents' rank relays (agent/rank_relay.h, one per host, as
+// MESH_AGENT_SOCKET), whose batching must keep every one of these promises.
 //
 // Time bounds asserted here are not performance checks: each is far below
 // the 60 s collective timeout the test configures, so exceeding one means a
@@ -10,6 +13,7 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -24,9 +28,11 @@
 #include "absl/synchronization/barrier.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
+#include "agent/rank_relay.h"
 #include "mesh/runtime.h"
 #include "mesh/tensor.h"
 #include "tests/util/in_process_coordinator.h"
+#include "tests/util/proc.h"
 #include "tests/util/subprocess.h"
 
 namespace mesh {
@@ -40,19 +46,48 @@ constexpr absl::Duration kHeartbeatTimeout = absl::Milliseconds(300);
 constexpr absl::Duration kCollectiveTimeout = absl::Seconds(60);
 constexpr absl::Duration kPrompt = absl::Seconds(10);
 
-class RuntimeE2eTest : public ::testing::Test {
+enum class Path { kDirect, kThroughAgents };
+
+class RuntimeE2eTest : public ::testing::TestWithParam<Path> {
  protected:
   void SetUp() override {
     auto coordinator = testing::InProcessCoordinator::Start(kInterval, kHeartbeatTimeout);
     ASSERT_TRUE(coordinator.ok()) << coordinator.status();
     coordinator_ = *std::move(coordinator);
     ASSERT_TRUE(coordinator_->CreateJob("e2e", kWorld, {2, 2}, {"dp", "tp"}).ok());
+    if (GetParam() == Path::kThroughAgents) {
+      dir_ = testing::MakeTempDir("mesh-e2e-relay");
+      for (int host = 0; host < 2; ++host) {
+        agent::RankRelayOptions options;
+        options.socket_path = absl::StrCat(dir_, "/relay-", host, ".sock");
+        options.coordinator = coordinator_->address();
+        auto relay = agent::RankRelay::Start(options);
+        ASSERT_TRUE(relay.ok()) << relay.status();
+        (*relay)->AddGeneration("e2e", 0, {2 * host, 2 * host + 1}, "");
+        relays_.push_back(*std::move(relay));
+      }
+    }
+  }
+
+  void TearDown() override {
+    for (auto& relay : relays_) {
+      // Every rank went through its relay, which spoke for the node: one
+      // JoinBatch for both ranks, or two when the second rank (a process
+      // started later) came after the first's batching window.
+      const agent::RankRelayStats stats = relay->stats();
+      EXPECT_GT(stats.served, 0);
+      EXPECT_GE(stats.join_batches, 1);
+      EXPECT_LE(stats.join_batches, 2);
+      relay->Shutdown();
+    }
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
 
   RuntimeOptions Options(int rank) {
     RuntimeOptions options;
     options.env = nullptr;
     options.coordinator = coordinator_->address();
+    if (!relays_.empty()) options.agent_socket = relays_[rank / 2]->socket_path();
     options.job_id = "e2e";
     options.generation = 0;
     options.rank = rank;
@@ -83,12 +118,20 @@ class RuntimeE2eTest : public ::testing::Test {
   }
 
   std::unique_ptr<testing::InProcessCoordinator> coordinator_;
+  std::string dir_;
+  std::vector<std::unique_ptr<agent::RankRelay>> relays_;  // One per host.
 };
+
+INSTANTIATE_TEST_SUITE_P(Paths, RuntimeE2eTest,
+                         ::testing::Values(Path::kDirect, Path::kThroughAgents),
+                         [](const ::testing::TestParamInfo<Path>& info) {
+                           return info.param == Path::kDirect ? "Direct" : "ThroughAgents";
+                         });
 
 // Element i of rank r's input.
 float Input(int rank, int i) { return static_cast<float>(100 * (rank + 1) + i); }
 
-TEST_F(RuntimeE2eTest, TwoByTwoMeshAllReducesAlongEachDim) {
+TEST_P(RuntimeE2eTest, TwoByTwoMeshAllReducesAlongEachDim) {
   constexpr int kElements = 1000;
   OnRanks([&](int rank, Runtime& runtime) {
     EXPECT_EQ(runtime.info().local_rank, rank % 2);
@@ -142,7 +185,7 @@ TEST_F(RuntimeE2eTest, TwoByTwoMeshAllReducesAlongEachDim) {
 
 // Ranks 0..2 issue collectives that need rank 3; rank 3 hangs instead (its
 // heartbeats stop and it never joins the op).
-TEST_F(RuntimeE2eTest, AHungRankEndsEveryPendingCollectiveNamingIt) {
+TEST_P(RuntimeE2eTest, AHungRankEndsEveryPendingCollectiveNamingIt) {
   constexpr int kVictim = 3;
   absl::Barrier meshes_built(kWorld);
   // The victim keeps its sockets open until the others are done: a hang,
@@ -193,7 +236,7 @@ TEST_F(RuntimeE2eTest, AHungRankEndsEveryPendingCollectiveNamingIt) {
   }
 }
 
-TEST_F(RuntimeE2eTest, ReportErrorEndsEveryPendingCollectiveNamingTheReporter) {
+TEST_P(RuntimeE2eTest, ReportErrorEndsEveryPendingCollectiveNamingTheReporter) {
   constexpr int kReporter = 1;
   absl::Barrier meshes_built(kWorld);
   // The reporter keeps its sockets open until the others are done, so that
@@ -236,19 +279,23 @@ TEST_F(RuntimeE2eTest, ReportErrorEndsEveryPendingCollectiveNamingTheReporter) {
 // The environment contract with real processes: examples/allreduce_2d,
 // started as four workers with only MESH_* variables, joins, all-reduces on
 // a 2x2 mesh and exits 0.
-TEST_F(RuntimeE2eTest, ExampleWorkersRunFromTheEnvironment) {
+TEST_P(RuntimeE2eTest, ExampleWorkersRunFromTheEnvironment) {
   std::vector<::mesh::testing::Subprocess> workers;
   for (int r = 0; r < kWorld; ++r) {
+    std::vector<std::string> env = {
+        absl::StrCat("MESH_COORDINATOR=", coordinator_->address()), "MESH_JOB_ID=e2e",
+        "MESH_GENERATION=0", absl::StrCat("MESH_RANK=", r),
+        // Two nodes on this one machine, as two agents would say: the node
+        // name, not the host name, is what the coordinator groups ranks by
+        // (the cross-check of the local ranks fails otherwise).
+        absl::StrCat("MESH_WORLD_SIZE=", kWorld), absl::StrCat("MESH_LOCAL_RANK=", r % 2),
+        "MESH_LOCAL_WORLD_SIZE=2", absl::StrCat("MESH_NODE_RANK=", r / 2),
+        absl::StrCat("MESH_NODE_NAME=node-", r / 2)};
+    if (!relays_.empty()) {
+      env.push_back(absl::StrCat("MESH_AGENT_SOCKET=", relays_[r / 2]->socket_path()));
+    }
     auto worker = ::mesh::testing::Subprocess::Start(
-        {MESH_ALLREDUCE_2D_BIN, "--gloo-host", "127.0.0.1", "--elements", "4096"},
-        {absl::StrCat("MESH_COORDINATOR=", coordinator_->address()), "MESH_JOB_ID=e2e",
-         "MESH_GENERATION=0", absl::StrCat("MESH_RANK=", r),
-         // Two nodes on this one machine, as two agents would say: the node
-         // name, not the host name, is what the coordinator groups ranks by
-         // (the cross-check of the local ranks fails otherwise).
-         absl::StrCat("MESH_WORLD_SIZE=", kWorld), absl::StrCat("MESH_LOCAL_RANK=", r % 2),
-         "MESH_LOCAL_WORLD_SIZE=2", absl::StrCat("MESH_NODE_RANK=", r / 2),
-         absl::StrCat("MESH_NODE_NAME=node-", r / 2)});
+        {MESH_ALLREDUCE_2D_BIN, "--gloo-host", "127.0.0.1", "--elements", "4096"}, env);
     ASSERT_TRUE(worker.ok()) << worker.status();
     workers.push_back(*std::move(worker));
   }

@@ -26,6 +26,9 @@
 //   MESH_TLS_SERVER_NAME   name checked in the server's cert   optional
 //   MESH_METRICS_PORT      serve Prometheus /metrics on        optional; unset: no
 //                          0.0.0.0:port (0: a free port)           metrics
+//   MESH_AGENT_SOCKET      the local agent's Unix socket: every optional; unset: the
+//                          WorkerService call goes through its     coordinator directly
+//                          rank relay (docs/rendezvous.md)
 //
 // A field set in RuntimeOptions wins over its variable. Then Init:
 //   1. picks a random incarnation (fences out a stale process with this rank);
@@ -111,6 +114,9 @@ struct WorkerConfig {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_server_name;
+  // The local agent's rank relay (MESH_AGENT_SOCKET, a Unix socket path);
+  // empty: calls go to `coordinator`.
+  std::string agent_socket;
 };
 
 // Looks up an environment variable; nullopt when unset.
@@ -221,6 +227,7 @@ struct RuntimeOptions {
   std::optional<std::string> tls_cert;         // MESH_TLS_CERT
   std::optional<std::string> tls_key;          // MESH_TLS_KEY
   std::optional<std::string> tls_server_name;  // MESH_TLS_SERVER_NAME
+  std::optional<std::string> agent_socket;     // MESH_AGENT_SOCKET
   std::optional<int> metrics_port;             // MESH_METRICS_PORT
   // Where unset fields come from; null reads nothing (every required field
   // must then be set), which is what tests running ranks as threads want.

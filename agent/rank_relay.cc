@@ -1,0 +1,866 @@
+#include "agent/rank_relay.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/relay_watch.h"
+#include "common/coordinator_targets.h"
+#include "common/grpc_status.h"
+#include "mesh/v1/worker.grpc.pb.h"
+
+namespace mesh::agent {
+namespace {
+
+using GenKey = std::pair<std::string, int64_t>;
+using Stub = v1::WorkerService::Stub;
+using Ctx = grpc::CallbackServerContext;
+using Unary = grpc::ServerUnaryReactor;
+
+grpc::Status EntryToStatus(const v1::EntryStatus& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message());
+}
+
+// The worker token a call carries, or "" without an authorization header.
+std::string TokenOf(const Ctx& ctx) {
+  auto it = ctx.client_metadata().find("authorization");
+  if (it == ctx.client_metadata().end()) return "";
+  const std::string value(it->second.data(), it->second.size());
+  constexpr absl::string_view kBearer = "Bearer ";
+  return absl::StartsWith(value, kBearer) ? value.substr(kBearer.size()) : "";
+}
+
+// A request's timeout_seconds bounded by the time left before the incoming
+// call's deadline, so the coordinator stops waiting for a rank when the
+// rank's own call would end.
+double BoundedTimeout(const Ctx& ctx, double timeout_seconds) {
+  const auto deadline = ctx.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return timeout_seconds;
+  const double left =
+      std::chrono::duration<double>(deadline - std::chrono::system_clock::now()).count();
+  const double bounded = std::max(left, 0.001);
+  return timeout_seconds > 0 ? std::min(timeout_seconds, bounded) : bounded;
+}
+
+absl::Duration FlushIntervalFor(double heartbeat_interval_seconds) {
+  return std::clamp(absl::Seconds(heartbeat_interval_seconds) / 2, absl::Milliseconds(50),
+                    absl::Seconds(1));
+}
+
+// Keeps, for each group a newer heartbeat sends without members, the members
+// an unsent older one carried (members are sent once, or when asked).
+void MergeHeartbeat(const v1::HeartbeatRequest& older, v1::HeartbeatRequest* newer) {
+  std::map<std::string, const v1::GroupProgress*> with_members;
+  for (const v1::GroupProgress& g : older.groups()) {
+    if (g.members_size() > 0) with_members[g.name()] = &g;
+  }
+  if (with_members.empty()) return;
+  for (v1::GroupProgress& g : *newer->mutable_groups()) {
+    auto it = with_members.find(g.name());
+    if (g.members_size() == 0 && it != with_members.end()) {
+      *g.mutable_members() = it->second->members();
+    }
+  }
+}
+
+}  // namespace
+
+namespace relay_internal {
+
+// The channels to the coordinator's replicas and the replica in use.
+class Upstream {
+ public:
+  static absl::StatusOr<std::unique_ptr<Upstream>> Make(const std::string& targets,
+                                                       const security::ClientSecurity& security) {
+    auto upstream = std::unique_ptr<Upstream>(new Upstream(SplitCoordinatorTargets(targets)));
+    security::ClientSecurity channel_security = security;
+    channel_security.token.clear();
+    for (size_t i = 0; i < upstream->replicas_.size(); ++i) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(-1);
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
+      const std::string& target = upstream->replicas_.target(i);
+      AddCoordinatorChannelArgs(target, &args);
+      auto channel = security::MakeChannel(target, channel_security, std::move(args));
+      if (!channel.ok()) return channel.status();
+      upstream->stubs_.push_back(v1::WorkerService::NewStub(*channel));
+    }
+    if (upstream->stubs_.empty()) return absl::InvalidArgumentError("no coordinator address");
+    return upstream;
+  }
+
+  // The replica to call, and its stub.
+  size_t current() const { return replicas_.current(); }
+  Stub* stub(size_t replica) const { return stubs_[replica].get(); }
+  // After a call to `replica` ended with `status`.
+  void Done(size_t replica, const grpc::Status& status) {
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE && replicas_.size() > 1) {
+      replicas_.Rotate(replica);
+    }
+  }
+
+ private:
+  explicit Upstream(std::vector<std::string> targets) : replicas_(std::move(targets)) {}
+  LeaderTracker replicas_;
+  std::vector<std::unique_ptr<Stub>> stubs_;
+};
+
+}  // namespace relay_internal
+
+namespace {
+
+using relay_internal::Upstream;
+
+// One call to the coordinator: its context, request and reply live until
+// the completion callback has run.
+template <typename Request, typename Response>
+struct UpstreamCall {
+  grpc::ClientContext context;
+  Request request;
+  Response response;
+};
+
+template <typename Request, typename Response>
+using AsyncMethod = void (Stub::async_interface::*)(grpc::ClientContext*, const Request*, Response*,
+                                                    std::function<void(grpc::Status)>);
+
+class RelayImpl;
+
+// The WorkerService the ranks see.
+class RelayService final : public v1::WorkerService::CallbackService {
+ public:
+  explicit RelayService(RelayImpl* relay) : relay_(relay) {}
+
+  Unary* Join(Ctx*, const v1::JoinRequest*, v1::JoinResponse*) override;
+  Unary* DescribeRanks(Ctx*, const v1::DescribeRanksRequest*, v1::DescribeRanksResponse*) override;
+  Unary* KvSet(Ctx*, const v1::KvSetRequest*, v1::KvSetResponse*) override;
+  Unary* KvGet(Ctx*, const v1::KvGetRequest*, v1::KvGetResponse*) override;
+  Unary* KvAdd(Ctx*, const v1::KvAddRequest*, v1::KvAddResponse*) override;
+  Unary* KvCompareSet(Ctx*, const v1::KvCompareSetRequest*, v1::KvCompareSetResponse*) override;
+  Unary* KvDelete(Ctx*, const v1::KvDeleteRequest*, v1::KvDeleteResponse*) override;
+  Unary* KvList(Ctx*, const v1::KvListRequest*, v1::KvListResponse*) override;
+  Unary* KvNumKeys(Ctx*, const v1::KvNumKeysRequest*, v1::KvNumKeysResponse*) override;
+  Unary* KvWait(Ctx*, const v1::KvWaitRequest*, v1::KvWaitResponse*) override;
+  Unary* KvMultiGet(Ctx*, const v1::KvMultiGetRequest*, v1::KvMultiGetResponse*) override;
+  Unary* KvMultiSet(Ctx*, const v1::KvMultiSetRequest*, v1::KvMultiSetResponse*) override;
+  Unary* Barrier(Ctx*, const v1::BarrierRequest*, v1::BarrierResponse*) override;
+  Unary* PublishUniqueIds(Ctx*, const v1::PublishUniqueIdsRequest*,
+                          v1::PublishUniqueIdsResponse*) override;
+  Unary* GetUniqueIds(Ctx*, const v1::GetUniqueIdsRequest*, v1::GetUniqueIdsResponse*) override;
+  Unary* Heartbeat(Ctx*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
+  Unary* ReportError(Ctx*, const v1::ReportErrorRequest*, v1::ReportErrorResponse*) override;
+  Unary* Leave(Ctx*, const v1::LeaveRequest*, v1::LeaveResponse*) override;
+  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(Ctx*, const v1::WatchJobRequest*) override;
+
+ private:
+  RelayImpl* const relay_;
+};
+
+class RelayImpl final : public RankRelay {
+ public:
+  RelayImpl(RankRelayOptions options, std::unique_ptr<Upstream> upstream)
+      : options_(std::move(options)), upstream_(std::move(upstream)), service_(this) {}
+
+  ~RelayImpl() override { Shutdown(); }
+
+  absl::Status Listen() {
+    ::unlink(options_.socket_path.c_str());
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(target(), grpc::InsecureServerCredentials());
+    builder.RegisterService(&service_);
+    builder.SetMaxReceiveMessageSize(-1);
+    // The socket is created with the process umask: open it to the
+    // workers, who run as the job's owner (the token authorises them).
+    const mode_t old_mask = ::umask(0);
+    server_ = builder.BuildAndStart();
+    ::umask(old_mask);
+    if (server_ == nullptr) {
+      return absl::UnavailableError(absl::StrCat("the rank relay cannot listen on ", target()));
+    }
+    flusher_ = std::thread([this] { FlushLoop(); });
+    return absl::OkStatus();
+  }
+
+  std::string target() const override { return absl::StrCat("unix:", options_.socket_path); }
+  const std::string& socket_path() const override { return options_.socket_path; }
+
+  void AddGeneration(const std::string& job_id, int64_t generation, std::vector<int> local_ranks,
+                     std::string worker_token) override {
+    absl::MutexLock lock(&mu_);
+    Gen& gen = gens_[GenKey(job_id, generation)];
+    gen.local = std::set<int>(local_ranks.begin(), local_ranks.end());
+    gen.token = std::move(worker_token);
+    if (gen.flush_interval == absl::ZeroDuration()) {
+      gen.flush_interval = options_.default_heartbeat_flush;
+    }
+  }
+
+  void RemoveGeneration(const std::string& job_id, int64_t generation) override {
+    std::vector<std::function<void()>> ends;
+    std::shared_ptr<SharedWatch> watch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = gens_.find(GenKey(job_id, generation));
+      if (it == gens_.end()) return;
+      const grpc::Status gone(grpc::StatusCode::ABORTED,
+                              absl::StrCat("job ", job_id, " generation ", generation,
+                                           " ended on this node"));
+      EndPendingLocked(it->second, gone, &ends);
+      watch = std::move(it->second.watch);
+      gens_.erase(it);
+    }
+    for (auto& end : ends) end();
+    if (watch != nullptr) watch->Cancel();
+  }
+
+  RankRelayStats stats() const override {
+    absl::MutexLock lock(&mu_);
+    return stats_;
+  }
+
+  void Shutdown() override {
+    std::vector<std::function<void()>> ends;
+    std::vector<std::shared_ptr<SharedWatch>> watches;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) return;
+      shut_down_ = true;
+      const grpc::Status gone(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down");
+      for (auto& [key, gen] : gens_) {
+        EndPendingLocked(gen, gone, &ends);
+        if (gen.watch != nullptr) watches.push_back(std::move(gen.watch));
+      }
+    }
+    for (auto& end : ends) end();
+    for (auto& watch : watches) {
+      watch->Cancel(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down"));
+    }
+    if (flusher_.joinable()) flusher_.join();
+    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    ::unlink(options_.socket_path.c_str());
+  }
+
+  // ---- Admission ------------------------------------------------------------
+
+  // OK when the call names a generation registered here and carries its
+  // job's token.
+  grpc::Status Admit(const Ctx& ctx, const v1::RankContext& context) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.served;
+    return AdmitLocked(ctx, context);
+  }
+
+  grpc::Status AdmitLocked(const Ctx& ctx, const v1::RankContext& context)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (shut_down_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down");
+    if (context.job_id().empty()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request names no job (context)");
+    }
+    auto it = gens_.find(GenKey(context.job_id(), context.generation()));
+    if (it == gens_.end()) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          absl::StrCat("job ", context.job_id(), " generation ",
+                                       context.generation(),
+                                       " has no ranks on this node; call the coordinator"));
+    }
+    if (!it->second.token.empty() && TokenOf(ctx) != it->second.token) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          absl::StrCat("the call does not carry job ", context.job_id(),
+                                       "'s worker token"));
+    }
+    return grpc::Status::OK;
+  }
+
+  // ---- Forwarding -------------------------------------------------------------
+
+  // Sends `request` as is; `done` gets the coordinator's status and reply.
+  template <typename Request, typename Response>
+  void Forward(AsyncMethod<Request, Response> method, const Request& request,
+               const std::string& token, std::chrono::system_clock::time_point deadline,
+               std::function<void(grpc::Status, Response*)> done) {
+    auto call = std::make_shared<UpstreamCall<Request, Response>>();
+    call->request = request;
+    if (!token.empty()) call->context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    if (deadline != std::chrono::system_clock::time_point::max()) {
+      call->context.set_deadline(deadline);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.upstream_calls;
+    }
+    const size_t replica = upstream_->current();
+    (upstream_->stub(replica)->async()->*method)(
+        &call->context, &call->request, &call->response,
+        [this, call, replica, done = std::move(done)](grpc::Status status) {
+          upstream_->Done(replica, status);
+          done(status, &call->response);
+        });
+  }
+
+  template <typename Request, typename Response>
+  Unary* ForwardUnary(Ctx* ctx, AsyncMethod<Request, Response> method, const Request* request,
+                      Response* response) {
+    Unary* reactor = ctx->DefaultReactor();
+    if (grpc::Status denied = Admit(*ctx, request->context()); !denied.ok()) {
+      reactor->Finish(denied);
+      return reactor;
+    }
+    Forward<Request, Response>(method, *request, TokenOf(*ctx), ctx->deadline(),
+                               [reactor, response](grpc::Status status, Response* reply) {
+                                 if (status.ok()) response->Swap(reply);
+                                 reactor->Finish(status);
+                               });
+    return reactor;
+  }
+
+  // ---- Join and barriers: batched ----------------------------------------------
+
+  Unary* Join(Ctx* ctx, const v1::JoinRequest* request, v1::JoinResponse* response) {
+    Unary* reactor = ctx->DefaultReactor();
+    v1::JoinRequest join = *request;
+    join.set_timeout_seconds(BoundedTimeout(*ctx, request->timeout_seconds()));
+    auto done = [reactor, response](const grpc::Status& status, const v1::JoinResponse* reply) {
+      if (status.ok()) *response = *reply;
+      reactor->Finish(status);
+    };
+    bool flush_now = false;
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.served;
+      if (grpc::Status denied = AdmitLocked(*ctx, request->context()); !denied.ok()) {
+        reactor->Finish(denied);
+        return reactor;
+      }
+      Gen& gen = gens_[GenKey(request->context().job_id(), request->context().generation())];
+      Batch<v1::JoinRequest, v1::JoinResponse>& batch = gen.joins;
+      if (batch.entries.empty()) batch.opened = absl::Now();
+      batch.deadline = std::max(batch.deadline, ctx->deadline());
+      batch.arrived.insert(request->context().rank());
+      batch.entries.push_back({std::move(join), std::move(done)});
+      flush_now = std::includes(batch.arrived.begin(), batch.arrived.end(), gen.local.begin(),
+                                gen.local.end());
+      if (!flush_now) wake_.Signal();
+    }
+    if (flush_now) FlushJoins(GenKey(request->context().job_id(), request->context().generation()));
+    return reactor;
+  }
+
+  Unary* Barrier(Ctx* ctx, const v1::BarrierRequest* request, v1::BarrierResponse* response) {
+    Unary* reactor = ctx->DefaultReactor();
+    v1::BarrierRequest arrival = *request;
+    arrival.set_timeout_seconds(BoundedTimeout(*ctx, request->timeout_seconds()));
+    auto done = [reactor, response](const grpc::Status& status, const v1::BarrierResponse* reply) {
+      if (status.ok()) *response = *reply;
+      reactor->Finish(status);
+    };
+    const GenKey key(request->context().job_id(), request->context().generation());
+    bool flush_now = false;
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.served;
+      if (grpc::Status denied = AdmitLocked(*ctx, request->context()); !denied.ok()) {
+        reactor->Finish(denied);
+        return reactor;
+      }
+      Gen& gen = gens_[key];
+      Batch<v1::BarrierRequest, v1::BarrierResponse>& batch = gen.barriers[request->name()];
+      if (batch.entries.empty()) batch.opened = absl::Now();
+      batch.deadline = std::max(batch.deadline, ctx->deadline());
+      batch.arrived.insert(request->context().rank());
+      batch.entries.push_back({std::move(arrival), std::move(done)});
+      // Every local participant has arrived (all of the world's when the
+      // barrier lists no ranks).
+      std::set<int> local_participants;
+      if (request->ranks().empty()) {
+        local_participants = gen.local;
+      } else {
+        for (int r : request->ranks()) {
+          if (gen.local.count(r) > 0) local_participants.insert(r);
+        }
+      }
+      flush_now = std::includes(batch.arrived.begin(), batch.arrived.end(),
+                                local_participants.begin(), local_participants.end());
+      if (!flush_now) wake_.Signal();
+    }
+    if (flush_now) FlushBarrier(key, request->name());
+    return reactor;
+  }
+
+  // ---- Unique IDs: one fetch per node ------------------------------------------
+
+  Unary* GetUniqueIds(Ctx* ctx, const v1::GetUniqueIdsRequest* request,
+                      v1::GetUniqueIdsResponse* response) {
+    Unary* reactor = ctx->DefaultReactor();
+    const std::string keys = absl::StrJoin(request->keys(), std::string(1, '\0'));
+    auto done = [reactor, response](const grpc::Status& status,
+                                    const v1::GetUniqueIdsResponse* reply) {
+      if (status.ok()) *response = *reply;
+      reactor->Finish(status);
+    };
+    std::string token;
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.served;
+      if (grpc::Status denied = AdmitLocked(*ctx, request->context()); !denied.ok()) {
+        reactor->Finish(denied);
+        return reactor;
+      }
+      Gen& gen = gens_[GenKey(request->context().job_id(), request->context().generation())];
+      IdFetch& fetch = gen.ids[keys];
+      if (fetch.done) {
+        done(grpc::Status::OK, &fetch.reply);
+        return reactor;
+      }
+      fetch.waiters.push_back(std::move(done));
+      if (fetch.waiters.size() > 1) return reactor;  // A fetch is under way.
+      ++stats_.unique_id_fetches;
+      token = gen.token;
+    }
+    v1::GetUniqueIdsRequest fetch_request = *request;
+    fetch_request.set_timeout_seconds(BoundedTimeout(*ctx, request->timeout_seconds()));
+    const GenKey key(request->context().job_id(), request->context().generation());
+    Forward<v1::GetUniqueIdsRequest, v1::GetUniqueIdsResponse>(
+        &Stub::async_interface::GetUniqueIds, fetch_request, token, ctx->deadline(),
+        [this, key, keys](grpc::Status status, v1::GetUniqueIdsResponse* reply) {
+          std::vector<std::function<void(const grpc::Status&, const v1::GetUniqueIdsResponse*)>>
+              waiters;
+          {
+            absl::MutexLock lock(&mu_);
+            auto gen = gens_.find(key);
+            if (gen == gens_.end()) return;  // Removed: its waiters were ended.
+            auto it = gen->second.ids.find(keys);
+            if (it == gen->second.ids.end()) return;
+            waiters = std::move(it->second.waiters);
+            if (status.ok()) {
+              it->second.done = true;
+              it->second.reply = *reply;
+            } else {
+              gen->second.ids.erase(it);  // The next caller fetches again.
+            }
+          }
+          for (auto& waiter : waiters) waiter(status, reply);
+        });
+    return reactor;
+  }
+
+  // ---- Heartbeats: answered here, sent up per flush -----------------------------
+
+  Unary* Heartbeat(Ctx* ctx, const v1::HeartbeatRequest* request,
+                   v1::HeartbeatResponse* response) {
+    Unary* reactor = ctx->DefaultReactor();
+    grpc::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.served;
+      status = AdmitLocked(*ctx, request->context());
+      if (status.ok()) {
+        Gen& gen = gens_[GenKey(request->context().job_id(), request->context().generation())];
+        const int rank = request->context().rank();
+        v1::HeartbeatRequest next = *request;
+        auto pending = gen.heartbeats.find(rank);
+        if (pending != gen.heartbeats.end()) MergeHeartbeat(pending->second, &next);
+        gen.heartbeats[rank] = std::move(next);
+        RankView& view = gen.views[rank];
+        if (!gen.last_flush.ok()) {
+          status = gen.last_flush;
+        } else if (!view.status.ok()) {
+          status = view.status;
+        } else {
+          *response = view.reply;
+          view.reply.set_send_members(false);  // Asked once; the rank sends them next.
+        }
+      }
+    }
+    reactor->Finish(status);
+    return reactor;
+  }
+
+  Unary* Leave(Ctx* ctx, const v1::LeaveRequest* request, v1::LeaveResponse* response) {
+    {
+      // A heartbeat still to be sent must not follow the rank's Leave.
+      absl::MutexLock lock(&mu_);
+      auto gen = gens_.find(GenKey(request->context().job_id(), request->context().generation()));
+      if (gen != gens_.end()) gen->second.heartbeats.erase(request->context().rank());
+    }
+    return ForwardUnary(ctx, &Stub::async_interface::Leave, request, response);
+  }
+
+  // ---- WatchJob: one upstream watch per generation --------------------------------
+
+  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(Ctx* ctx, const v1::WatchJobRequest* request) {
+    std::shared_ptr<SharedWatch> watch;
+    bool open = false;
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.served;
+      if (grpc::Status denied = AdmitLocked(*ctx, request->context()); !denied.ok()) {
+        return RejectedWatch(denied);
+      }
+      Gen& gen = gens_[GenKey(request->context().job_id(), request->context().generation())];
+      if (gen.watch == nullptr || gen.watch->ended()) {
+        gen.watch = std::make_shared<SharedWatch>();
+        open = true;
+        ++stats_.watches;
+        ++stats_.upstream_calls;
+      }
+      watch = gen.watch;
+    }
+    grpc::ServerWriteReactor<v1::JobEvent>* local = watch->AddWatcher();
+    if (open) {
+      const size_t replica = upstream_->current();
+      watch->Open(upstream_->stub(replica), *request, TokenOf(*ctx));
+    }
+    return local;
+  }
+
+ private:
+  template <typename Request, typename Response>
+  struct Batch {
+    struct Entry {
+      Request request;
+      std::function<void(const grpc::Status&, const Response*)> done;
+    };
+    std::vector<Entry> entries;
+    std::set<int> arrived;  // Ranks in `entries`.
+    absl::Time opened;
+    std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::min();
+  };
+
+  struct IdFetch {
+    bool done = false;
+    v1::GetUniqueIdsResponse reply;
+    std::vector<std::function<void(const grpc::Status&, const v1::GetUniqueIdsResponse*)>> waiters;
+  };
+
+  // The coordinator's latest answer to a rank's heartbeat.
+  struct RankView {
+    grpc::Status status;
+    v1::HeartbeatResponse reply;
+  };
+
+  struct Gen {
+    std::set<int> local;
+    std::string token;
+    Batch<v1::JoinRequest, v1::JoinResponse> joins;
+    std::map<std::string, Batch<v1::BarrierRequest, v1::BarrierResponse>> barriers;
+    std::map<std::string, IdFetch> ids;
+    // Heartbeats not yet sent, the latest of each rank.
+    std::map<int, v1::HeartbeatRequest> heartbeats;
+    std::map<int, RankView> views;
+    grpc::Status last_flush;
+    absl::Duration flush_interval;
+    absl::Time next_flush = absl::InfinitePast();
+    bool flush_in_flight = false;
+    std::shared_ptr<SharedWatch> watch;
+  };
+
+  static grpc::ServerWriteReactor<v1::JobEvent>* RejectedWatch(const grpc::Status& status) {
+    class Rejected final : public grpc::ServerWriteReactor<v1::JobEvent> {
+     public:
+      explicit Rejected(const grpc::Status& status) { Finish(status); }
+      void OnDone() override { delete this; }
+    };
+    return new Rejected(status);
+  }
+
+  // Ends every waiting call of `gen` with `status` (run after mu_ is let go).
+  void EndPendingLocked(Gen& gen, const grpc::Status& status,
+                        std::vector<std::function<void()>>* ends)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto& entry : gen.joins.entries) {
+      ends->push_back([done = std::move(entry.done), status] { done(status, nullptr); });
+    }
+    gen.joins.entries.clear();
+    for (auto& [name, batch] : gen.barriers) {
+      for (auto& entry : batch.entries) {
+        ends->push_back([done = std::move(entry.done), status] { done(status, nullptr); });
+      }
+      batch.entries.clear();
+    }
+    for (auto& [keys, fetch] : gen.ids) {
+      for (auto& waiter : fetch.waiters) {
+        ends->push_back([waiter = std::move(waiter), status] { waiter(status, nullptr); });
+      }
+      fetch.waiters.clear();
+    }
+  }
+
+  // Sends the pending Joins of `key` as one JoinBatch.
+  void FlushJoins(const GenKey& key) {
+    std::vector<Batch<v1::JoinRequest, v1::JoinResponse>::Entry> entries;
+    std::string token;
+    std::chrono::system_clock::time_point deadline;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = gens_.find(key);
+      if (it == gens_.end() || it->second.joins.entries.empty()) return;
+      auto& batch = it->second.joins;
+      entries = std::move(batch.entries);
+      batch.entries.clear();
+      deadline = batch.deadline;
+      batch.deadline = std::chrono::system_clock::time_point::min();
+      token = it->second.token;
+      ++stats_.join_batches;
+    }
+    v1::JoinBatchRequest request;
+    for (auto& entry : entries) *request.add_joins() = std::move(entry.request);
+    auto shared = std::make_shared<decltype(entries)>(std::move(entries));
+    Forward<v1::JoinBatchRequest, v1::JoinBatchResponse>(
+        &Stub::async_interface::JoinBatch, request, token, deadline,
+        [this, key, shared](grpc::Status status, v1::JoinBatchResponse* reply) {
+          if (status.ok() && reply->entries_size() != static_cast<int>(shared->size())) {
+            status = grpc::Status(grpc::StatusCode::INTERNAL,
+                                  "JoinBatch answered a different number of entries");
+          }
+          for (size_t i = 0; i < shared->size(); ++i) {
+            if (!status.ok()) {
+              (*shared)[i].done(status, nullptr);
+              continue;
+            }
+            const v1::JoinBatchEntry& entry = reply->entries(static_cast<int>(i));
+            if (entry.status().code() == 0) {
+              NoteHeartbeatInterval(key, entry.reply().heartbeat_interval_seconds());
+            }
+            (*shared)[i].done(EntryToStatus(entry.status()), &entry.reply());
+          }
+        });
+  }
+
+  void FlushBarrier(const GenKey& key, const std::string& name) {
+    std::vector<Batch<v1::BarrierRequest, v1::BarrierResponse>::Entry> entries;
+    std::string token;
+    std::chrono::system_clock::time_point deadline;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = gens_.find(key);
+      if (it == gens_.end()) return;
+      auto barrier = it->second.barriers.find(name);
+      if (barrier == it->second.barriers.end() || barrier->second.entries.empty()) return;
+      entries = std::move(barrier->second.entries);
+      barrier->second.entries.clear();
+      deadline = barrier->second.deadline;
+      barrier->second.deadline = std::chrono::system_clock::time_point::min();
+      token = it->second.token;
+      ++stats_.barrier_batches;
+    }
+    v1::BarrierBatchRequest request;
+    for (auto& entry : entries) *request.add_arrivals() = std::move(entry.request);
+    auto shared = std::make_shared<decltype(entries)>(std::move(entries));
+    Forward<v1::BarrierBatchRequest, v1::BarrierBatchResponse>(
+        &Stub::async_interface::BarrierBatch, request, token, deadline,
+        [shared](grpc::Status status, v1::BarrierBatchResponse* reply) {
+          if (status.ok() && reply->entries_size() != static_cast<int>(shared->size())) {
+            status = grpc::Status(grpc::StatusCode::INTERNAL,
+                                  "BarrierBatch answered a different number of entries");
+          }
+          for (size_t i = 0; i < shared->size(); ++i) {
+            if (!status.ok()) {
+              (*shared)[i].done(status, nullptr);
+              continue;
+            }
+            const v1::BarrierBatchEntry& entry = reply->entries(static_cast<int>(i));
+            (*shared)[i].done(EntryToStatus(entry.status()), &entry.reply());
+          }
+        });
+  }
+
+  void NoteHeartbeatInterval(const GenKey& key, double interval_seconds) {
+    if (interval_seconds <= 0) return;
+    absl::MutexLock lock(&mu_);
+    auto it = gens_.find(key);
+    if (it != gens_.end()) it->second.flush_interval = FlushIntervalFor(interval_seconds);
+  }
+
+  void FlushHeartbeats(const GenKey& key) {
+    v1::HeartbeatBatchRequest request;
+    std::string token;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = gens_.find(key);
+      if (it == gens_.end()) return;
+      Gen& gen = it->second;
+      for (auto& [rank, heartbeat] : gen.heartbeats) {
+        *request.add_heartbeats() = std::move(heartbeat);
+      }
+      gen.heartbeats.clear();
+      gen.flush_in_flight = true;
+      token = gen.token;
+      ++stats_.heartbeat_batches;
+    }
+    auto sent = std::make_shared<v1::HeartbeatBatchRequest>(request);
+    // A flush never waits on the server: bound it by the flush interval's
+    // order of magnitude, so a stalled coordinator is noticed.
+    const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(5);
+    Forward<v1::HeartbeatBatchRequest, v1::HeartbeatBatchResponse>(
+        &Stub::async_interface::HeartbeatBatch, request, token, deadline,
+        [this, key, sent](grpc::Status status, v1::HeartbeatBatchResponse* reply) {
+          absl::MutexLock lock(&mu_);
+          auto it = gens_.find(key);
+          if (it == gens_.end()) return;
+          Gen& gen = it->second;
+          gen.flush_in_flight = false;
+          if (status.ok() && reply->entries_size() != sent->heartbeats_size()) {
+            status = grpc::Status(grpc::StatusCode::INTERNAL,
+                                  "HeartbeatBatch answered a different number of entries");
+          }
+          gen.last_flush = status.ok() ? grpc::Status::OK
+                                       : grpc::Status(status.error_code(),
+                                                      absl::StrCat("the agent's heartbeats to the "
+                                                                   "coordinator failed: ",
+                                                                   status.error_message()));
+          if (!status.ok()) {
+            // Send them again with the next flush, unless a newer one came.
+            for (v1::HeartbeatRequest& heartbeat : *sent->mutable_heartbeats()) {
+              gen.heartbeats.try_emplace(heartbeat.context().rank(), std::move(heartbeat));
+            }
+            return;
+          }
+          for (int i = 0; i < reply->entries_size(); ++i) {
+            const v1::HeartbeatBatchEntry& entry = reply->entries(i);
+            RankView& view = gen.views[sent->heartbeats(i).context().rank()];
+            view.status = EntryToStatus(entry.status());
+            const bool asked = view.reply.send_members();
+            view.reply = entry.reply();
+            if (asked) view.reply.set_send_members(true);
+          }
+        });
+  }
+
+  // Sends batches whose window has passed and heartbeats whose flush is due.
+  void FlushLoop() {
+    while (true) {
+      std::vector<GenKey> joins;
+      std::vector<std::pair<GenKey, std::string>> barriers;
+      std::vector<GenKey> heartbeats;
+      {
+        absl::MutexLock lock(&mu_);
+        if (shut_down_) return;
+        const absl::Time now = absl::Now();
+        absl::Time next = now + absl::Milliseconds(50);
+        for (auto& [key, gen] : gens_) {
+          if (!gen.joins.entries.empty()) {
+            const absl::Time due = gen.joins.opened + options_.batch_window;
+            if (due <= now) joins.push_back(key);
+            next = std::min(next, due);
+          }
+          for (auto& [name, batch] : gen.barriers) {
+            if (batch.entries.empty()) continue;
+            const absl::Time due = batch.opened + options_.batch_window;
+            if (due <= now) barriers.emplace_back(key, name);
+            next = std::min(next, due);
+          }
+          if (!gen.heartbeats.empty() && !gen.flush_in_flight) {
+            if (gen.next_flush <= now) {
+              heartbeats.push_back(key);
+              gen.next_flush = now + gen.flush_interval;
+            }
+            next = std::min(next, gen.next_flush);
+          }
+        }
+        if (joins.empty() && barriers.empty() && heartbeats.empty()) {
+          wake_.WaitWithDeadline(&mu_, next);
+          continue;
+        }
+      }
+      for (const GenKey& key : joins) FlushJoins(key);
+      for (const auto& [key, name] : barriers) FlushBarrier(key, name);
+      for (const GenKey& key : heartbeats) FlushHeartbeats(key);
+    }
+  }
+
+  const RankRelayOptions options_;
+  const std::unique_ptr<Upstream> upstream_;
+  RelayService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::thread flusher_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar wake_;  // A batch opened, or shut_down_.
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<GenKey, Gen> gens_ ABSL_GUARDED_BY(mu_);
+  RankRelayStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+#define MESH_RELAY_FORWARD(Rpc)                                                             \
+  Unary* RelayService::Rpc(Ctx* ctx, const v1::Rpc##Request* request,                       \
+                           v1::Rpc##Response* response) {                                   \
+    return relay_->ForwardUnary(ctx, &Stub::async_interface::Rpc, request, response);       \
+  }
+MESH_RELAY_FORWARD(DescribeRanks)
+MESH_RELAY_FORWARD(KvSet)
+MESH_RELAY_FORWARD(KvGet)
+MESH_RELAY_FORWARD(KvAdd)
+MESH_RELAY_FORWARD(KvCompareSet)
+MESH_RELAY_FORWARD(KvDelete)
+MESH_RELAY_FORWARD(KvList)
+MESH_RELAY_FORWARD(KvNumKeys)
+MESH_RELAY_FORWARD(KvWait)
+MESH_RELAY_FORWARD(KvMultiGet)
+MESH_RELAY_FORWARD(KvMultiSet)
+MESH_RELAY_FORWARD(PublishUniqueIds)
+MESH_RELAY_FORWARD(ReportError)
+#undef MESH_RELAY_FORWARD
+
+Unary* RelayService::Join(Ctx* ctx, const v1::JoinRequest* request, v1::JoinResponse* response) {
+  return relay_->Join(ctx, request, response);
+}
+Unary* RelayService::Barrier(Ctx* ctx, const v1::BarrierRequest* request,
+                             v1::BarrierResponse* response) {
+  return relay_->Barrier(ctx, request, response);
+}
+Unary* RelayService::GetUniqueIds(Ctx* ctx, const v1::GetUniqueIdsRequest* request,
+                                  v1::GetUniqueIdsResponse* response) {
+  return relay_->GetUniqueIds(ctx, request, response);
+}
+Unary* RelayService::Heartbeat(Ctx* ctx, const v1::HeartbeatRequest* request,
+                               v1::HeartbeatResponse* response) {
+  return relay_->Heartbeat(ctx, request, response);
+}
+Unary* RelayService::Leave(Ctx* ctx, const v1::LeaveRequest* request,
+                           v1::LeaveResponse* response) {
+  return relay_->Leave(ctx, request, response);
+}
+grpc::ServerWriteReactor<v1::JobEvent>* RelayService::WatchJob(Ctx* ctx,
+                                                               const v1::WatchJobRequest* request) {
+  return relay_->WatchJob(ctx, request);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RankRelay>> RankRelay::Start(RankRelayOptions options) {
+  if (options.socket_path.empty()) {
+    return absl::InvalidArgumentError("the rank relay needs a socket path");
+  }
+  if (options.socket_path.size() > 107) {
+    return absl::InvalidArgumentError(absl::StrCat("the rank relay's socket path ",
+                                                   options.socket_path,
+                                                   " is longer than a Unix socket allows (107)"));
+  }
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError("the rank relay needs the coordinator's address");
+  }
+  absl::StatusOr<std::unique_ptr<Upstream>> upstream =
+      Upstream::Make(options.coordinator, options.security);
+  if (!upstream.ok()) return upstream.status();
+  auto relay = std::make_unique<RelayImpl>(std::move(options), *std::move(upstream));
+  if (absl::Status s = relay->Listen(); !s.ok()) return s;
+  return std::unique_ptr<RankRelay>(std::move(relay));
+}
+
+}  // namespace mesh::agent
