@@ -14,11 +14,12 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/relay_watch.h"
+#include "common/check.h"
 #include "common/coordinator_targets.h"
 #include "common/grpc_status.h"
 #include "mesh/v1/worker.grpc.pb.h"
@@ -85,7 +86,7 @@ namespace relay_internal {
 class Upstream {
  public:
   static absl::StatusOr<std::unique_ptr<Upstream>> Make(const std::string& targets,
-                                                       const security::ClientSecurity& security) {
+                                                        const security::ClientSecurity& security) {
     auto upstream = std::unique_ptr<Upstream>(new Upstream(SplitCoordinatorTargets(targets)));
     security::ClientSecurity channel_security = security;
     channel_security.token.clear();
@@ -218,9 +219,13 @@ class RelayImpl final : public RankRelay {
       absl::MutexLock lock(&mu_);
       auto it = gens_.find(GenKey(job_id, generation));
       if (it == gens_.end()) return;
-      const grpc::Status gone(grpc::StatusCode::ABORTED,
-                              absl::StrCat("job ", job_id, " generation ", generation,
-                                           " ended on this node"));
+      spdlog::info(
+          "rank relay: job {} generation {}: {} call(s) of its {} rank(s) here, {} to "
+          "the coordinator",
+          job_id, generation, it->second.served, it->second.local.size(), it->second.upstream);
+      const grpc::Status gone(
+          grpc::StatusCode::ABORTED,
+          absl::StrCat("job ", job_id, " generation ", generation, " ended on this node"));
       EndPendingLocked(it->second, gone, &ends);
       watch = std::move(it->second.watch);
       gens_.erase(it);
@@ -241,18 +246,31 @@ class RelayImpl final : public RankRelay {
       absl::MutexLock lock(&mu_);
       if (shut_down_) return;
       shut_down_ = true;
-      const grpc::Status gone(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down");
       for (auto& [key, gen] : gens_) {
-        EndPendingLocked(gen, gone, &ends);
+        EndPendingLocked(gen, ShuttingDown(), &ends);
         if (gen.watch != nullptr) watches.push_back(std::move(gen.watch));
       }
     }
     for (auto& end : ends) end();
-    for (auto& watch : watches) {
-      watch->Cancel(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down"));
-    }
+    for (auto& watch : watches) watch->Cancel(ShuttingDown());
     if (flusher_.joinable()) flusher_.join();
-    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    {
+      // Calls to the coordinator end now (CANCELLED, answered to their
+      // ranks as UNAVAILABLE); their callbacks touch this relay, so it waits
+      // for every one. gRPC runs a cancelled call's callback promptly; the
+      // bound only keeps a wedged transport from hanging the agent.
+      absl::MutexLock lock(&mu_);
+      for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+      const absl::Time limit = absl::Now() + absl::Seconds(10);
+      while (!in_flight_.empty()) {
+        if (in_flight_empty_.WaitWithDeadline(&mu_, limit)) break;
+      }
+      // Their callbacks would outlive the relay: stop loudly instead.
+      MESH_CHECK(in_flight_.empty(),
+                 "rank relay: calls to the coordinator did not end 10 s after being cancelled");
+    }
+    if (server_ != nullptr)
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     ::unlink(options_.socket_path.c_str());
   }
 
@@ -268,22 +286,24 @@ class RelayImpl final : public RankRelay {
 
   grpc::Status AdmitLocked(const Ctx& ctx, const v1::RankContext& context)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (shut_down_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down");
+    if (shut_down_)
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down");
     if (context.job_id().empty()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request names no job (context)");
     }
     auto it = gens_.find(GenKey(context.job_id(), context.generation()));
     if (it == gens_.end()) {
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          absl::StrCat("job ", context.job_id(), " generation ",
-                                       context.generation(),
-                                       " has no ranks on this node; call the coordinator"));
+      return grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat("job ", context.job_id(), " generation ", context.generation(),
+                       " has no ranks on this node; call the coordinator"));
     }
     if (!it->second.token.empty() && TokenOf(ctx) != it->second.token) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                          absl::StrCat("the call does not carry job ", context.job_id(),
-                                       "'s worker token"));
+      return grpc::Status(
+          grpc::StatusCode::UNAUTHENTICATED,
+          absl::StrCat("the call does not carry job ", context.job_id(), "'s worker token"));
     }
+    ++it->second.served;
     return grpc::Status::OK;
   }
 
@@ -291,7 +311,7 @@ class RelayImpl final : public RankRelay {
 
   // Sends `request` as is; `done` gets the coordinator's status and reply.
   template <typename Request, typename Response>
-  void Forward(AsyncMethod<Request, Response> method, const Request& request,
+  void Forward(const GenKey& key, AsyncMethod<Request, Response> method, const Request& request,
                const std::string& token, std::chrono::system_clock::time_point deadline,
                std::function<void(grpc::Status, Response*)> done) {
     auto call = std::make_shared<UpstreamCall<Request, Response>>();
@@ -300,17 +320,41 @@ class RelayImpl final : public RankRelay {
     if (deadline != std::chrono::system_clock::time_point::max()) {
       call->context.set_deadline(deadline);
     }
+    bool refused = false;
     {
       absl::MutexLock lock(&mu_);
-      ++stats_.upstream_calls;
+      // Once Shutdown has cancelled what was in flight, nothing new starts.
+      refused = shut_down_;
+      if (!refused) {
+        ++stats_.upstream_calls;
+        if (auto gen = gens_.find(key); gen != gens_.end()) ++gen->second.upstream;
+        in_flight_.insert(&call->context);
+      }
     }
+    if (refused) return done(ShuttingDown(), &call->response);
     const size_t replica = upstream_->current();
     (upstream_->stub(replica)->async()->*method)(
         &call->context, &call->request, &call->response,
         [this, call, replica, done = std::move(done)](grpc::Status status) {
           upstream_->Done(replica, status);
+          bool shutting_down = false;
+          {
+            absl::MutexLock lock(&mu_);
+            shutting_down = shut_down_;
+          }
+          if (shutting_down && status.error_code() == grpc::StatusCode::CANCELLED) {
+            status = ShuttingDown();
+          }
           done(status, &call->response);
+          // Last: Shutdown waits for this before the relay may be destroyed.
+          absl::MutexLock lock(&mu_);
+          in_flight_.erase(&call->context);
+          if (in_flight_.empty()) in_flight_empty_.SignalAll();
         });
+  }
+
+  static grpc::Status ShuttingDown() {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down");
   }
 
   template <typename Request, typename Response>
@@ -321,7 +365,8 @@ class RelayImpl final : public RankRelay {
       reactor->Finish(denied);
       return reactor;
     }
-    Forward<Request, Response>(method, *request, TokenOf(*ctx), ctx->deadline(),
+    Forward<Request, Response>(GenKey(request->context().job_id(), request->context().generation()),
+                               method, *request, TokenOf(*ctx), ctx->deadline(),
                                [reactor, response](grpc::Status status, Response* reply) {
                                  if (status.ok()) response->Swap(reply);
                                  reactor->Finish(status);
@@ -408,12 +453,17 @@ class RelayImpl final : public RankRelay {
                       v1::GetUniqueIdsResponse* response) {
     Unary* reactor = ctx->DefaultReactor();
     const std::string keys = absl::StrJoin(request->keys(), std::string(1, '\0'));
-    auto done = [reactor, response](const grpc::Status& status,
-                                    const v1::GetUniqueIdsResponse* reply) {
+    IdWaiter waiter;
+    waiter.request = *request;
+    waiter.request.set_timeout_seconds(BoundedTimeout(*ctx, request->timeout_seconds()));
+    waiter.expires = absl::Now() + absl::Seconds(waiter.request.timeout_seconds());
+    waiter.deadline = ctx->deadline();
+    waiter.done = [reactor, response](const grpc::Status& status,
+                                      const v1::GetUniqueIdsResponse* reply) {
       if (status.ok()) *response = *reply;
       reactor->Finish(status);
     };
-    std::string token;
+    const GenKey key(request->context().job_id(), request->context().generation());
     {
       absl::MutexLock lock(&mu_);
       ++stats_.served;
@@ -421,48 +471,86 @@ class RelayImpl final : public RankRelay {
         reactor->Finish(denied);
         return reactor;
       }
-      Gen& gen = gens_[GenKey(request->context().job_id(), request->context().generation())];
-      IdFetch& fetch = gen.ids[keys];
+      IdFetch& fetch = gens_[key].ids[keys];
       if (fetch.done) {
-        done(grpc::Status::OK, &fetch.reply);
+        waiter.done(grpc::Status::OK, &fetch.reply);
         return reactor;
       }
-      fetch.waiters.push_back(std::move(done));
+      fetch.waiters.push_back(std::move(waiter));
       if (fetch.waiters.size() > 1) return reactor;  // A fetch is under way.
-      ++stats_.unique_id_fetches;
-      token = gen.token;
     }
-    v1::GetUniqueIdsRequest fetch_request = *request;
-    fetch_request.set_timeout_seconds(BoundedTimeout(*ctx, request->timeout_seconds()));
-    const GenKey key(request->context().job_id(), request->context().generation());
-    Forward<v1::GetUniqueIdsRequest, v1::GetUniqueIdsResponse>(
-        &Stub::async_interface::GetUniqueIds, fetch_request, token, ctx->deadline(),
-        [this, key, keys](grpc::Status status, v1::GetUniqueIdsResponse* reply) {
-          std::vector<std::function<void(const grpc::Status&, const v1::GetUniqueIdsResponse*)>>
-              waiters;
-          {
-            absl::MutexLock lock(&mu_);
-            auto gen = gens_.find(key);
-            if (gen == gens_.end()) return;  // Removed: its waiters were ended.
-            auto it = gen->second.ids.find(keys);
-            if (it == gen->second.ids.end()) return;
-            waiters = std::move(it->second.waiters);
-            if (status.ok()) {
-              it->second.done = true;
-              it->second.reply = *reply;
-            } else {
-              gen->second.ids.erase(it);  // The next caller fetches again.
-            }
-          }
-          for (auto& waiter : waiters) waiter(status, reply);
-        });
+    StartIdFetch(key, keys);
     return reactor;
+  }
+
+  // Fetches `keys` of `key` in the name of the first waiter: with its
+  // request, timeout and deadline.
+  void StartIdFetch(const GenKey& key, const std::string& keys) {
+    v1::GetUniqueIdsRequest request;
+    std::string token;
+    std::chrono::system_clock::time_point deadline;
+    {
+      absl::MutexLock lock(&mu_);
+      auto gen = gens_.find(key);
+      if (gen == gens_.end()) return;
+      auto it = gen->second.ids.find(keys);
+      if (it == gen->second.ids.end() || it->second.waiters.empty()) return;
+      const IdWaiter& first = it->second.waiters.front();
+      request = first.request;
+      request.set_timeout_seconds(
+          std::max(absl::ToDoubleSeconds(first.expires - absl::Now()), 0.001));
+      deadline = first.deadline;
+      token = gen->second.token;
+      ++stats_.unique_id_fetches;
+    }
+    Forward<v1::GetUniqueIdsRequest, v1::GetUniqueIdsResponse>(
+        key, &Stub::async_interface::GetUniqueIds, request, token, deadline,
+        [this, key, keys](grpc::Status status, v1::GetUniqueIdsResponse* reply) {
+          OnIdFetch(key, keys, status, reply);
+        });
+  }
+
+  // A fetch's outcome: every waiter gets the IDs, or the error. A timeout
+  // is the fetching waiter's own: waiters whose time is not up fetch again.
+  void OnIdFetch(const GenKey& key, const std::string& keys, const grpc::Status& status,
+                 const v1::GetUniqueIdsResponse* reply) {
+    std::vector<IdWaiter> finished;
+    bool again = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto gen = gens_.find(key);
+      if (gen == gens_.end()) return;  // Removed: its waiters were ended.
+      auto it = gen->second.ids.find(keys);
+      if (it == gen->second.ids.end()) return;
+      IdFetch& fetch = it->second;
+      if (status.ok()) {
+        fetch.done = true;
+        fetch.reply = *reply;
+        finished = std::move(fetch.waiters);
+        fetch.waiters.clear();
+      } else if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !shut_down_) {
+        const absl::Time now = absl::Now();
+        std::vector<IdWaiter> waiting;
+        for (IdWaiter& waiter : fetch.waiters) {
+          const bool over = waiter.expires <= now + absl::Milliseconds(10) ||
+                            waiter.deadline <= std::chrono::system_clock::now();
+          (over ? finished : waiting).push_back(std::move(waiter));
+        }
+        fetch.waiters = std::move(waiting);
+        again = !fetch.waiters.empty();
+      } else {
+        finished = std::move(fetch.waiters);
+        fetch.waiters.clear();
+      }
+      if (!fetch.done && fetch.waiters.empty()) gen->second.ids.erase(it);
+    }
+    for (IdWaiter& waiter : finished) waiter.done(status, status.ok() ? reply : nullptr);
+    if (again) StartIdFetch(key, keys);
   }
 
   // ---- Heartbeats: answered here, sent up per flush -----------------------------
 
-  Unary* Heartbeat(Ctx* ctx, const v1::HeartbeatRequest* request,
-                   v1::HeartbeatResponse* response) {
+  Unary* Heartbeat(Ctx* ctx, const v1::HeartbeatRequest* request, v1::HeartbeatResponse* response) {
     Unary* reactor = ctx->DefaultReactor();
     grpc::Status status;
     {
@@ -505,7 +593,7 @@ class RelayImpl final : public RankRelay {
 
   grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(Ctx* ctx, const v1::WatchJobRequest* request) {
     std::shared_ptr<SharedWatch> watch;
-    bool open = false;
+    bool open = false;  // This watcher opens the upstream stream.
     {
       absl::MutexLock lock(&mu_);
       ++stats_.served;
@@ -518,6 +606,7 @@ class RelayImpl final : public RankRelay {
         open = true;
         ++stats_.watches;
         ++stats_.upstream_calls;
+        ++gen.upstream;
       }
       watch = gen.watch;
     }
@@ -542,10 +631,19 @@ class RelayImpl final : public RankRelay {
     std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::min();
   };
 
+  // A rank waiting for unique IDs: its request (timeout bounded by its
+  // call's deadline), when its timeout ends, and its call's deadline.
+  struct IdWaiter {
+    v1::GetUniqueIdsRequest request;
+    absl::Time expires;
+    std::chrono::system_clock::time_point deadline;
+    std::function<void(const grpc::Status&, const v1::GetUniqueIdsResponse*)> done;
+  };
+
   struct IdFetch {
     bool done = false;
     v1::GetUniqueIdsResponse reply;
-    std::vector<std::function<void(const grpc::Status&, const v1::GetUniqueIdsResponse*)>> waiters;
+    std::vector<IdWaiter> waiters;  // The first one's fetch is under way.
   };
 
   // The coordinator's latest answer to a rank's heartbeat.
@@ -557,6 +655,8 @@ class RelayImpl final : public RankRelay {
   struct Gen {
     std::set<int> local;
     std::string token;
+    int64_t served = 0;    // Calls of its ranks admitted here.
+    int64_t upstream = 0;  // Calls made to the coordinator for it.
     Batch<v1::JoinRequest, v1::JoinResponse> joins;
     std::map<std::string, Batch<v1::BarrierRequest, v1::BarrierResponse>> barriers;
     std::map<std::string, IdFetch> ids;
@@ -594,8 +694,8 @@ class RelayImpl final : public RankRelay {
       batch.entries.clear();
     }
     for (auto& [keys, fetch] : gen.ids) {
-      for (auto& waiter : fetch.waiters) {
-        ends->push_back([waiter = std::move(waiter), status] { waiter(status, nullptr); });
+      for (IdWaiter& waiter : fetch.waiters) {
+        ends->push_back([done = std::move(waiter.done), status] { done(status, nullptr); });
       }
       fetch.waiters.clear();
     }
@@ -622,7 +722,7 @@ class RelayImpl final : public RankRelay {
     for (auto& entry : entries) *request.add_joins() = std::move(entry.request);
     auto shared = std::make_shared<decltype(entries)>(std::move(entries));
     Forward<v1::JoinBatchRequest, v1::JoinBatchResponse>(
-        &Stub::async_interface::JoinBatch, request, token, deadline,
+        key, &Stub::async_interface::JoinBatch, request, token, deadline,
         [this, key, shared](grpc::Status status, v1::JoinBatchResponse* reply) {
           if (status.ok() && reply->entries_size() != static_cast<int>(shared->size())) {
             status = grpc::Status(grpc::StatusCode::INTERNAL,
@@ -663,7 +763,7 @@ class RelayImpl final : public RankRelay {
     for (auto& entry : entries) *request.add_arrivals() = std::move(entry.request);
     auto shared = std::make_shared<decltype(entries)>(std::move(entries));
     Forward<v1::BarrierBatchRequest, v1::BarrierBatchResponse>(
-        &Stub::async_interface::BarrierBatch, request, token, deadline,
+        key, &Stub::async_interface::BarrierBatch, request, token, deadline,
         [shared](grpc::Status status, v1::BarrierBatchResponse* reply) {
           if (status.ok() && reply->entries_size() != static_cast<int>(shared->size())) {
             status = grpc::Status(grpc::StatusCode::INTERNAL,
@@ -708,7 +808,7 @@ class RelayImpl final : public RankRelay {
     // order of magnitude, so a stalled coordinator is noticed.
     const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(5);
     Forward<v1::HeartbeatBatchRequest, v1::HeartbeatBatchResponse>(
-        &Stub::async_interface::HeartbeatBatch, request, token, deadline,
+        key, &Stub::async_interface::HeartbeatBatch, request, token, deadline,
         [this, key, sent](grpc::Status status, v1::HeartbeatBatchResponse* reply) {
           absl::MutexLock lock(&mu_);
           auto it = gens_.find(key);
@@ -725,9 +825,15 @@ class RelayImpl final : public RankRelay {
                                                                    "coordinator failed: ",
                                                                    status.error_message()));
           if (!status.ok()) {
-            // Send them again with the next flush, unless a newer one came.
+            // Send them again with the next flush; a newer one of the same
+            // rank wins, keeping the members only the older one carried.
             for (v1::HeartbeatRequest& heartbeat : *sent->mutable_heartbeats()) {
-              gen.heartbeats.try_emplace(heartbeat.context().rank(), std::move(heartbeat));
+              auto newer = gen.heartbeats.find(heartbeat.context().rank());
+              if (newer == gen.heartbeats.end()) {
+                gen.heartbeats.emplace(heartbeat.context().rank(), std::move(heartbeat));
+              } else {
+                MergeHeartbeat(heartbeat, &newer->second);
+              }
             }
             return;
           }
@@ -793,14 +899,17 @@ class RelayImpl final : public RankRelay {
   mutable absl::Mutex mu_;
   absl::CondVar wake_;  // A batch opened, or shut_down_.
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Calls to the coordinator whose callback has not finished.
+  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar in_flight_empty_;
   std::map<GenKey, Gen> gens_ ABSL_GUARDED_BY(mu_);
   RankRelayStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
-#define MESH_RELAY_FORWARD(Rpc)                                                             \
-  Unary* RelayService::Rpc(Ctx* ctx, const v1::Rpc##Request* request,                       \
-                           v1::Rpc##Response* response) {                                   \
-    return relay_->ForwardUnary(ctx, &Stub::async_interface::Rpc, request, response);       \
+#define MESH_RELAY_FORWARD(Rpc)                                                       \
+  Unary* RelayService::Rpc(Ctx* ctx, const v1::Rpc##Request* request,                 \
+                           v1::Rpc##Response* response) {                             \
+    return relay_->ForwardUnary(ctx, &Stub::async_interface::Rpc, request, response); \
   }
 MESH_RELAY_FORWARD(DescribeRanks)
 MESH_RELAY_FORWARD(KvSet)
@@ -832,8 +941,7 @@ Unary* RelayService::Heartbeat(Ctx* ctx, const v1::HeartbeatRequest* request,
                                v1::HeartbeatResponse* response) {
   return relay_->Heartbeat(ctx, request, response);
 }
-Unary* RelayService::Leave(Ctx* ctx, const v1::LeaveRequest* request,
-                           v1::LeaveResponse* response) {
+Unary* RelayService::Leave(Ctx* ctx, const v1::LeaveRequest* request, v1::LeaveResponse* response) {
   return relay_->Leave(ctx, request, response);
 }
 grpc::ServerWriteReactor<v1::JobEvent>* RelayService::WatchJob(Ctx* ctx,

@@ -84,13 +84,13 @@ struct RankRelayOptions {
 // Calls the relay made to the coordinator and calls it served, for tests and
 // the agent's metrics.
 struct RankRelayStats {
-  int64_t served = 0;           // calls from ranks
-  int64_t upstream_calls = 0;   // calls to the coordinator (streams included)
+  int64_t served = 0;          // calls from ranks
+  int64_t upstream_calls = 0;  // calls to the coordinator (streams included)
   int64_t join_batches = 0;
   int64_t barrier_batches = 0;
   int64_t heartbeat_batches = 0;
   int64_t unique_id_fetches = 0;
-  int64_t watches = 0;          // upstream WatchJob streams opened
+  int64_t watches = 0;  // upstream WatchJob streams opened
 };
 
 class RankRelay {

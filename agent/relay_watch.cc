@@ -166,7 +166,9 @@ void SharedWatch::Cancel(const grpc::Status& status) {
 
 bool SharedWatch::ended() const {
   absl::MutexLock lock(&mu_);
-  return end_.has_value() || error_.has_value();
+  // A watch that delivered the generation's ERROR replays it to later
+  // watchers; one that ended otherwise is replaced.
+  return end_.has_value() && !error_.has_value();
 }
 
 void SharedWatch::OnUpstreamEvent(const v1::JobEvent& event) {

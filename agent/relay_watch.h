@@ -43,8 +43,10 @@ class SharedWatch : public std::enable_shared_from_this<SharedWatch> {
   // Ends every local watcher with `status` and cancels the upstream stream.
   void Cancel(const grpc::Status& status = grpc::Status(grpc::StatusCode::ABORTED,
                                                         "the generation ended on this node"));
-  // The upstream stream has ended (or was cancelled): a new watcher needs a
-  // new SharedWatch.
+  // The upstream stream ended (or was cancelled) without the generation's
+  // ERROR: a new watcher needs a new SharedWatch. One that delivered the
+  // ERROR never ends this way; it replays WATCHING and the ERROR to later
+  // watchers.
   bool ended() const;
 
  private:

@@ -173,7 +173,7 @@ struct Call {
 };
 
 inline std::optional<std::chrono::system_clock::time_point> RoundDeadline(absl::Duration timeout,
-                                                                   bool grpc_deadlines) {
+                                                                          bool grpc_deadlines) {
   if (!grpc_deadlines) return std::nullopt;
   return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout);
 }

@@ -134,10 +134,8 @@ class NodeRound {
       const v1::JoinResponse& first = call->response.entries(0).reply();
       int64_t expected = 0;
       interval_ns_.compare_exchange_strong(
-          expected,
-          absl::ToInt64Nanoseconds(absl::Seconds(first.heartbeat_interval_seconds())));
-      timeout_ns_.store(
-          absl::ToInt64Nanoseconds(absl::Seconds(first.heartbeat_timeout_seconds())));
+          expected, absl::ToInt64Nanoseconds(absl::Seconds(first.heartbeat_interval_seconds())));
+      timeout_ns_.store(absl::ToInt64Nanoseconds(absl::Seconds(first.heartbeat_timeout_seconds())));
       joined_[node].store(true, std::memory_order_release);
     }
     call.reset();
@@ -227,9 +225,9 @@ class NodeRound {
     for (int slice = 0; !round_over_.HasBeenNotified(); slice = (slice + 1) % kHeartbeatSlices) {
       const int64_t interval_ns = interval_ns_.load();
       // The relay flushes every half interval.
-      const absl::Duration step = interval_ns == 0 ? absl::Milliseconds(10)
-                                                   : absl::Nanoseconds(interval_ns) / 2 /
-                                                         kHeartbeatSlices;
+      const absl::Duration step = interval_ns == 0
+                                      ? absl::Milliseconds(10)
+                                      : absl::Nanoseconds(interval_ns) / 2 / kHeartbeatSlices;
       if (round_over_.WaitForNotificationWithTimeout(step)) return;
       if (interval_ns == 0) continue;
       for (int node = slice; node < nodes_; node += kHeartbeatSlices) {
@@ -247,10 +245,9 @@ class NodeRound {
     }
     outstanding_.fetch_add(1);
     heartbeats_sent_.fetch_add(1);
-    Stub(node)->HeartbeatBatch(&call->context, &call->request, &call->response,
-                               [this, call](grpc::Status s) {
-                                 OnHeartbeat(std::unique_ptr<HeartbeatCall>(call), s);
-                               });
+    Stub(node)->HeartbeatBatch(
+        &call->context, &call->request, &call->response,
+        [this, call](grpc::Status s) { OnHeartbeat(std::unique_ptr<HeartbeatCall>(call), s); });
   }
 
   void OnHeartbeat(std::unique_ptr<HeartbeatCall> call, const grpc::Status& status) {
@@ -262,10 +259,9 @@ class NodeRound {
         if (entry.reply().has_error()) {
           absl::MutexLock lock(&heartbeat_mu_);
           if (heartbeat_failure_.empty()) {
-            heartbeat_failure_ =
-                absl::StrCat("rank ", First(call->rank) + i,
-                             "'s heartbeat found its generation failed: ",
-                             entry.reply().error().message());
+            heartbeat_failure_ = absl::StrCat(
+                "rank ", First(call->rank) + i,
+                "'s heartbeat found its generation failed: ", entry.reply().error().message());
           }
           break;
         }
@@ -279,11 +275,11 @@ class NodeRound {
     auto* call = new LeaveCall(rank, std::chrono::system_clock::now() + std::chrono::seconds(60));
     FillContext(rank, call->request.mutable_context());
     outstanding_.fetch_add(1);
-    Stub(rank / per_node_)->Leave(&call->context, &call->request, &call->response,
-                                  [this, call](grpc::Status) {
-                                    delete call;
-                                    Done();
-                                  });
+    Stub(rank / per_node_)
+        ->Leave(&call->context, &call->request, &call->response, [this, call](grpc::Status) {
+          delete call;
+          Done();
+        });
   }
 
   void Done() {

@@ -228,9 +228,8 @@ absl::Status CheckBatch(const CallAuthorizer& authz, const grpc::CallbackServerC
   const std::string& job = job_of(0);
   for (int i = 1; i < size; ++i) {
     if (job_of(i) != job) {
-      return absl::InvalidArgumentError(absl::StrCat("a batch names one job: entry 0 is for '",
-                                                     job, "' and entry ", i, " for '", job_of(i),
-                                                     "'"));
+      return absl::InvalidArgumentError(absl::StrCat("a batch names one job: entry 0 is for '", job,
+                                                     "' and entry ", i, " for '", job_of(i), "'"));
     }
   }
   return authz.WorkerCall(ctx, job);
@@ -254,20 +253,18 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Join(Ctx* ctx, const JoinRequest* r
     return FinishUnary(ctx, denied);
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  coordination_->Join(JoinArgsOf(ctx, *request),
-                      [reactor, response](absl::StatusOr<JoinResult> r) {
-                        if (r.ok()) FillJoinResponse(*r, response);
-                        reactor->Finish(ToGrpcStatus(r.status()));
-                      });
+  coordination_->Join(JoinArgsOf(ctx, *request), [reactor, response](absl::StatusOr<JoinResult> r) {
+    if (r.ok()) FillJoinResponse(*r, response);
+    reactor->Finish(ToGrpcStatus(r.status()));
+  });
   return reactor;
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::JoinBatch(Ctx* ctx, const JoinBatchRequest* request,
                                                        JoinBatchResponse* response) {
-  if (absl::Status bad = CheckBatch(*authz_, *ctx, request->joins_size(),
-                                    [&](int i) -> const std::string& {
-                                      return request->joins(i).context().job_id();
-                                    });
+  if (absl::Status bad = CheckBatch(
+          *authz_, *ctx, request->joins_size(),
+          [&](int i) -> const std::string& { return request->joins(i).context().job_id(); });
       !bad.ok()) {
     return FinishUnary(ctx, bad);
   }
@@ -460,10 +457,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Barrier(Ctx* ctx, const BarrierRequ
 grpc::ServerUnaryReactor* WorkerServiceImpl::BarrierBatch(Ctx* ctx,
                                                           const BarrierBatchRequest* request,
                                                           BarrierBatchResponse* response) {
-  if (absl::Status bad = CheckBatch(*authz_, *ctx, request->arrivals_size(),
-                                    [&](int i) -> const std::string& {
-                                      return request->arrivals(i).context().job_id();
-                                    });
+  if (absl::Status bad = CheckBatch(
+          *authz_, *ctx, request->arrivals_size(),
+          [&](int i) -> const std::string& { return request->arrivals(i).context().job_id(); });
       !bad.ok()) {
     return FinishUnary(ctx, bad);
   }
@@ -530,10 +526,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(Ctx* ctx, const Heartbeat
 grpc::ServerUnaryReactor* WorkerServiceImpl::HeartbeatBatch(Ctx* ctx,
                                                             const HeartbeatBatchRequest* request,
                                                             HeartbeatBatchResponse* response) {
-  if (absl::Status bad = CheckBatch(*authz_, *ctx, request->heartbeats_size(),
-                                    [&](int i) -> const std::string& {
-                                      return request->heartbeats(i).context().job_id();
-                                    });
+  if (absl::Status bad = CheckBatch(
+          *authz_, *ctx, request->heartbeats_size(),
+          [&](int i) -> const std::string& { return request->heartbeats(i).context().job_id(); });
       !bad.ok()) {
     return FinishUnary(ctx, bad);
   }
