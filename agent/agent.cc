@@ -96,6 +96,8 @@ absl::Status Agent::Start() {
                             : config_.relay_socket;
     relay.coordinator = config_.coordinator;
     relay.security = config_.security;
+    relay.rank_calls = metrics_.relay_rank_calls;
+    relay.coordinator_calls = metrics_.relay_coordinator_calls;
     absl::StatusOr<std::unique_ptr<RankRelay>> started = RankRelay::Start(std::move(relay));
     if (started.ok()) {
       relay_ = *std::move(started);

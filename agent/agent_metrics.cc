@@ -59,6 +59,17 @@ AgentMetrics::AgentMetrics(metrics::Registry& registry) {
     worker_exits->WithLabels({reason});
   }
   launches = registry.AddCounter("mesh_agent_launches_total", "Ranks launched.")->Get();
+  relay_rank_calls =
+      registry
+          .AddCounter("mesh_agent_relay_rank_calls_total",
+                      "WorkerService calls the rank relay admitted from this node's ranks.")
+          ->Get();
+  relay_coordinator_calls =
+      registry
+          .AddCounter("mesh_agent_relay_coordinator_calls_total",
+                      "Calls the rank relay made to the coordinator for this node's ranks "
+                      "(batches, fetches, watches, forwarded calls).")
+          ->Get();
   restarts = registry
                  .AddCounter("mesh_agent_restarts_total",
                              "Ranks launched for a job generation > 0 (a restart).")

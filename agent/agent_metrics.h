@@ -9,6 +9,10 @@
 //   mesh_agent_launch_duration_seconds                   histogram
 //   mesh_agent_heartbeat_age_seconds                     gauge
 //   mesh_agent_connected                                 gauge, 0 or 1
+//   mesh_agent_relay_rank_calls_total,
+//   mesh_agent_relay_coordinator_calls_total             counters: the rank
+//                                                        relay's calls served
+//                                                        and made upstream
 //   mesh_agent_job_cpu_seconds{job}, mesh_agent_job_memory_bytes{job},
 //   mesh_agent_job_processes{job}, mesh_agent_job_gpus{job},
 //   mesh_agent_job_gpu_utilization_ratio{job},
@@ -48,6 +52,8 @@ struct AgentMetrics {
   metrics::Histogram* launch_duration;
   metrics::Gauge* heartbeat_age;
   metrics::Gauge* connected;
+  metrics::Counter* relay_rank_calls;
+  metrics::Counter* relay_coordinator_calls;
   metrics::Family<metrics::Gauge>* job_cpu_seconds;
   metrics::Family<metrics::Gauge>* job_memory_bytes;
   metrics::Family<metrics::Gauge>* job_processes;

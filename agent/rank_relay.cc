@@ -274,13 +274,22 @@ class RelayImpl final : public RankRelay {
     ::unlink(options_.socket_path.c_str());
   }
 
+  void CountServedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++stats_.served;
+    if (options_.rank_calls != nullptr) options_.rank_calls->Increment();
+  }
+  void CountUpstreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++stats_.upstream_calls;
+    if (options_.coordinator_calls != nullptr) options_.coordinator_calls->Increment();
+  }
+
   // ---- Admission ------------------------------------------------------------
 
   // OK when the call names a generation registered here and carries its
   // job's token.
   grpc::Status Admit(const Ctx& ctx, const v1::RankContext& context) {
     absl::MutexLock lock(&mu_);
-    ++stats_.served;
+    CountServedLocked();
     return AdmitLocked(ctx, context);
   }
 
@@ -326,7 +335,7 @@ class RelayImpl final : public RankRelay {
       // Once Shutdown has cancelled what was in flight, nothing new starts.
       refused = shut_down_;
       if (!refused) {
-        ++stats_.upstream_calls;
+        CountUpstreamLocked();
         if (auto gen = gens_.find(key); gen != gens_.end()) ++gen->second.upstream;
         in_flight_.insert(&call->context);
       }
@@ -387,7 +396,7 @@ class RelayImpl final : public RankRelay {
     bool flush_now = false;
     {
       absl::MutexLock lock(&mu_);
-      ++stats_.served;
+      CountServedLocked();
       if (grpc::Status denied = AdmitLocked(*ctx, request->context()); !denied.ok()) {
         reactor->Finish(denied);
         return reactor;
@@ -418,7 +427,7 @@ class RelayImpl final : public RankRelay {
     bool flush_now = false;
     {
       absl::MutexLock lock(&mu_);
-      ++stats_.served;
+      CountServedLocked();
       if (grpc::Status denied = AdmitLocked(*ctx, request->context()); !denied.ok()) {
         reactor->Finish(denied);
         return reactor;
@@ -466,7 +475,7 @@ class RelayImpl final : public RankRelay {
     const GenKey key(request->context().job_id(), request->context().generation());
     {
       absl::MutexLock lock(&mu_);
-      ++stats_.served;
+      CountServedLocked();
       if (grpc::Status denied = AdmitLocked(*ctx, request->context()); !denied.ok()) {
         reactor->Finish(denied);
         return reactor;
@@ -555,7 +564,7 @@ class RelayImpl final : public RankRelay {
     grpc::Status status;
     {
       absl::MutexLock lock(&mu_);
-      ++stats_.served;
+      CountServedLocked();
       status = AdmitLocked(*ctx, request->context());
       if (status.ok()) {
         Gen& gen = gens_[GenKey(request->context().job_id(), request->context().generation())];
@@ -596,7 +605,7 @@ class RelayImpl final : public RankRelay {
     bool open = false;  // This watcher opens the upstream stream.
     {
       absl::MutexLock lock(&mu_);
-      ++stats_.served;
+      CountServedLocked();
       if (grpc::Status denied = AdmitLocked(*ctx, request->context()); !denied.ok()) {
         return RejectedWatch(denied);
       }
@@ -605,7 +614,7 @@ class RelayImpl final : public RankRelay {
         gen.watch = std::make_shared<SharedWatch>();
         open = true;
         ++stats_.watches;
-        ++stats_.upstream_calls;
+        CountUpstreamLocked();
         ++gen.upstream;
       }
       watch = gen.watch;

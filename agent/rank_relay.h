@@ -61,6 +61,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "common/security.h"
 
 namespace mesh::agent {
@@ -79,6 +80,11 @@ struct RankRelayOptions {
   // The heartbeat flush interval before a generation's heartbeat interval is
   // known (from its Join replies).
   absl::Duration default_heartbeat_flush = absl::Milliseconds(250);
+  // Counted with RankRelayStats.served and upstream_calls when not null
+  // (the agent's mesh_agent_relay_*_calls_total); borrowed, must outlive
+  // the relay.
+  metrics::Counter* rank_calls = nullptr;
+  metrics::Counter* coordinator_calls = nullptr;
 };
 
 // Calls the relay made to the coordinator and calls it served, for tests and

@@ -133,20 +133,27 @@ class Report:
                          note=f"{stats.get('count')} calls each, alternating blocks; the peer is the floor")
 
     def rendezvous(self, peer_note):
-        by_n = {}
-        for path in self.files("rendezvous_*_*.json"):
-            m = re.search(r"rendezvous_(\d+)_(\d+)\.json$", path)
-            if m:
-                by_n.setdefault(int(m.group(1)), {})[int(m.group(2))] = ("mesh", load(path))
         peers = {}
         for path in self.files("tcpstore_*_*.json"):
             m = re.search(r"tcpstore_(\d+)_(\d+)\.json$", path)
             if m:
                 peers.setdefault(int(m.group(1)), {})[int(m.group(2))] = load(path)
-        self.suites["rendezvous"] = {str(n): {str(k): v[1] for k, v in passes.items()}
-                                     for n, passes in by_n.items()}
         self.suites["tcpstore_rendezvous"] = {str(n): {str(k): v for k, v in p.items()}
                                               for n, p in peers.items()}
+        # Ranks calling the coordinator themselves, then through agents
+        # (mesh-bench rendezvous --via-agent), each against the same peer runs.
+        self.rendezvous_rows("rendezvous", "rendezvous", "", peers, peer_note)
+        self.rendezvous_rows("rendezvous_agents", "rendezvous_agents",
+                             " through agents of 8", peers, peer_note)
+
+    def rendezvous_rows(self, prefix, suite, how, peers, peer_note):
+        by_n = {}
+        for path in self.files(prefix + "_*_*.json"):
+            m = re.search(prefix + r"_(\d+)_(\d+)\.json$", path)
+            if m:
+                by_n.setdefault(int(m.group(1)), {})[int(m.group(2))] = ("mesh", load(path))
+        self.suites[suite] = {str(n): {str(k): v[1] for k, v in passes.items()}
+                              for n, passes in by_n.items()}
         for n in sorted(by_n):
             mesh_runs = {k: v[1] for k, v in by_n[n].items()}
             ok_mesh = {k: r["mesh"]["total_s"] for k, r in mesh_runs.items()
@@ -155,7 +162,7 @@ class Report:
             mesh = median(ok_mesh.values())
             if mesh is None:
                 mesh = "failed"
-            row = f"{n} ranks: join + barrier + 128 B ID (s) vs TCPStore"
+            row = f"{n} ranks{how}: join + barrier + 128 B ID (s) vs TCPStore"
             notes = [f"{len(ok_mesh)} pass(es)"]
             if floor:
                 notes.append(f"Mesh's gRPC floor {fmt(floor)} s")

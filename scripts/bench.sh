@@ -145,6 +145,9 @@ for ranks in $rendezvous_ranks; do
     if ((ranks > 16384)); then rounds=(--repeat 1 --warmup 0); fi
     $smoke && rounds=()
     run_mesh "rendezvous_${ranks}_$pass" rendezvous --ranks "$ranks" "${rounds[@]}"
+    # Through agents, 8 ranks each (the coordinator's side of the rank relay).
+    run_mesh "rendezvous_agents_${ranks}_$pass" rendezvous --ranks "$ranks" --via-agent \
+      --ranks-per-node 8 "${rounds[@]}"
     if $have_torch && ((ranks <= peer_max_ranks)); then
       say "tcpstore_rendezvous.py --ranks $ranks (pass $pass)"
       # A failure or a timeout is the peer's result at this N, not a lost row.
