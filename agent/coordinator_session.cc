@@ -70,6 +70,11 @@ bool CoordinatorSession::SleepUnlessStopping(absl::Duration duration) {
 
 void CoordinatorSession::RequestReconnect(uint64_t epoch, const std::string& why) {
   absl::MutexLock lock(&mu_);
+  if (announcing_ && epoch == epoch_ + 1) {
+    // on_up of this session is still running: the session ends once it is up.
+    broken_while_announced_ = why;
+    return;
+  }
   if (epoch != epoch_ || !session_ok_) return;  // already being handled
   spdlog::warn("session {} broken ({}); re-registering", session_id_, why);
   EndSessionLocked(epoch);
@@ -134,6 +139,8 @@ void CoordinatorSession::SessionLoop() {
     {
       absl::MutexLock lock(&mu_);
       epoch = epoch_ + 1;
+      announcing_ = true;
+      broken_while_announced_.reset();
     }
     // Only this thread bumps the epoch, so `epoch` is the next one.
     if (callbacks_.on_up) callbacks_.on_up(epoch, response->session_id());
@@ -142,6 +149,7 @@ void CoordinatorSession::SessionLoop() {
       session_id_ = response->session_id();
       epoch_ = epoch;
       session_ok_ = true;
+      announcing_ = false;
       ++registrations_;
       last_ack_ = absl::Now();
       metrics_->connected->Set(1);
@@ -156,6 +164,16 @@ void CoordinatorSession::SessionLoop() {
     }
     spdlog::info("registered as {} with {} (session {}, {} running workers)", config_.name,
                  config_.coordinator, response->session_id(), request.running_size());
+    {
+      // A report sent as on_up announced the session may have found it
+      // stale already: end it now, as RequestReconnect would have.
+      absl::MutexLock lock(&mu_);
+      if (broken_while_announced_.has_value()) {
+        spdlog::warn("session {} broken ({}); re-registering", session_id_,
+                     *broken_while_announced_);
+        EndSessionLocked(epoch);
+      }
+    }
 
     const absl::Time opened = absl::Now();
     bool got_order = false;

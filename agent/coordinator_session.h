@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,7 +74,9 @@ class CoordinatorSession {
   void Stop();
 
   // Ends the session of `epoch` and registers again; a no-op when that
-  // session has already ended. `why` is logged.
+  // session has already ended. While on_up announces `epoch` (a report sent
+  // at once can find the session stale), the session ends as soon as it is
+  // up. `why` is logged.
   void RequestReconnect(uint64_t epoch, const std::string& why);
 
   // The current (or last) session's id; empty before the first.
@@ -102,6 +105,10 @@ class CoordinatorSession {
   std::string session_id_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by each registration
   bool session_ok_ ABSL_GUARDED_BY(mu_) = false;
+  // on_up of epoch_ + 1 is running, and why that session was found broken
+  // meanwhile (RequestReconnect of it), if it was.
+  bool announcing_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<std::string> broken_while_announced_ ABSL_GUARDED_BY(mu_);
   int registrations_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(5);
   absl::Duration heartbeat_timeout_ ABSL_GUARDED_BY(mu_) = absl::Seconds(30);

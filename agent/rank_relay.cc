@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include <grpcpp/grpcpp.h>
@@ -386,74 +387,72 @@ class RelayImpl final : public RankRelay {
   // ---- Join and barriers: batched ----------------------------------------------
 
   Unary* Join(Ctx* ctx, const v1::JoinRequest* request, v1::JoinResponse* response) {
-    Unary* reactor = ctx->DefaultReactor();
-    v1::JoinRequest join = *request;
-    join.set_timeout_seconds(BoundedTimeout(*ctx, request->timeout_seconds()));
-    auto done = [reactor, response](const grpc::Status& status, const v1::JoinResponse* reply) {
-      if (status.ok()) *response = *reply;
-      reactor->Finish(status);
-    };
-    bool flush_now = false;
-    {
-      absl::MutexLock lock(&mu_);
-      CountServedLocked();
-      if (grpc::Status denied = AdmitLocked(*ctx, request->context()); !denied.ok()) {
-        reactor->Finish(denied);
-        return reactor;
-      }
-      Gen& gen = gens_[GenKey(request->context().job_id(), request->context().generation())];
-      Batch<v1::JoinRequest, v1::JoinResponse>& batch = gen.joins;
-      if (batch.entries.empty()) batch.opened = absl::Now();
-      batch.deadline = std::max(batch.deadline, ctx->deadline());
-      batch.arrived.insert(request->context().rank());
-      batch.entries.push_back({std::move(join), std::move(done)});
-      flush_now = std::includes(batch.arrived.begin(), batch.arrived.end(), gen.local.begin(),
-                                gen.local.end());
-      if (!flush_now) wake_.Signal();
-    }
-    if (flush_now) FlushJoins(GenKey(request->context().job_id(), request->context().generation()));
-    return reactor;
+    const GenKey key(request->context().job_id(), request->context().generation());
+    return Enqueue(
+        ctx, *request, response, [&](Gen& gen) -> JoinBatch& { return gen.joins; },
+        [](const Gen& gen) { return gen.local; }, [this, key] { FlushJoins(key); });
   }
 
   Unary* Barrier(Ctx* ctx, const v1::BarrierRequest* request, v1::BarrierResponse* response) {
-    Unary* reactor = ctx->DefaultReactor();
-    v1::BarrierRequest arrival = *request;
-    arrival.set_timeout_seconds(BoundedTimeout(*ctx, request->timeout_seconds()));
-    auto done = [reactor, response](const grpc::Status& status, const v1::BarrierResponse* reply) {
-      if (status.ok()) *response = *reply;
-      reactor->Finish(status);
-    };
     const GenKey key(request->context().job_id(), request->context().generation());
+    const std::string name = request->name();
+    // The barrier's local participants: every local rank for a world
+    // barrier, else the local ones it lists.
+    auto participants = [request](const Gen& gen) {
+      if (request->ranks().empty()) return gen.local;
+      std::set<int> local;
+      for (int r : request->ranks()) {
+        if (gen.local.count(r) > 0) local.insert(r);
+      }
+      return local;
+    };
+    return Enqueue(
+        ctx, *request, response, [&](Gen& gen) -> BarrierBatch& { return gen.barriers[name]; },
+        participants, [this, key, name] { FlushBarrier(key, name); });
+  }
+
+  // Admits a rank's Join or barrier arrival and adds it to its batch
+  // (`batch_of`), which goes up at once (`flush`) when every local rank it
+  // concerns (`expected`) has arrived, else when its window ends. The
+  // request's timeout is bounded by the rank's own deadline.
+  template <typename Request, typename Response, typename BatchOf, typename Expected,
+            typename Flush>
+  Unary* Enqueue(Ctx* ctx, const Request& request, Response* response, BatchOf batch_of,
+                 Expected expected, Flush flush) {
+    Unary* reactor = ctx->DefaultReactor();
+    Request entry = request;
+    entry.set_timeout_seconds(BoundedTimeout(*ctx, request.timeout_seconds()));
     bool flush_now = false;
     {
       absl::MutexLock lock(&mu_);
       CountServedLocked();
-      if (grpc::Status denied = AdmitLocked(*ctx, request->context()); !denied.ok()) {
+      if (grpc::Status denied = AdmitLocked(*ctx, request.context()); !denied.ok()) {
         reactor->Finish(denied);
         return reactor;
       }
-      Gen& gen = gens_[key];
-      Batch<v1::BarrierRequest, v1::BarrierResponse>& batch = gen.barriers[request->name()];
+      Gen& gen = gens_[GenKey(request.context().job_id(), request.context().generation())];
+      Batch<Request, Response>& batch = batch_of(gen);
       if (batch.entries.empty()) batch.opened = absl::Now();
       batch.deadline = std::max(batch.deadline, ctx->deadline());
-      batch.arrived.insert(request->context().rank());
-      batch.entries.push_back({std::move(arrival), std::move(done)});
-      // Every local participant has arrived (all of the world's when the
-      // barrier lists no ranks).
-      std::set<int> local_participants;
-      if (request->ranks().empty()) {
-        local_participants = gen.local;
-      } else {
-        for (int r : request->ranks()) {
-          if (gen.local.count(r) > 0) local_participants.insert(r);
-        }
-      }
-      flush_now = std::includes(batch.arrived.begin(), batch.arrived.end(),
-                                local_participants.begin(), local_participants.end());
+      batch.arrived.insert(request.context().rank());
+      batch.entries.push_back({std::move(entry), ReplyTo(reactor, response)});
+      const std::set<int> local = expected(gen);
+      flush_now =
+          std::includes(batch.arrived.begin(), batch.arrived.end(), local.begin(), local.end());
       if (!flush_now) wake_.Signal();
     }
-    if (flush_now) FlushBarrier(key, request->name());
+    if (flush_now) flush();
     return reactor;
+  }
+
+  // Finishes `reactor` with a reply's status, and the reply when OK.
+  template <typename Response>
+  static std::function<void(const grpc::Status&, const Response*)> ReplyTo(Unary* reactor,
+                                                                           Response* response) {
+    return [reactor, response](const grpc::Status& status, const Response* reply) {
+      if (status.ok()) *response = *reply;
+      reactor->Finish(status);
+    };
   }
 
   // ---- Unique IDs: one fetch per node ------------------------------------------
@@ -640,6 +639,9 @@ class RelayImpl final : public RankRelay {
     std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::min();
   };
 
+  using JoinBatch = Batch<v1::JoinRequest, v1::JoinResponse>;
+  using BarrierBatch = Batch<v1::BarrierRequest, v1::BarrierResponse>;
+
   // A rank waiting for unique IDs: its request (timeout bounded by its
   // call's deadline), when its timeout ends, and its call's deadline.
   struct IdWaiter {
@@ -666,8 +668,8 @@ class RelayImpl final : public RankRelay {
     std::string token;
     int64_t served = 0;    // Calls of its ranks admitted here.
     int64_t upstream = 0;  // Calls made to the coordinator for it.
-    Batch<v1::JoinRequest, v1::JoinResponse> joins;
-    std::map<std::string, Batch<v1::BarrierRequest, v1::BarrierResponse>> barriers;
+    JoinBatch joins;
+    std::map<std::string, BarrierBatch> barriers;
     std::map<std::string, IdFetch> ids;
     // Heartbeats not yet sent, the latest of each rank.
     std::map<int, v1::HeartbeatRequest> heartbeats;
@@ -712,79 +714,68 @@ class RelayImpl final : public RankRelay {
 
   // Sends the pending Joins of `key` as one JoinBatch.
   void FlushJoins(const GenKey& key) {
-    std::vector<Batch<v1::JoinRequest, v1::JoinResponse>::Entry> entries;
-    std::string token;
-    std::chrono::system_clock::time_point deadline;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = gens_.find(key);
-      if (it == gens_.end() || it->second.joins.entries.empty()) return;
-      auto& batch = it->second.joins;
-      entries = std::move(batch.entries);
-      batch.entries.clear();
-      deadline = batch.deadline;
-      batch.deadline = std::chrono::system_clock::time_point::min();
-      token = it->second.token;
-      ++stats_.join_batches;
-    }
-    v1::JoinBatchRequest request;
-    for (auto& entry : entries) *request.add_joins() = std::move(entry.request);
-    auto shared = std::make_shared<decltype(entries)>(std::move(entries));
-    Forward<v1::JoinBatchRequest, v1::JoinBatchResponse>(
-        key, &Stub::async_interface::JoinBatch, request, token, deadline,
-        [this, key, shared](grpc::Status status, v1::JoinBatchResponse* reply) {
-          if (status.ok() && reply->entries_size() != static_cast<int>(shared->size())) {
-            status = grpc::Status(grpc::StatusCode::INTERNAL,
-                                  "JoinBatch answered a different number of entries");
-          }
-          for (size_t i = 0; i < shared->size(); ++i) {
-            if (!status.ok()) {
-              (*shared)[i].done(status, nullptr);
-              continue;
-            }
-            const v1::JoinBatchEntry& entry = reply->entries(static_cast<int>(i));
-            if (entry.status().code() == 0) {
-              NoteHeartbeatInterval(key, entry.reply().heartbeat_interval_seconds());
-            }
-            (*shared)[i].done(EntryToStatus(entry.status()), &entry.reply());
-          }
+    FlushBatch<v1::JoinBatchRequest, v1::JoinBatchResponse>(
+        key, [](Gen& gen) { return &gen.joins; }, &v1::JoinBatchRequest::add_joins,
+        &Stub::async_interface::JoinBatch, "JoinBatch", &stats_.join_batches,
+        [this, key](const v1::JoinResponse& reply) {
+          NoteHeartbeatInterval(key, reply.heartbeat_interval_seconds());
         });
   }
 
   void FlushBarrier(const GenKey& key, const std::string& name) {
-    std::vector<Batch<v1::BarrierRequest, v1::BarrierResponse>::Entry> entries;
+    FlushBatch<v1::BarrierBatchRequest, v1::BarrierBatchResponse>(
+        key,
+        [&name](Gen& gen) -> BarrierBatch* {
+          auto it = gen.barriers.find(name);
+          return it == gen.barriers.end() ? nullptr : &it->second;
+        },
+        &v1::BarrierBatchRequest::add_arrivals, &Stub::async_interface::BarrierBatch,
+        "BarrierBatch", &stats_.barrier_batches, [](const v1::BarrierResponse&) {});
+  }
+
+  // Sends the pending entries of one batch of `key` (`batch_of`, null when
+  // there is none) as one call, and hands each rank its entry's outcome;
+  // `on_ok` sees every OK reply first.
+  template <typename BatchRequest, typename BatchResponse, typename BatchOf, typename Add,
+            typename OnOk>
+  void FlushBatch(const GenKey& key, BatchOf batch_of, Add add,
+                  AsyncMethod<BatchRequest, BatchResponse> method, const char* rpc,
+                  int64_t* counter, OnOk on_ok) {
+    using BatchT = std::remove_pointer_t<decltype(batch_of(std::declval<Gen&>()))>;
+    using Entries = decltype(BatchT::entries);
+    auto entries = std::make_shared<Entries>();
     std::string token;
     std::chrono::system_clock::time_point deadline;
     {
       absl::MutexLock lock(&mu_);
       auto it = gens_.find(key);
       if (it == gens_.end()) return;
-      auto barrier = it->second.barriers.find(name);
-      if (barrier == it->second.barriers.end() || barrier->second.entries.empty()) return;
-      entries = std::move(barrier->second.entries);
-      barrier->second.entries.clear();
-      deadline = barrier->second.deadline;
-      barrier->second.deadline = std::chrono::system_clock::time_point::min();
+      BatchT* batch = batch_of(it->second);
+      if (batch == nullptr || batch->entries.empty()) return;
+      *entries = std::move(batch->entries);
+      batch->entries.clear();
+      deadline = batch->deadline;
+      batch->deadline = std::chrono::system_clock::time_point::min();
       token = it->second.token;
-      ++stats_.barrier_batches;
+      ++*counter;
     }
-    v1::BarrierBatchRequest request;
-    for (auto& entry : entries) *request.add_arrivals() = std::move(entry.request);
-    auto shared = std::make_shared<decltype(entries)>(std::move(entries));
-    Forward<v1::BarrierBatchRequest, v1::BarrierBatchResponse>(
-        key, &Stub::async_interface::BarrierBatch, request, token, deadline,
-        [shared](grpc::Status status, v1::BarrierBatchResponse* reply) {
-          if (status.ok() && reply->entries_size() != static_cast<int>(shared->size())) {
+    BatchRequest request;
+    for (auto& entry : *entries) *(request.*add)() = std::move(entry.request);
+    Forward<BatchRequest, BatchResponse>(
+        key, method, request, token, deadline,
+        [entries, rpc, on_ok](grpc::Status status, BatchResponse* reply) {
+          if (status.ok() && reply->entries_size() != static_cast<int>(entries->size())) {
             status = grpc::Status(grpc::StatusCode::INTERNAL,
-                                  "BarrierBatch answered a different number of entries");
+                                  absl::StrCat(rpc, " answered a different number of entries"));
           }
-          for (size_t i = 0; i < shared->size(); ++i) {
+          for (size_t i = 0; i < entries->size(); ++i) {
             if (!status.ok()) {
-              (*shared)[i].done(status, nullptr);
+              (*entries)[i].done(status, nullptr);
               continue;
             }
-            const v1::BarrierBatchEntry& entry = reply->entries(static_cast<int>(i));
-            (*shared)[i].done(EntryToStatus(entry.status()), &entry.reply());
+            const auto& entry = reply->entries(static_cast<int>(i));
+            if (entry.status().code() == 0) on_ok(entry.reply());
+            (*entries)[i].done(EntryToStatus(entry.status()), &entry.reply());
           }
         });
   }

@@ -173,15 +173,15 @@ class MeshRound {
     heartbeats.join();
     // Every heartbeat answered, then every rank leaves (so the coordinator
     // stops tracking the generation): no call may outlive the round.
-    Drain();
+    calls_.Drain();
     for (int r = 0; r < ranks_; ++r) StartLeave(r);
-    Drain();
+    calls_.Drain();
     // A death the heartbeats saw explains the round's failure best.
-    if (absl::Status s = HeartbeatStatus(); !s.ok()) return s;
+    if (absl::Status s = calls_.HeartbeatStatus(); !s.ok()) return s;
     if (absl::Status s = state_.status(); !s.ok()) return s;
     RoundResult result = state_.Result();
-    result.heartbeats = heartbeats_sent_.load();
-    result.heartbeat_errors = heartbeat_errors_.load();
+    result.heartbeats = calls_.heartbeats_sent();
+    result.heartbeat_errors = calls_.heartbeat_errors();
     return result;
   }
 
@@ -359,64 +359,34 @@ class MeshRound {
         std::chrono::system_clock::now() + std::chrono::nanoseconds(timeout_ns_.load());
     auto* call = new HeartbeatCall(rank, deadline);
     FillContext(rank, call->request.mutable_context());
-    outstanding_.fetch_add(1);
-    heartbeats_sent_.fetch_add(1);
+    calls_.Started(/*heartbeat=*/true);
     Stub(rank)->Heartbeat(
         &call->context, &call->request, &call->response,
         [this, call](grpc::Status s) { OnHeartbeat(std::unique_ptr<HeartbeatCall>(call), s); });
   }
 
   void OnHeartbeat(std::unique_ptr<HeartbeatCall> call, const grpc::Status& status) {
-    if (!status.ok()) {
-      // Transient for a Runtime (it retries at the next beat): counted.
-      heartbeat_errors_.fetch_add(1);
-    } else if (call->response.has_error()) {
+    if (status.ok() && call->response.has_error()) {
       // The generation failed: a rank was declared dead (or failed) while
       // every simulated rank heartbeats on time.
-      absl::MutexLock lock(&heartbeat_mu_);
-      if (heartbeat_failure_.empty()) {
-        heartbeat_failure_ = absl::StrCat(
-            "rank ", call->rank,
-            "'s heartbeat found its generation failed: ", call->response.error().message());
-      }
+      calls_.HeartbeatFoundFailure(absl::StrCat(
+          "rank ", call->rank,
+          "'s heartbeat found its generation failed: ", call->response.error().message()));
     }
     call.reset();
-    Done();
+    // A heartbeat lost in transit is transient for a Runtime (it retries at
+    // the next beat): counted.
+    calls_.Done(/*failed_in_transit=*/!status.ok());
   }
 
   void StartLeave(int rank) {
     auto* call = new LeaveCall(rank, std::chrono::system_clock::now() + std::chrono::seconds(60));
     FillContext(rank, call->request.mutable_context());
-    outstanding_.fetch_add(1);
+    calls_.Started(/*heartbeat=*/false);
     Stub(rank)->Leave(&call->context, &call->request, &call->response, [this, call](grpc::Status) {
       delete call;
-      Done();
+      calls_.Done();
     });
-  }
-
-  void Done() {
-    if (outstanding_.fetch_sub(1) == 1) {
-      absl::MutexLock lock(&heartbeat_mu_);
-      drained_cv_.SignalAll();
-    }
-  }
-
-  // Waits until no heartbeat or Leave is pending. They all carry deadlines,
-  // so a live coordinator ends them in time; past that, abort loudly (they
-  // reference this round).
-  void Drain() {
-    absl::MutexLock lock(&heartbeat_mu_);
-    const absl::Time limit = absl::Now() + absl::Seconds(120);
-    while (outstanding_.load() > 0) {
-      MESH_CHECK(!drained_cv_.WaitWithDeadline(&heartbeat_mu_, limit) || outstanding_.load() == 0,
-                 "heartbeats or leaves still pending two minutes after the round");
-    }
-  }
-
-  absl::Status HeartbeatStatus() const {
-    absl::MutexLock lock(&heartbeat_mu_);
-    if (heartbeat_failure_.empty()) return absl::OkStatus();
-    return absl::AbortedError(heartbeat_failure_);
   }
 
   const std::vector<std::unique_ptr<WorkerService::Stub>>& stubs_;
@@ -430,12 +400,7 @@ class MeshRound {
   std::atomic<int64_t> interval_ns_{0};
   std::atomic<int64_t> timeout_ns_{0};
   absl::Notification round_over_;
-  std::atomic<int64_t> outstanding_{0};
-  std::atomic<int64_t> heartbeats_sent_{0};
-  std::atomic<int64_t> heartbeat_errors_{0};
-  mutable absl::Mutex heartbeat_mu_;
-  absl::CondVar drained_cv_;
-  std::string heartbeat_failure_ ABSL_GUARDED_BY(heartbeat_mu_);
+  RoundCalls calls_;
 };
 
 constexpr int kBaselineCalls = 3;
@@ -649,12 +614,11 @@ absl::StatusOr<RendezvousBenchResult> RunRendezvousBench(const RendezvousBenchOp
     auto job = create_job(static_cast<uint32_t>(round));
     if (!job.ok()) return job.status();
     const std::string job_id = job->job_id;
-    auto mesh = options.via_agent
-                    ? RunNodeRound(workers, options.ranks, options.ranks_per_node,
-                                   *std::move(job), options.round_timeout)
-                    : MeshRound(workers, options.ranks, *std::move(job), options.round_timeout,
-                                options.grpc_deadlines)
-                          .Run();
+    auto mesh = options.via_agent ? RunNodeRound(workers, options.ranks, options.ranks_per_node,
+                                                 *std::move(job), options.round_timeout)
+                                  : MeshRound(workers, options.ranks, *std::move(job),
+                                              options.round_timeout, options.grpc_deadlines)
+                                        .Run();
     if (!mesh.ok()) {
       return absl::Status(mesh.status().code(),
                           absl::StrCat("job ", job_id, ": ", mesh.status().message()));

@@ -187,6 +187,59 @@ struct JobSpec {
 
 enum MeshStep { kJoin = 0, kBarrier, kUniqueId, kMeshSteps };
 
+// The calls of a round that are not a rank's chain (its heartbeats and the
+// Leaves after it), and the first heartbeat that found the generation
+// failed. Thread safety: thread-safe.
+class RoundCalls {
+ public:
+  // A call starts; `heartbeat` counts it as one.
+  void Started(bool heartbeat) {
+    outstanding_.fetch_add(1);
+    if (heartbeat) heartbeats_sent_.fetch_add(1);
+  }
+  // A call ended; `failed_in_transit`: a heartbeat that did not get through
+  // (a deadline, the server's backlog), counted.
+  void Done(bool failed_in_transit = false) {
+    if (failed_in_transit) heartbeat_errors_.fetch_add(1);
+    if (outstanding_.fetch_sub(1) == 1) {
+      absl::MutexLock lock(&mu_);
+      drained_.SignalAll();
+    }
+  }
+  // A heartbeat found the generation failed; the first one is kept.
+  void HeartbeatFoundFailure(std::string what) {
+    absl::MutexLock lock(&mu_);
+    if (failure_.empty()) failure_ = std::move(what);
+  }
+  // Waits until no call is pending. They all carry deadlines, so a live
+  // coordinator ends them in time; past that, abort loudly (they reference
+  // the round).
+  void Drain() {
+    absl::MutexLock lock(&mu_);
+    const absl::Time limit = absl::Now() + absl::Seconds(120);
+    while (outstanding_.load() > 0) {
+      MESH_CHECK(!drained_.WaitWithDeadline(&mu_, limit) || outstanding_.load() == 0,
+                 "heartbeats or leaves still pending two minutes after the round");
+    }
+  }
+  // ABORTED with the first failure a heartbeat found, else OK.
+  absl::Status HeartbeatStatus() const {
+    absl::MutexLock lock(&mu_);
+    if (failure_.empty()) return absl::OkStatus();
+    return absl::AbortedError(failure_);
+  }
+  int64_t heartbeats_sent() const { return heartbeats_sent_.load(); }
+  int64_t heartbeat_errors() const { return heartbeat_errors_.load(); }
+
+ private:
+  std::atomic<int64_t> outstanding_{0};
+  std::atomic<int64_t> heartbeats_sent_{0};
+  std::atomic<int64_t> heartbeat_errors_{0};
+  mutable absl::Mutex mu_;
+  absl::CondVar drained_;
+  std::string failure_ ABSL_GUARDED_BY(mu_);
+};
+
 // The round through simulated agents (rendezvous_nodes.cc): node n holds
 // ranks [n * ranks_per_node, (n + 1) * ranks_per_node) and calls on
 // stubs[n % stubs.size()].

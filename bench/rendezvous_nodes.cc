@@ -49,15 +49,15 @@ class NodeRound {
     state_.Wait(timeout_ + absl::Seconds(60));
     round_over_.Notify();
     heartbeats.join();
-    Drain();
+    calls_.Drain();
     // A relay forwards Leave one to one.
     for (int r = 0; r < ranks_; ++r) StartLeave(r);
-    Drain();
-    if (absl::Status s = HeartbeatStatus(); !s.ok()) return s;
+    calls_.Drain();
+    if (absl::Status s = calls_.HeartbeatStatus(); !s.ok()) return s;
     if (absl::Status s = state_.status(); !s.ok()) return s;
     RoundResult result = state_.Result();
-    result.heartbeats = heartbeats_sent_.load();
-    result.heartbeat_errors = heartbeat_errors_.load();
+    result.heartbeats = calls_.heartbeats_sent();
+    result.heartbeat_errors = calls_.heartbeat_errors();
     return result;
   }
 
@@ -243,65 +243,37 @@ class NodeRound {
     for (int r = First(node); r < End(node); ++r) {
       FillContext(r, call->request.add_heartbeats()->mutable_context());
     }
-    outstanding_.fetch_add(1);
-    heartbeats_sent_.fetch_add(1);
+    calls_.Started(/*heartbeat=*/true);
     Stub(node)->HeartbeatBatch(
         &call->context, &call->request, &call->response,
         [this, call](grpc::Status s) { OnHeartbeat(std::unique_ptr<HeartbeatCall>(call), s); });
   }
 
   void OnHeartbeat(std::unique_ptr<HeartbeatCall> call, const grpc::Status& status) {
-    if (!status.ok()) {
-      heartbeat_errors_.fetch_add(1);
-    } else {
+    if (status.ok()) {
       for (int i = 0; i < call->response.entries_size(); ++i) {
         const v1::HeartbeatBatchEntry& entry = call->response.entries(i);
         if (entry.reply().has_error()) {
-          absl::MutexLock lock(&heartbeat_mu_);
-          if (heartbeat_failure_.empty()) {
-            heartbeat_failure_ = absl::StrCat(
-                "rank ", First(call->rank) + i,
-                "'s heartbeat found its generation failed: ", entry.reply().error().message());
-          }
+          calls_.HeartbeatFoundFailure(absl::StrCat(
+              "rank ", First(call->rank) + i,
+              "'s heartbeat found its generation failed: ", entry.reply().error().message()));
           break;
         }
       }
     }
     call.reset();
-    Done();
+    calls_.Done(/*failed_in_transit=*/!status.ok());
   }
 
   void StartLeave(int rank) {
     auto* call = new LeaveCall(rank, std::chrono::system_clock::now() + std::chrono::seconds(60));
     FillContext(rank, call->request.mutable_context());
-    outstanding_.fetch_add(1);
+    calls_.Started(/*heartbeat=*/false);
     Stub(rank / per_node_)
         ->Leave(&call->context, &call->request, &call->response, [this, call](grpc::Status) {
           delete call;
-          Done();
+          calls_.Done();
         });
-  }
-
-  void Done() {
-    if (outstanding_.fetch_sub(1) == 1) {
-      absl::MutexLock lock(&heartbeat_mu_);
-      drained_cv_.SignalAll();
-    }
-  }
-
-  void Drain() {
-    absl::MutexLock lock(&heartbeat_mu_);
-    const absl::Time limit = absl::Now() + absl::Seconds(120);
-    while (outstanding_.load() > 0) {
-      MESH_CHECK(!drained_cv_.WaitWithDeadline(&heartbeat_mu_, limit) || outstanding_.load() == 0,
-                 "heartbeats or leaves still pending two minutes after the round");
-    }
-  }
-
-  absl::Status HeartbeatStatus() const {
-    absl::MutexLock lock(&heartbeat_mu_);
-    if (heartbeat_failure_.empty()) return absl::OkStatus();
-    return absl::AbortedError(heartbeat_failure_);
   }
 
   const std::vector<std::unique_ptr<WorkerService::Stub>>& stubs_;
@@ -316,12 +288,7 @@ class NodeRound {
   std::atomic<int64_t> interval_ns_{0};
   std::atomic<int64_t> timeout_ns_{0};
   absl::Notification round_over_;
-  std::atomic<int64_t> outstanding_{0};
-  std::atomic<int64_t> heartbeats_sent_{0};
-  std::atomic<int64_t> heartbeat_errors_{0};
-  mutable absl::Mutex heartbeat_mu_;
-  absl::CondVar drained_cv_;
-  std::string heartbeat_failure_ ABSL_GUARDED_BY(heartbeat_mu_);
+  RoundCalls calls_;
 };
 
 }  // namespace

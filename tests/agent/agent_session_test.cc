@@ -2,6 +2,7 @@
 // FakeLauncher that never forks: registration, orders, the report outbox's
 // retries and the session's reconnects, driven call by call.
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -21,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/agent.h"
+#include "agent/coordinator_session.h"
 #include "agent/node_client.h"
 #include "tests/agent/fake_launcher.h"
 #include "tests/util/proc.h"
@@ -447,6 +449,34 @@ TEST_F(AgentSessionTest, HeartbeatAnsweredAbortedReRegisters) {
         return !watched.empty() && watched.back() == "session-2";
       },
       kTimeout));
+}
+
+// A report sent the moment on_up announces a session can find it stale
+// before the session is recorded as up (the agent's outbox does exactly
+// that). Its RequestReconnect must still end that session: ignoring it
+// left the reports waiting for a session change that never came.
+TEST(CoordinatorSessionTest, AReconnectRequestedWhileOnUpRunsEndsThatSession) {
+  FakeNodeClient client;
+  AgentConfig config;
+  config.name = "node-a";
+  config.coordinator = "fake";
+  config.backoff_initial = absl::Milliseconds(10);
+  config.backoff_max = absl::Milliseconds(50);
+  AgentMetrics metrics(metrics::NoopRegistry());
+  std::unique_ptr<CoordinatorSession> session;
+  std::atomic<int> ups{0};
+  CoordinatorSession::Callbacks callbacks;
+  callbacks.running_workers = [] { return std::vector<v1::RunningWorker>(); };
+  callbacks.on_up = [&](uint64_t epoch, const std::string&) {
+    if (ups.fetch_add(1) == 0) session->RequestReconnect(epoch, "a report found it stale");
+  };
+  callbacks.on_down = [](uint64_t) {};
+  callbacks.on_order = [](const v1::Assignment&) {};
+  session = std::make_unique<CoordinatorSession>(&config, &client, &metrics, callbacks);
+  session->Start();
+  EXPECT_TRUE(WaitUntil([&] { return session->registrations() == 2; }, kTimeout));
+  EXPECT_EQ(session->session_id(), "session-2");
+  session->Stop();
 }
 
 TEST_F(AgentSessionTest, ShutdownCancelsARegistrationInFlight) {
