@@ -270,6 +270,9 @@ void OrderApplier::CollectFinishedGenerations() {
     }
   }
   KillStrays(ended);
+  if (relay_ != nullptr) {
+    for (const auto& [job_id, rec] : ended) relay_->RemoveGeneration(job_id, rec->generation);
+  }
   // NVML is asked outside the lock (a sample takes milliseconds).
   const std::vector<GpuUsage> gpu_usage =
       config_.gpu_usage ? config_.gpu_usage() : std::vector<GpuUsage>();

@@ -367,11 +367,13 @@ class RelayImpl final : public RankRelay {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down");
   }
 
+  // `admitted`: the caller already counted and admitted the call.
   template <typename Request, typename Response>
   Unary* ForwardUnary(Ctx* ctx, AsyncMethod<Request, Response> method, const Request* request,
-                      Response* response) {
+                      Response* response, bool admitted = false) {
     Unary* reactor = ctx->DefaultReactor();
-    if (grpc::Status denied = Admit(*ctx, request->context()); !denied.ok()) {
+    if (grpc::Status denied = admitted ? grpc::Status::OK : Admit(*ctx, request->context());
+        !denied.ok()) {
       reactor->Finish(denied);
       return reactor;
     }
@@ -395,7 +397,10 @@ class RelayImpl final : public RankRelay {
 
   Unary* Barrier(Ctx* ctx, const v1::BarrierRequest* request, v1::BarrierResponse* response) {
     const GenKey key(request->context().job_id(), request->context().generation());
-    const std::string name = request->name();
+    // Arrivals that disagree on the participants go up apart, so the one the
+    // coordinator refuses (INVALID_ARGUMENT) does not wait for the others.
+    const std::string name =
+        absl::StrCat(request->name(), std::string(1, '\0'), absl::StrJoin(request->ranks(), ","));
     // The barrier's local participants: every local rank for a world
     // barrier, else the local ones it lists.
     auto participants = [request](const Gen& gen) {
@@ -464,7 +469,11 @@ class RelayImpl final : public RankRelay {
     IdWaiter waiter;
     waiter.request = *request;
     waiter.request.set_timeout_seconds(BoundedTimeout(*ctx, request->timeout_seconds()));
-    waiter.expires = absl::Now() + absl::Seconds(waiter.request.timeout_seconds());
+    // No timeout and no deadline: the coordinator's default wait, whose end
+    // only the coordinator knows.
+    waiter.expires = waiter.request.timeout_seconds() > 0
+                         ? absl::Now() + absl::Seconds(waiter.request.timeout_seconds())
+                         : absl::InfiniteFuture();
     waiter.deadline = ctx->deadline();
     waiter.done = [reactor, response](const grpc::Status& status,
                                       const v1::GetUniqueIdsResponse* reply) {
@@ -505,8 +514,10 @@ class RelayImpl final : public RankRelay {
       if (it == gen->second.ids.end() || it->second.waiters.empty()) return;
       const IdWaiter& first = it->second.waiters.front();
       request = first.request;
-      request.set_timeout_seconds(
-          std::max(absl::ToDoubleSeconds(first.expires - absl::Now()), 0.001));
+      if (first.expires != absl::InfiniteFuture()) {
+        request.set_timeout_seconds(
+            std::max(absl::ToDoubleSeconds(first.expires - absl::Now()), 0.001));
+      }
       deadline = first.deadline;
       token = gen->second.token;
       ++stats_.unique_id_fetches;
@@ -540,7 +551,9 @@ class RelayImpl final : public RankRelay {
         const absl::Time now = absl::Now();
         std::vector<IdWaiter> waiting;
         for (IdWaiter& waiter : fetch.waiters) {
-          const bool over = waiter.expires <= now + absl::Milliseconds(10) ||
+          // A waiter on the coordinator's default wait has had it too.
+          const bool over = waiter.expires == absl::InfiniteFuture() ||
+                            waiter.expires <= now + absl::Milliseconds(10) ||
                             waiter.deadline <= std::chrono::system_clock::now();
           (over ? finished : waiting).push_back(std::move(waiter));
         }
@@ -589,12 +602,19 @@ class RelayImpl final : public RankRelay {
 
   Unary* Leave(Ctx* ctx, const v1::LeaveRequest* request, v1::LeaveResponse* response) {
     {
-      // A heartbeat still to be sent must not follow the rank's Leave.
       absl::MutexLock lock(&mu_);
-      auto gen = gens_.find(GenKey(request->context().job_id(), request->context().generation()));
-      if (gen != gens_.end()) gen->second.heartbeats.erase(request->context().rank());
+      CountServedLocked();
+      if (grpc::Status denied = AdmitLocked(*ctx, request->context()); !denied.ok()) {
+        Unary* reactor = ctx->DefaultReactor();
+        reactor->Finish(denied);
+        return reactor;
+      }
+      // A heartbeat still to be sent must not follow the rank's Leave.
+      gens_[GenKey(request->context().job_id(), request->context().generation())].heartbeats.erase(
+          request->context().rank());
     }
-    return ForwardUnary(ctx, &Stub::async_interface::Leave, request, response);
+    return ForwardUnary(ctx, &Stub::async_interface::Leave, request, response,
+                        /*admitted=*/true);
   }
 
   // ---- WatchJob: one upstream watch per generation --------------------------------
@@ -602,6 +622,7 @@ class RelayImpl final : public RankRelay {
   grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(Ctx* ctx, const v1::WatchJobRequest* request) {
     std::shared_ptr<SharedWatch> watch;
     bool open = false;  // This watcher opens the upstream stream.
+    grpc::ServerWriteReactor<v1::JobEvent>* local = nullptr;
     {
       absl::MutexLock lock(&mu_);
       CountServedLocked();
@@ -609,8 +630,13 @@ class RelayImpl final : public RankRelay {
         return RejectedWatch(denied);
       }
       Gen& gen = gens_[GenKey(request->context().job_id(), request->context().generation())];
-      if (gen.watch == nullptr || gen.watch->ended()) {
+      // Joined under mu_ (lock order: the relay's, then the watch's), so a
+      // watch cannot end between the choice and the join; one that has
+      // ended (its upstream stream gone without an ERROR) is replaced.
+      if (gen.watch != nullptr) local = gen.watch->AddWatcher();
+      if (local == nullptr) {
         gen.watch = std::make_shared<SharedWatch>();
+        local = gen.watch->AddWatcher();
         open = true;
         ++stats_.watches;
         CountUpstreamLocked();
@@ -618,7 +644,6 @@ class RelayImpl final : public RankRelay {
       }
       watch = gen.watch;
     }
-    grpc::ServerWriteReactor<v1::JobEvent>* local = watch->AddWatcher();
     if (open) {
       const size_t replica = upstream_->current();
       watch->Open(upstream_->stub(replica), *request, TokenOf(*ctx));
@@ -715,7 +740,7 @@ class RelayImpl final : public RankRelay {
   // Sends the pending Joins of `key` as one JoinBatch.
   void FlushJoins(const GenKey& key) {
     FlushBatch<v1::JoinBatchRequest, v1::JoinBatchResponse>(
-        key, [](Gen& gen) { return &gen.joins; }, &v1::JoinBatchRequest::add_joins,
+        key, [](Gen& gen) { return &gen.joins; }, [](Gen&) {}, &v1::JoinBatchRequest::add_joins,
         &Stub::async_interface::JoinBatch, "JoinBatch", &stats_.join_batches,
         [this, key](const v1::JoinResponse& reply) {
           NoteHeartbeatInterval(key, reply.heartbeat_interval_seconds());
@@ -729,16 +754,17 @@ class RelayImpl final : public RankRelay {
           auto it = gen.barriers.find(name);
           return it == gen.barriers.end() ? nullptr : &it->second;
         },
-        &v1::BarrierBatchRequest::add_arrivals, &Stub::async_interface::BarrierBatch,
-        "BarrierBatch", &stats_.barrier_batches, [](const v1::BarrierResponse&) {});
+        [&name](Gen& gen) { gen.barriers.erase(name); }, &v1::BarrierBatchRequest::add_arrivals,
+        &Stub::async_interface::BarrierBatch, "BarrierBatch", &stats_.barrier_batches,
+        [](const v1::BarrierResponse&) {});
   }
 
   // Sends the pending entries of one batch of `key` (`batch_of`, null when
   // there is none) as one call, and hands each rank its entry's outcome;
   // `on_ok` sees every OK reply first.
-  template <typename BatchRequest, typename BatchResponse, typename BatchOf, typename Add,
-            typename OnOk>
-  void FlushBatch(const GenKey& key, BatchOf batch_of, Add add,
+  template <typename BatchRequest, typename BatchResponse, typename BatchOf, typename Forget,
+            typename Add, typename OnOk>
+  void FlushBatch(const GenKey& key, BatchOf batch_of, Forget forget, Add add,
                   AsyncMethod<BatchRequest, BatchResponse> method, const char* rpc,
                   int64_t* counter, OnOk on_ok) {
     using BatchT = std::remove_pointer_t<decltype(batch_of(std::declval<Gen&>()))>;
@@ -758,6 +784,13 @@ class RelayImpl final : public RankRelay {
       batch->deadline = std::chrono::system_clock::time_point::min();
       token = it->second.token;
       ++*counter;
+      // Every local rank has come: nothing more is expected of it here (a
+      // rank calling again waits one window), so a barrier's record goes
+      // (`forget`; `batch` is not used after it).
+      if (std::includes(batch->arrived.begin(), batch->arrived.end(), it->second.local.begin(),
+                        it->second.local.end())) {
+        forget(it->second);
+      }
     }
     BatchRequest request;
     for (auto& entry : *entries) *(request.*add)() = std::move(entry.request);
@@ -824,19 +857,11 @@ class RelayImpl final : public RankRelay {
                                                       absl::StrCat("the agent's heartbeats to the "
                                                                    "coordinator failed: ",
                                                                    status.error_message()));
-          if (!status.ok()) {
-            // Send them again with the next flush; a newer one of the same
-            // rank wins, keeping the members only the older one carried.
-            for (v1::HeartbeatRequest& heartbeat : *sent->mutable_heartbeats()) {
-              auto newer = gen.heartbeats.find(heartbeat.context().rank());
-              if (newer == gen.heartbeats.end()) {
-                gen.heartbeats.emplace(heartbeat.context().rank(), std::move(heartbeat));
-              } else {
-                MergeHeartbeat(heartbeat, &newer->second);
-              }
-            }
-            return;
-          }
+          // A failed flush is not sent again: only heartbeats the ranks make
+          // from now on speak for them (an old one would vouch for a rank
+          // that may have died since). Group members it carried are asked
+          // for again (send_members) by a coordinator that lacks them.
+          if (!status.ok()) return;
           for (int i = 0; i < reply->entries_size(); ++i) {
             const v1::HeartbeatBatchEntry& entry = reply->entries(i);
             RankView& view = gen.views[sent->heartbeats(i).context().rank()];

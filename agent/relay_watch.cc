@@ -125,16 +125,15 @@ class UpstreamWatchReader final : public grpc::ClientReadReactor<v1::JobEvent> {
 };
 
 grpc::ServerWriteReactor<v1::JobEvent>* SharedWatch::AddWatcher() {
-  auto* watcher = new LocalWatcher(shared_from_this());
   absl::MutexLock lock(&mu_);
+  if (end_.has_value() && !error_.has_value()) return nullptr;
+  auto* watcher = new LocalWatcher(shared_from_this());
   v1::JobEvent watching;
   watching.set_kind(v1::JobEvent::WATCHING);
   if (error_.has_value()) {
     watcher->Push(watching);
     watcher->Push(*error_);
     watcher->End(grpc::Status::OK);
-  } else if (end_.has_value()) {
-    watcher->End(*end_);
   } else {
     if (live_) watcher->Push(watching);
     watchers_.insert(watcher);
@@ -147,6 +146,10 @@ void SharedWatch::Open(v1::WorkerService::Stub* stub, const v1::WatchJobRequest&
   auto* reader = new UpstreamWatchReader(shared_from_this(), request, token);
   {
     absl::MutexLock lock(&mu_);
+    if (!end_.has_value() && watchers_.empty()) {
+      // Its watcher left before the stream started: nothing to open it for.
+      end_ = grpc::Status(grpc::StatusCode::CANCELLED, "no local watcher is left");
+    }
     if (end_.has_value()) {
       delete reader;
       return;
@@ -162,13 +165,6 @@ void SharedWatch::Cancel(const grpc::Status& status) {
   for (LocalWatcher* watcher : watchers_) watcher->End(status);
   watchers_.clear();
   if (upstream_ != nullptr) upstream_->Cancel();
-}
-
-bool SharedWatch::ended() const {
-  absl::MutexLock lock(&mu_);
-  // A watch that delivered the generation's ERROR replays it to later
-  // watchers; one that ended otherwise is replaced.
-  return end_.has_value() && !error_.has_value();
 }
 
 void SharedWatch::OnUpstreamEvent(const v1::JobEvent& event) {

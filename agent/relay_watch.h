@@ -34,7 +34,8 @@ class UpstreamWatchReader;
 
 class SharedWatch : public std::enable_shared_from_this<SharedWatch> {
  public:
-  // A local WatchJob call's reactor, fed from this watch.
+  // A local WatchJob call's reactor, fed from this watch; null when this
+  // watch has ended without an ERROR (the caller makes a new one).
   grpc::ServerWriteReactor<v1::JobEvent>* AddWatcher();
   // Opens the upstream stream on `stub` with `request`, carrying `token`.
   // Called once, after the first AddWatcher.
@@ -43,11 +44,6 @@ class SharedWatch : public std::enable_shared_from_this<SharedWatch> {
   // Ends every local watcher with `status` and cancels the upstream stream.
   void Cancel(const grpc::Status& status = grpc::Status(grpc::StatusCode::ABORTED,
                                                         "the generation ended on this node"));
-  // The upstream stream ended (or was cancelled) without the generation's
-  // ERROR: a new watcher needs a new SharedWatch. One that delivered the
-  // ERROR never ends this way; it replays WATCHING and the ERROR to later
-  // watchers.
-  bool ended() const;
 
  private:
   friend class LocalWatcher;

@@ -562,13 +562,26 @@ TEST_F(RankRelayTest, AdmissionNeedsARegisteredGenerationAndItsToken) {
   JoinResponse joined;
   EXPECT_EQ(stub->Join(Context("").get(), JoinOf(0, "node-a"), &joined).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(relay->stats().upstream_calls, 0) << "a refused call reached the coordinator";
+  // A Leave without the token is refused before it touches anything: rank
+  // 1's pending heartbeat still goes up with the next flush.
+  HeartbeatRequest rank1_beat;
+  *rank1_beat.mutable_context() = Rank(1);
+  EXPECT_TRUE(stub->Heartbeat(Context("secret").get(), rank1_beat, &beat_reply).ok());
+  LeaveRequest leave;
+  *leave.mutable_context() = Rank(1);
+  LeaveResponse left;
+  EXPECT_EQ(stub->Leave(Context("").get(), leave, &left).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(WaitUntil([&] { return relay->stats().heartbeat_batches == 1; }, absl::Seconds(5)))
+      << "the refused Leave dropped rank 1's heartbeat";
+  const int64_t after_flush = relay->stats().upstream_calls;
+  EXPECT_EQ(after_flush, 1) << "a refused call reached the coordinator";
 
   // With the token the call goes up, and the coordinator answers it (rank 0
   // has not joined).
   s = set(Rank(0), Context("secret").get());
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
-  EXPECT_EQ(relay->stats().upstream_calls, 1);
+  EXPECT_EQ(relay->stats().upstream_calls, after_flush + 1);
 
   // Rank 0's Join waits in its batch for rank 1.
   const int64_t served = relay->stats().served;
@@ -583,12 +596,12 @@ TEST_F(RankRelayTest, AdmissionNeedsARegisteredGenerationAndItsToken) {
   EXPECT_EQ(join_status.error_code(), grpc::StatusCode::ABORTED) << join_status.error_message();
   EXPECT_THAT(join_status.error_message(), HasSubstr("ended on this node"));
   EXPECT_EQ(relay->stats().join_batches, 0);
-  EXPECT_EQ(relay->stats().upstream_calls, 1);
+  EXPECT_EQ(relay->stats().upstream_calls, after_flush + 1);
 
   // Removed: refused again, token or not.
   EXPECT_EQ(set(Rank(0), Context("secret").get()).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(relay->stats().upstream_calls, 1);
+  EXPECT_EQ(relay->stats().upstream_calls, after_flush + 1);
   relay->RemoveGeneration(kJob, 0);  // Idempotent.
 }
 

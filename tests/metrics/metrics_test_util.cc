@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <sstream>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -110,23 +112,48 @@ absl::StatusOr<int> FreePort() {
   return static_cast<int>(ntohs(addr.sin_port));
 }
 
+namespace {
+
+// The kernel's ephemeral port range (ip_local_port_range); 32768-60999
+// when it cannot be read.
+std::pair<int, int> EphemeralPorts() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  int high = 0;
+  if (in >> low >> high && low > 0 && high >= low) return {low, high};
+  return {32768, 60999};
+}
+
+bool CanBind(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> FreePortRange(int n) {
-  // Try a few starting points: the ports after a free one are usually free.
-  for (int attempt = 0; attempt < 20; ++attempt) {
-    absl::StatusOr<int> first = FreePort();
-    if (!first.ok()) return first.status();
-    if (*first + n - 1 > 65535) continue;
+  // Below the ephemeral range: a port bound with port 0 (FreePort) comes
+  // from that range, where any test's outgoing connection, or server on
+  // port 0, may take it before the worker binds it (a worker then runs
+  // without /metrics). Random starts keep parallel tests apart.
+  const auto [ephemeral_low, ephemeral_high] = EphemeralPorts();
+  const int low = 10000;
+  const int high = ephemeral_low > low + n ? ephemeral_low - n : 65535 - n;
+  const int start_low = ephemeral_low > low + n ? low : ephemeral_high + 1;
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> pick(start_low, high);
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    const int first = pick(rng);
     bool all_free = true;
-    for (int port = *first + 1; port < *first + n && all_free; ++port) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      sockaddr_in addr{};
-      addr.sin_family = AF_INET;
-      addr.sin_port = htons(static_cast<uint16_t>(port));
-      addr.sin_addr.s_addr = htonl(INADDR_ANY);
-      all_free = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-      if (fd >= 0) ::close(fd);
-    }
-    if (all_free) return absl::StrCat(*first, "-", *first + n - 1);
+    for (int port = first; port < first + n && all_free; ++port) all_free = CanBind(port);
+    if (all_free) return absl::StrCat(first, "-", first + n - 1);
   }
   return absl::InternalError(absl::StrCat("found no ", n, " consecutive free ports"));
 }

@@ -52,7 +52,9 @@ absl::StatusOr<ToolResult> RunTool(const std::vector<std::string>& argv,
 // then closed), for programs that cannot report the port they bound.
 absl::StatusOr<int> FreePort();
 
-// `n` consecutive ports that were free a moment ago: "first-last".
+// `n` consecutive ports that were free a moment ago: "first-last", chosen
+// at random below the kernel's ephemeral range, where no port-0 bind or
+// outgoing connection of a parallel test can take them.
 absl::StatusOr<std::string> FreePortRange(int n);
 
 // One target of the coordinator's file service discovery.
