@@ -333,8 +333,9 @@ int main(int argc, char** argv) {
   rendezvous_cmd->add_flag("--via-agent", rendezvous.via_agent,
                            "Through agents' rank relays: simulated agents of --ranks-per-node "
                            "ranks, one connection each, making the relay's node calls");
-  rendezvous_cmd->add_option("--ranks-per-node", rendezvous.ranks_per_node,
-                             "Ranks per simulated agent, with --via-agent")
+  rendezvous_cmd
+      ->add_option("--ranks-per-node", rendezvous.ranks_per_node,
+                   "Ranks per simulated agent, with --via-agent")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
 

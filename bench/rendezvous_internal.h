@@ -228,8 +228,17 @@ class RoundCalls {
     if (failure_.empty()) return absl::OkStatus();
     return absl::AbortedError(failure_);
   }
-  int64_t heartbeats_sent() const { return heartbeats_sent_.load(); }
-  int64_t heartbeat_errors() const { return heartbeat_errors_.load(); }
+  // The round's outcome once its calls are drained: the first failure a
+  // heartbeat found (it explains a round's failure best), else the ranks'
+  // first failure, else `state`'s result with the heartbeat counts.
+  absl::StatusOr<RoundResult> Outcome(const RoundState& state) const {
+    if (absl::Status s = HeartbeatStatus(); !s.ok()) return s;
+    if (absl::Status s = state.status(); !s.ok()) return s;
+    RoundResult result = state.Result();
+    result.heartbeats = heartbeats_sent_.load();
+    result.heartbeat_errors = heartbeat_errors_.load();
+    return result;
+  }
 
  private:
   std::atomic<int64_t> outstanding_{0};

@@ -53,12 +53,7 @@ class NodeRound {
     // A relay forwards Leave one to one.
     for (int r = 0; r < ranks_; ++r) StartLeave(r);
     calls_.Drain();
-    if (absl::Status s = calls_.HeartbeatStatus(); !s.ok()) return s;
-    if (absl::Status s = state_.status(); !s.ok()) return s;
-    RoundResult result = state_.Result();
-    result.heartbeats = calls_.heartbeats_sent();
-    result.heartbeat_errors = calls_.heartbeat_errors();
-    return result;
+    return calls_.Outcome(state_);
   }
 
  private:

@@ -245,6 +245,30 @@ struct BatchCountdown {
   std::atomic<int> pending;
 };
 
+// A batch call: checks it (CheckBatch), makes every reply entry, then
+// starts entry i with start(requests[i], entry i, done) and finishes the
+// call OK once every entry's `done` has run. Every entry exists before the
+// first start, whose `done` may run inside it; each writes only its own.
+template <typename Request, typename Entry, typename Start>
+grpc::ServerUnaryReactor* RunBatch(grpc::CallbackServerContext* ctx, const CallAuthorizer& authz,
+                                   const google::protobuf::RepeatedPtrField<Request>& requests,
+                                   google::protobuf::RepeatedPtrField<Entry>* entries,
+                                   Start start) {
+  if (absl::Status bad =
+          CheckBatch(authz, *ctx, requests.size(),
+                     [&](int i) -> const std::string& { return requests[i].context().job_id(); });
+      !bad.ok()) {
+    return FinishUnary(ctx, bad);
+  }
+  if (requests.empty()) return FinishUnary(ctx, absl::OkStatus());
+  for (int i = 0; i < requests.size(); ++i) entries->Add();
+  auto countdown = std::make_shared<BatchCountdown>(ctx->DefaultReactor(), requests.size());
+  for (int i = 0; i < requests.size(); ++i) {
+    start(requests[i], entries->Mutable(i), [countdown] { countdown->Done(); });
+  }
+  return countdown->reactor;
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Join(Ctx* ctx, const JoinRequest* request,
@@ -262,27 +286,15 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Join(Ctx* ctx, const JoinRequest* r
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::JoinBatch(Ctx* ctx, const JoinBatchRequest* request,
                                                        JoinBatchResponse* response) {
-  if (absl::Status bad = CheckBatch(
-          *authz_, *ctx, request->joins_size(),
-          [&](int i) -> const std::string& { return request->joins(i).context().job_id(); });
-      !bad.ok()) {
-    return FinishUnary(ctx, bad);
-  }
-  if (request->joins_size() == 0) return FinishUnary(ctx, absl::OkStatus());
-  // Every entry exists before the first Join, whose callback may run inside
-  // the call; each callback writes only its own entry.
-  for (int i = 0; i < request->joins_size(); ++i) response->add_entries();
-  auto countdown = std::make_shared<BatchCountdown>(ctx->DefaultReactor(), request->joins_size());
-  for (int i = 0; i < request->joins_size(); ++i) {
-    JoinBatchEntry* entry = response->mutable_entries(i);
-    coordination_->Join(JoinArgsOf(ctx, request->joins(i)),
-                        [countdown, entry](absl::StatusOr<JoinResult> r) {
-                          if (r.ok()) FillJoinResponse(*r, entry->mutable_reply());
-                          SetEntryStatus(r.status(), entry->mutable_status());
-                          countdown->Done();
-                        });
-  }
-  return countdown->reactor;
+  return RunBatch(ctx, *authz_, request->joins(), response->mutable_entries(),
+                  [&](const JoinRequest& join, JoinBatchEntry* entry, auto done) {
+                    coordination_->Join(JoinArgsOf(ctx, join),
+                                        [entry, done](absl::StatusOr<JoinResult> r) {
+                                          if (r.ok()) FillJoinResponse(*r, entry->mutable_reply());
+                                          SetEntryStatus(r.status(), entry->mutable_status());
+                                          done();
+                                        });
+                  });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::DescribeRanks(Ctx* ctx,
@@ -457,31 +469,20 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Barrier(Ctx* ctx, const BarrierRequ
 grpc::ServerUnaryReactor* WorkerServiceImpl::BarrierBatch(Ctx* ctx,
                                                           const BarrierBatchRequest* request,
                                                           BarrierBatchResponse* response) {
-  if (absl::Status bad = CheckBatch(
-          *authz_, *ctx, request->arrivals_size(),
-          [&](int i) -> const std::string& { return request->arrivals(i).context().job_id(); });
-      !bad.ok()) {
-    return FinishUnary(ctx, bad);
-  }
-  if (request->arrivals_size() == 0) return FinishUnary(ctx, absl::OkStatus());
-  for (int i = 0; i < request->arrivals_size(); ++i) response->add_entries();
-  auto countdown =
-      std::make_shared<BatchCountdown>(ctx->DefaultReactor(), request->arrivals_size());
-  for (int i = 0; i < request->arrivals_size(); ++i) {
-    const BarrierRequest& arrival = request->arrivals(i);
-    BarrierBatchEntry* entry = response->mutable_entries(i);
-    coordination_->Barrier(ToCaller(arrival.context()), arrival.name(),
-                           std::vector<int>(arrival.ranks().begin(), arrival.ranks().end()),
-                           EffectiveTimeout(ctx, arrival.timeout_seconds()),
-                           [countdown, entry](absl::StatusOr<int> participants) {
-                             if (participants.ok()) {
-                               entry->mutable_reply()->set_participants(*participants);
-                             }
-                             SetEntryStatus(participants.status(), entry->mutable_status());
-                             countdown->Done();
-                           });
-  }
-  return countdown->reactor;
+  return RunBatch(ctx, *authz_, request->arrivals(), response->mutable_entries(),
+                  [&](const BarrierRequest& arrival, BarrierBatchEntry* entry, auto done) {
+                    coordination_->Barrier(
+                        ToCaller(arrival.context()), arrival.name(),
+                        std::vector<int>(arrival.ranks().begin(), arrival.ranks().end()),
+                        EffectiveTimeout(ctx, arrival.timeout_seconds()),
+                        [entry, done](absl::StatusOr<int> participants) {
+                          if (participants.ok()) {
+                            entry->mutable_reply()->set_participants(*participants);
+                          }
+                          SetEntryStatus(participants.status(), entry->mutable_status());
+                          done();
+                        });
+                  });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::PublishUniqueIds(
@@ -526,19 +527,14 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(Ctx* ctx, const Heartbeat
 grpc::ServerUnaryReactor* WorkerServiceImpl::HeartbeatBatch(Ctx* ctx,
                                                             const HeartbeatBatchRequest* request,
                                                             HeartbeatBatchResponse* response) {
-  if (absl::Status bad = CheckBatch(
-          *authz_, *ctx, request->heartbeats_size(),
-          [&](int i) -> const std::string& { return request->heartbeats(i).context().job_id(); });
-      !bad.ok()) {
-    return FinishUnary(ctx, bad);
-  }
-  for (const HeartbeatRequest& heartbeat : request->heartbeats()) {
-    HeartbeatBatchEntry* entry = response->add_entries();
-    auto reply = coordination_->Heartbeat(ToCaller(heartbeat.context()), GroupsOf(heartbeat));
-    if (reply.ok()) FillHeartbeatResponse(*reply, entry->mutable_reply());
-    SetEntryStatus(reply.status(), entry->mutable_status());
-  }
-  return FinishUnary(ctx, absl::OkStatus());
+  return RunBatch(ctx, *authz_, request->heartbeats(), response->mutable_entries(),
+                  [&](const HeartbeatRequest& heartbeat, HeartbeatBatchEntry* entry, auto done) {
+                    auto reply = coordination_->Heartbeat(ToCaller(heartbeat.context()),
+                                                          GroupsOf(heartbeat));
+                    if (reply.ok()) FillHeartbeatResponse(*reply, entry->mutable_reply());
+                    SetEntryStatus(reply.status(), entry->mutable_status());
+                    done();
+                  });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportError(Ctx* ctx,

@@ -54,8 +54,7 @@ class WorkerServiceImpl final : public mesh::v1::WorkerService::CallbackService 
                                                          const mesh::v1::WatchJobRequest*) override;
   // Node-level batches (an agent's rank relay): each entry is handled as
   // its own call would be, with its outcome in the reply's entry.
-  Unary* JoinBatch(Ctx*, const mesh::v1::JoinBatchRequest*,
-                   mesh::v1::JoinBatchResponse*) override;
+  Unary* JoinBatch(Ctx*, const mesh::v1::JoinBatchRequest*, mesh::v1::JoinBatchResponse*) override;
   Unary* BarrierBatch(Ctx*, const mesh::v1::BarrierBatchRequest*,
                       mesh::v1::BarrierBatchResponse*) override;
   Unary* HeartbeatBatch(Ctx*, const mesh::v1::HeartbeatBatchRequest*,

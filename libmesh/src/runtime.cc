@@ -570,9 +570,8 @@ absl::Status Runtime::Start() {
   // which needs no TLS (the token still goes with every call).
   absl::StatusOr<std::shared_ptr<internal::CoordinatorClient>> client =
       config_.agent_socket.empty()
-          ? internal::NewGrpcCoordinatorClient(config_.coordinator,
-                                               internal::ChannelSecurityOf(config_), identity,
-                                               client_options)
+          ? internal::NewGrpcCoordinatorClient(
+                config_.coordinator, internal::ChannelSecurityOf(config_), identity, client_options)
           : internal::NewGrpcCoordinatorClient(absl::StrCat("unix:", config_.agent_socket), {},
                                                identity, client_options);
   if (!client.ok()) return client.status();

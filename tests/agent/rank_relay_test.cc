@@ -101,6 +101,22 @@ class RankRelayTest : public ::testing::Test {
   // batch goes up at once when every local rank has arrived, so the window
   // only matters for a rank that never comes, and a long one keeps thread
   // start-up jitter from splitting a batch.
+  // A 2-rank job, both ranks local to relay "node-a" and joined through
+  // it; null (with the failure recorded) when any step fails.
+  RankRelay* JoinedPair() {
+    EXPECT_THAT(coordinator_->CreateJob(kJob, 2), IsOk());
+    RankRelay* relay = StartRelay("node-a");
+    if (relay == nullptr) return nullptr;
+    relay->AddGeneration(kJob, 0, {0, 1}, "");
+    for (const auto& o : JoinThrough(*relay, {0, 1}, "node-a")) {
+      if (!o.status.ok()) {
+        ADD_FAILURE() << "Join: " << o.status.error_message();
+        return nullptr;
+      }
+    }
+    return relay;
+  }
+
   RankRelay* StartRelay(const std::string& name, absl::Duration batch_window = absl::Seconds(5)) {
     RankRelayOptions options;
     options.socket_path = dir_ / (name + ".sock");
@@ -328,13 +344,8 @@ TEST_F(RankRelayTest, UniqueIdsAreFetchedOncePerNode) {
 // and in its next Heartbeat reply.
 TEST_F(RankRelayTest, HeartbeatsKeepTheJobAliveAndASilentRankFailsIt) {
   StartCoordinator(absl::Milliseconds(100), absl::Seconds(1));
-  ASSERT_THAT(coordinator_->CreateJob(kJob, 2), IsOk());
-  RankRelay* relay = StartRelay("node-a");
+  RankRelay* relay = JoinedPair();
   ASSERT_NE(relay, nullptr);
-  relay->AddGeneration(kJob, 0, {0, 1}, "");
-  for (const auto& o : JoinThrough(*relay, {0, 1}, "node-a")) {
-    ASSERT_TRUE(o.status.ok()) << o.status.error_message();
-  }
   const int64_t batches_after_join = relay->stats().heartbeat_batches;
 
   std::atomic<bool> stop[2] = {false, false};
@@ -461,13 +472,8 @@ TEST_F(RankRelayTest, WatchersShareOneUpstreamWatch) {
 // back through it, by a rank that was waiting for it.
 TEST_F(RankRelayTest, KvCallsAreForwarded) {
   StartCoordinator();
-  ASSERT_THAT(coordinator_->CreateJob(kJob, 2), IsOk());
-  RankRelay* relay = StartRelay("node-a");
+  RankRelay* relay = JoinedPair();
   ASSERT_NE(relay, nullptr);
-  relay->AddGeneration(kJob, 0, {0, 1}, "");
-  for (const auto& o : JoinThrough(*relay, {0, 1}, "node-a")) {
-    ASSERT_TRUE(o.status.ok()) << o.status.error_message();
-  }
   const int64_t calls_after_join = relay->stats().upstream_calls;
 
   const auto done = OnRankThreads<KvGetResponse>({0, 1}, [&](int rank, KvGetResponse* got) {
@@ -646,13 +652,8 @@ TEST_F(RankRelayTest, StartRejectsBadOptions) {
 // first.
 TEST_F(RankRelayTest, ShutdownEndsForwardedCallsAtOnce) {
   StartCoordinator(absl::Milliseconds(100), absl::Seconds(60));
-  ASSERT_THAT(coordinator_->CreateJob(kJob, 2), IsOk());
-  RankRelay* relay = StartRelay("node-a");
+  RankRelay* relay = JoinedPair();
   ASSERT_NE(relay, nullptr);
-  relay->AddGeneration(kJob, 0, {0, 1}, "");
-  for (const auto& o : JoinThrough(*relay, {0, 1}, "node-a")) {
-    ASSERT_TRUE(o.status.ok()) << o.status.error_message();
-  }
   const int64_t calls = relay->stats().upstream_calls;
   grpc::Status waited;
   std::thread rank1([&] {
@@ -680,13 +681,8 @@ TEST_F(RankRelayTest, ShutdownEndsForwardedCallsAtOnce) {
 // after 1 s, from a second fetch.
 TEST_F(RankRelayTest, AUniqueIdWaiterKeepsItsOwnTimeout) {
   StartCoordinator();
-  ASSERT_THAT(coordinator_->CreateJob(kJob, 2), IsOk());
-  RankRelay* relay = StartRelay("node-a");
+  RankRelay* relay = JoinedPair();
   ASSERT_NE(relay, nullptr);
-  relay->AddGeneration(kJob, 0, {0, 1}, "");
-  for (const auto& o : JoinThrough(*relay, {0, 1}, "node-a")) {
-    ASSERT_TRUE(o.status.ok()) << o.status.error_message();
-  }
   auto get = [&](int rank, double timeout, GetUniqueIdsResponse* reply) {
     GetUniqueIdsRequest request;
     *request.mutable_context() = Rank(rank);
@@ -720,13 +716,8 @@ TEST_F(RankRelayTest, AUniqueIdWaiterKeepsItsOwnTimeout) {
 // relay) before the relay goes; the rank gets UNAVAILABLE.
 TEST_F(RankRelayTest, DestroyingTheRelayWithAFetchInFlightIsSafe) {
   StartCoordinator();
-  ASSERT_THAT(coordinator_->CreateJob(kJob, 2), IsOk());
-  RankRelay* relay = StartRelay("node-a");
+  RankRelay* relay = JoinedPair();
   ASSERT_NE(relay, nullptr);
-  relay->AddGeneration(kJob, 0, {0, 1}, "");
-  for (const auto& o : JoinThrough(*relay, {0, 1}, "node-a")) {
-    ASSERT_TRUE(o.status.ok()) << o.status.error_message();
-  }
   grpc::Status got;
   std::thread rank0([&] {
     GetUniqueIdsRequest request;
