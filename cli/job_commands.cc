@@ -64,6 +64,7 @@ struct JobCommands::Options {
   std::string memory_per_proc;
   int64_t max_pids = 0;
   std::string on_hang;
+  std::string grow;
   std::string idempotency_key;
   bool no_wait = false;
   bool parsable = false;
@@ -82,6 +83,7 @@ struct JobCommands::Options {
   CLI::Option* memory_opt = nullptr;
   CLI::Option* pids_opt = nullptr;
   CLI::Option* on_hang_opt = nullptr;
+  CLI::Option* grow_opt = nullptr;
   CLI::Option* key_opt = nullptr;
 
   // list
@@ -227,7 +229,10 @@ void RenderJobTable(const Job& job, bool detail, std::ostream& out) {
     rows.push_back({"Working dir:", OrDash(spec.working_dir())});
     rows.push_back({"Env:", ShowMap(spec.env())});
     rows.push_back({"Labels:", ShowMap(spec.labels())});
-    rows.push_back({"Nodes wanted:", requested});
+    rows.push_back(
+        {"Nodes wanted:", spec.nodes().min() == max
+                              ? requested
+                              : absl::StrCat(requested, " (grow: ", GrowText(spec), ")")});
     rows.push_back({"Procs/node:", absl::StrCat(spec.nproc_per_node())});
     rows.push_back({"GPUs/proc:", absl::StrCat(spec.gpus_per_proc())});
     rows.push_back({"Mesh:", absl::StrCat("[", absl::StrJoin(shape, ", "), "] (",
@@ -262,6 +267,19 @@ void RenderJobTable(const Job& job, bool detail, std::ostream& out) {
     }
     if (job.events().empty()) events.push_back({"  (none)"});
     RenderRows(events, out);
+    if (job.resizes_size() > 0) {
+      out << "Resizes:\n";
+      std::vector<std::vector<std::string>> resizes = {{"  TIME", "GEN", "NODES", "REASON"}};
+      for (const auto& resize : job.resizes()) {
+        const nlohmann::json time = TimeToJson(resize.time_unix_ms());
+        resizes.push_back(
+            {absl::StrCat("  ", time.is_null() ? std::string("-") : time.get<std::string>()),
+             absl::StrCat(resize.generation()),
+             absl::StrCat(resize.from_nodes(), " -> ", resize.to_nodes()),
+             OrDash(resize.reason())});
+      }
+      RenderRows(resizes, out);
+    }
   }
 }
 
@@ -573,6 +591,9 @@ absl::StatusOr<JobSpec> BuildSpec(const Options& o) {
     if (!policy.ok()) return flag_error("--on-hang", policy.status());
     spec.set_on_hang(*policy);
   }
+  if (o.grow_opt->count() > 0) {
+    if (absl::Status grow = ParseGrow(o.grow, spec); !grow.ok()) return flag_error("--grow", grow);
+  }
   if (o.key_opt->count() > 0) spec.set_idempotency_key(o.idempotency_key);
   if (!o.command.empty()) {
     spec.clear_command();
@@ -839,6 +860,9 @@ JobCommands::JobCommands(CLI::App& app) : options_(std::make_unique<Options>()) 
   o.on_hang_opt = s->add_option("--on-hang", o.on_hang,
                                 "What a diagnosed hang does: restart (default; counts against "
                                 "--max-restarts) or fail");
+  o.grow_opt = s->add_option("--grow", o.grow,
+                             "When a job with --nodes MIN:MAX takes more nodes: never (default), "
+                             "on_restart, or after:DURATION at its size (docs/elastic.md)");
   o.memory_opt = s->add_option("--memory-per-proc", o.memory_per_proc,
                                "Memory limit of each worker with what it starts, e.g. 8GiB; over "
                                "it the kernel kills the worker (docs/jobs.md)");

@@ -7,6 +7,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/duration_format.h"
 
 namespace mesh::cli {
 namespace {
@@ -53,6 +55,27 @@ absl::StatusOr<mesh::v1::HangPolicy> ParseHangPolicy(absl::string_view text) {
         absl::StrCat("'", text, "' is not a hang policy: restart or fail"));
   }
   return policy;
+}
+
+std::string GrowText(const mesh::v1::JobSpec& spec) {
+  switch (spec.grow()) {
+    case mesh::v1::GROW_POLICY_ON_RESTART:
+      return "on_restart";
+    case mesh::v1::GROW_POLICY_AFTER:
+      return absl::StrCat("after ", absl::FormatDuration(absl::Seconds(spec.grow_after_seconds())));
+    default:
+      return "never";
+  }
+}
+
+nlohmann::json ResizeToJson(const mesh::v1::JobResize& resize) {
+  return {
+      {"time", TimeToJson(resize.time_unix_ms())},
+      {"generation", resize.generation()},
+      {"from_nodes", resize.from_nodes()},
+      {"to_nodes", resize.to_nodes()},
+      {"reason", resize.reason()},
+  };
 }
 
 int64_t HangTimeoutSeconds(const mesh::v1::JobSpec& spec) {
@@ -135,6 +158,7 @@ nlohmann::json JobSpecToJson(const mesh::v1::JobSpec& spec) {
       {"on_hang", HangPolicyName(spec.on_hang())},
       {"memory_per_proc_bytes", spec.memory_per_proc_bytes()},
       {"max_pids", spec.max_pids()},
+      {"grow", GrowText(spec)},
       {"idempotency_key", spec.idempotency_key()},
   };
 }
@@ -195,6 +219,9 @@ nlohmann::json JobToJson(const mesh::v1::Job& job, bool detail) {
     json["world_size"] = static_cast<int64_t>(job.nodes_size()) * spec.nproc_per_node();
   }
   if (job.has_root_cause()) json["root_cause"] = RootCauseToJson(job.root_cause());
+  nlohmann::json resizes = nlohmann::json::array();
+  for (const auto& resize : job.resizes()) resizes.push_back(ResizeToJson(resize));
+  json["resizes"] = std::move(resizes);
   if (detail) {
     json["spec"] = JobSpecToJson(spec);
     nlohmann::json events = nlohmann::json::array();

@@ -40,6 +40,11 @@ std::string HangPolicyName(mesh::v1::HangPolicy policy);
 // Accepts "restart", "FAIL" or "HANG_POLICY_FAIL". Errors: INVALID_ARGUMENT
 // (without a field name: the caller adds it).
 absl::StatusOr<mesh::v1::HangPolicy> ParseHangPolicy(absl::string_view text);
+// spec.grow as ParseGrow reads it: "never", "on_restart", "after 10m"
+// (UNSPECIFIED, from a server older than the field, reads as never).
+std::string GrowText(const mesh::v1::JobSpec& spec);
+// A resize as JSON: time, generation, from_nodes, to_nodes, reason.
+nlohmann::json ResizeToJson(const mesh::v1::JobResize& resize);
 // The spec's hang timeout in seconds; 0 (unset, or a server older than the
 // field) reads as the coordinator's default, 300.
 int64_t HangTimeoutSeconds(const mesh::v1::JobSpec& spec);

@@ -223,6 +223,23 @@ absl::Status ParseField(const FileErrors& errors, const std::string& key, const 
     spec.set_max_pids(count);
     return absl::OkStatus();
   }
+  if (key == "grow") {
+    // `grow: never`, `grow: on_restart`, or the map `grow: {after: 10m}`.
+    if (value.IsMap() && value.size() == 1 && value.begin()->first.IsScalar() &&
+        value.begin()->first.Scalar() == "after" && value.begin()->second.IsScalar()) {
+      absl::Status parsed = ParseGrow(absl::StrCat("after ", value.begin()->second.Scalar()), spec);
+      if (!parsed.ok()) return errors.At(value.Mark(), key, parsed.message());
+      return absl::OkStatus();
+    }
+    if (!value.IsScalar()) {
+      return errors.At(
+          value.Mark(), key,
+          absl::StrCat("expected never, on_restart or {after: 10m}, got ", Describe(value)));
+    }
+    absl::Status parsed = ParseGrow(value.Scalar(), spec);
+    if (!parsed.ok()) return errors.At(value.Mark(), key, parsed.message());
+    return absl::OkStatus();
+  }
   if (key == "on_hang") {
     auto text = String(errors, key, value);
     if (!text.ok()) return text.status();
@@ -245,23 +262,11 @@ absl::Status ParseField(const FileErrors& errors, const std::string& key, const 
   return absl::NotFoundError("unknown key");  // Caller reports it with the key's mark.
 }
 
-constexpr const char* kKnownKeys[] = {"name",
-                                      "labels",
-                                      "command",
-                                      "env",
-                                      "working_dir",
-                                      "nodes",
-                                      "nproc_per_node",
-                                      "gpus_per_proc",
-                                      "mesh_shape",
-                                      "mesh_dim_names",
-                                      "max_restarts",
-                                      "deadline",
-                                      "idempotency_key",
-                                      "hang_timeout",
-                                      "on_hang",
-                                      "memory_per_proc",
-                                      "max_pids"};
+constexpr const char* kKnownKeys[] = {
+    "name",         "labels",          "command",         "env",          "working_dir",
+    "nodes",        "nproc_per_node",  "gpus_per_proc",   "mesh_shape",   "mesh_dim_names",
+    "max_restarts", "deadline",        "idempotency_key", "hang_timeout", "on_hang",
+    "grow",         "memory_per_proc", "max_pids"};
 
 }  // namespace
 
@@ -314,6 +319,31 @@ absl::StatusOr<JobSpec> ReadJobSpecFile(const std::string& path) {
   std::ostringstream text;
   text << file.rdbuf();
   return ParseJobSpec(text.str(), path);
+}
+
+absl::Status ParseGrow(absl::string_view text, mesh::v1::JobSpec& spec) {
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  if (lower == "never" || lower == "on_restart") {
+    spec.set_grow(lower == "never" ? mesh::v1::GROW_POLICY_NEVER
+                                   : mesh::v1::GROW_POLICY_ON_RESTART);
+    spec.clear_grow_after_seconds();
+    return absl::OkStatus();
+  }
+  absl::string_view delay = lower;
+  if (absl::ConsumePrefix(&delay, "after")) {
+    delay = absl::StripLeadingAsciiWhitespace(delay);
+    if (!absl::ConsumePrefix(&delay, ":")) (void)absl::ConsumePrefix(&delay, "=");
+    absl::StatusOr<int64_t> seconds = ParseDurationSeconds(absl::StripAsciiWhitespace(delay));
+    if (!seconds.ok() || *seconds <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", text, "': after needs a positive delay, e.g. after:10m"));
+    }
+    spec.set_grow(mesh::v1::GROW_POLICY_AFTER);
+    spec.set_grow_after_seconds(*seconds);
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", text, "' is not a grow policy: never, on_restart or after:DURATION"));
 }
 
 absl::StatusOr<mesh::v1::NodeCount> ParseNodeCount(absl::string_view text) {

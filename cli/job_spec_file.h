@@ -48,6 +48,11 @@ absl::StatusOr<mesh::v1::NodeCount> ParseNodeCount(absl::string_view text);
 // Errors: INVALID_ARGUMENT.
 absl::StatusOr<int64_t> ParseDurationSeconds(absl::string_view text);
 
+// spec.grow and spec.grow_after_seconds from "never", "on_restart",
+// "after:10m" or "after 10m" (case-insensitive; docs/elastic.md).
+// Errors: INVALID_ARGUMENT (without a field name: the caller adds it).
+absl::Status ParseGrow(absl::string_view text, mesh::v1::JobSpec& spec);
+
 // "8GiB", "512MiB", "64M", "8 GiB", "1073741824": a whole number of bytes,
 // with an optional binary unit B, KiB/K, MiB/M, GiB/G or TiB/T
 // (case-insensitive; 1K = 1024). No fractions, no sign. KB/MB/GB/TB are

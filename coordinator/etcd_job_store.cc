@@ -73,6 +73,7 @@ spb::JobRecord ToProto(const JobRecord& job, int64_t number, uint64_t create_tok
   p.set_spec(job.spec);
   p.set_root_cause(job.root_cause);
   p.set_placement(job.placement);
+  p.set_resizes(job.resizes);
   p.set_owner(job.owner);
   p.set_version(job.version);
   p.set_created_at_us(absl::ToUnixMicros(job.created_at));
@@ -93,6 +94,7 @@ JobRecord FromProto(const spb::JobRecord& p) {
   job.spec = p.spec();
   job.root_cause = p.root_cause();
   job.placement = p.placement();
+  job.resizes = p.resizes();
   job.owner = p.owner();
   job.version = p.version();
   job.created_at = absl::FromUnixMicros(p.created_at_us());

@@ -114,6 +114,16 @@ JobManager::Metrics::Metrics(metrics::Registry& registry)
                    .AddCounter("mesh_coordinator_job_restarts_total",
                                "Restarts of any job (a worker or node failed with restarts left).")
                    ->Get()),
+      shrinks(registry
+                  .AddCounter("mesh_coordinator_job_resizes_total",
+                              "Changes of an elastic job's node count (docs/elastic.md).",
+                              {"direction"})
+                  ->WithLabels({"shrink"})),
+      grows(registry
+                .AddCounter("mesh_coordinator_job_resizes_total",
+                            "Changes of an elastic job's node count (docs/elastic.md).",
+                            {"direction"})
+                ->WithLabels({"grow"})),
       nodes_ready(registry.AddGauge("mesh_coordinator_nodes", "Nodes in each state.", {"state"})
                       ->WithLabels({"READY"})),
       nodes_lost(registry.AddGauge("mesh_coordinator_nodes", "Nodes in each state.", {"state"})
@@ -242,6 +252,7 @@ JobUpdate JobManager::UpdateOfLocked(const Job& job) const {
   update.restarts = machine.restarts();
   update.root_cause = machine.has_root_cause() ? machine.root_cause().SerializeAsString() : "";
   update.placement = job.placement.has_value() ? EncodePlacement(*job.placement) : "";
+  update.resizes = EncodeResizes(job.resizes);
   update.reason = machine.events().empty() ? "" : machine.events().back().reason;
   return update;
 }
@@ -453,9 +464,13 @@ void JobManager::FailJobLocked(Job& job, RootCause cause, Effects& effects,
     AfterTransitionLocked(job, effects);
     return;
   }
-  // RESTARTING: the generation is already bumped. Kill the failed one.
+  // RESTARTING: the generation is already bumped.
   ++stats_.restarts;
   metrics_.restarts->Increment();
+  RelaunchLocked(job, message, effects);
+}
+
+void JobManager::RelaunchLocked(Job& job, const std::string& why, Effects& effects) {
   if (discovery_ != nullptr) {
     discovery_->RemoveJob(job.id);  // The old generation's workers.
     FlushDiscoveryLater(effects);
@@ -464,15 +479,18 @@ void JobManager::FailJobLocked(Job& job, RootCause cause, Effects& effects,
   NotifyWatchersLocked(job);
   const int64_t failed = job.generation() - 1;
   for (const std::string& node : job.placement->nodes) {
-    SendKillLocked(job, node, failed, absl::StrCat("restart: ", message));
+    SendKillLocked(job, node, failed, absl::StrCat("restart: ", why));
   }
-  (void)coordination_->BumpGeneration(job.id, absl::StrCat("restart: ", message));
+  (void)coordination_->BumpGeneration(job.id, absl::StrCat("restart: ", why));
   std::vector<std::string> missing;
   for (const std::string& name : job.placement->nodes) {
     auto it = nodes_.find(name);
     if (it == nodes_.end() || !it->second->ready) missing.push_back(name);
   }
-  if (missing.empty()) {
+  const int nodes_now = static_cast<int>(job.placement->nodes.size());
+  if (job.node_cap == 0) job.node_cap = NodeCapLocked(job);
+  job.replace_reason = why;
+  if (missing.empty() && job.node_cap <= nodes_now) {
     (void)job.machine->Schedule(
         absl::StrCat("relaunching generation ", job.generation(), " on the same nodes"));
     (void)PersistLocked(job);
@@ -480,19 +498,23 @@ void JobManager::FailJobLocked(Job& job, RootCause cause, Effects& effects,
     LaunchLocked(job, effects);
     return;
   }
-  // Some node is gone: give everything back and wait to be placed again.
+  // Some node is gone, or the job may grow: give everything back and be
+  // placed again.
   (void)scheduler_.Release(job.id);
   job.holds = false;
   job.ranks.clear();
   (void)coordination_->RemoveJob(job.id, "the job must be placed again");
   (void)job.machine->SetPending(
-      absl::StrCat("waiting to be placed again: node ", absl::StrJoin(missing, ", "), " is lost"));
+      missing.empty()
+          ? absl::StrCat("waiting to be placed again on up to ", job.node_cap, " nodes")
+          : absl::StrCat("waiting to be placed again: node ", absl::StrJoin(missing, ", "),
+                         missing.size() == 1 ? " is" : " are", " lost"));
   (void)PersistLocked(job);
   NotifyWatchersLocked(job);
   effects.Reschedule();
 }
 
-void JobManager::ScheduleLocked(Effects& effects) {
+std::vector<NodeView> JobManager::NodeViewsLocked() const {
   std::vector<NodeView> views;
   for (const auto& [name, node] : nodes_) {
     NodeView view;
@@ -503,26 +525,36 @@ void JobManager::ScheduleLocked(Effects& effects) {
     view.state = node->ready && !node->session_id.empty() ? NodeState::kReady : NodeState::kLost;
     views.push_back(std::move(view));
   }
+  return views;
+}
+
+JobRequest JobManager::RequestOfLocked(const Job& job) const {
+  JobRequest request;
+  request.job_id = job.id;
+  request.sequence = job.number;
+  request.nodes_min = job.spec.nodes().min();
+  request.nodes_max = job.spec.nodes().max();
+  if (job.node_cap > 0) {
+    request.nodes_max = std::max(request.nodes_min, std::min(request.nodes_max, job.node_cap));
+  }
+  request.nproc_per_node = job.spec.nproc_per_node();
+  request.gpus_per_proc = job.spec.gpus_per_proc();
+  const auto& shape = job.spec.mesh_shape();
+  if (std::find(shape.begin(), shape.end(), -1) == shape.end()) {
+    request.mesh_shape.assign(shape.begin(), shape.end());
+    request.mesh_dim_names.assign(job.spec.mesh_dim_names().begin(),
+                                  job.spec.mesh_dim_names().end());
+  }
+  return request;
+}
+
+void JobManager::ScheduleLocked(Effects& effects) {
   std::vector<JobRequest> pending;
   for (const auto& [id, job] : jobs_) {
-    if (job->state() != JOB_STATE_PENDING) continue;
-    JobRequest request;
-    request.job_id = id;
-    request.sequence = job->number;
-    request.nodes_min = job->spec.nodes().min();
-    request.nodes_max = job->spec.nodes().max();
-    request.nproc_per_node = job->spec.nproc_per_node();
-    request.gpus_per_proc = job->spec.gpus_per_proc();
-    const auto& shape = job->spec.mesh_shape();
-    if (std::find(shape.begin(), shape.end(), -1) == shape.end()) {
-      request.mesh_shape.assign(shape.begin(), shape.end());
-      request.mesh_dim_names.assign(job->spec.mesh_dim_names().begin(),
-                                    job->spec.mesh_dim_names().end());
-    }
-    pending.push_back(std::move(request));
+    if (job->state() == JOB_STATE_PENDING) pending.push_back(RequestOfLocked(*job));
   }
   if (pending.empty()) return;
-  absl::StatusOr<SchedulePassResult> pass = scheduler_.Schedule(views, pending);
+  absl::StatusOr<SchedulePassResult> pass = scheduler_.Schedule(NodeViewsLocked(), pending);
   if (!pass.ok()) {
     spdlog::error("scheduling pass failed: {}", pass.status().ToString());
     return;
@@ -561,9 +593,9 @@ void JobManager::ScheduleLocked(Effects& effects) {
     const std::string reason = absl::StrCat(
         "placed on ", absl::StrJoin(placement.nodes, ", "), " (", placement.world_size, " ranks)",
         placement.topology_warning.empty() ? "" : "; ", placement.topology_warning);
-    job->placement = std::move(placement);
+    const std::string resized = PlacedLocked(*job, std::move(placement));
     job->holds = true;
-    (void)job->machine->Schedule(reason);
+    (void)job->machine->Schedule(resized.empty() ? reason : absl::StrCat(reason, "; ", resized));
     (void)PersistLocked(*job);
     NotifyWatchersLocked(*job);
     LaunchLocked(*job, effects);
@@ -723,6 +755,7 @@ void JobManager::Tick() {
     }
     ExpireWaitersLocked(now, effects);
     log_relay_.ExpireAttachDeadlines();
+    GrowJobsLocked(now, effects);
     while (effects.TakeReschedule()) ScheduleLocked(effects);
   }
   effects.Run();

@@ -323,6 +323,8 @@ class JobManager {
     metrics::Family<metrics::Gauge>* jobs;
     metrics::Family<metrics::Counter>* finished;
     metrics::Counter* restarts;
+    metrics::Counter* shrinks;
+    metrics::Counter* grows;
     metrics::Gauge* nodes_ready;
     metrics::Gauge* nodes_lost;
     metrics::Family<metrics::Gauge>* node_heartbeat;
@@ -367,6 +369,27 @@ class JobManager {
   void FailJobLocked(Job& job, mesh::v1::RootCause cause, Effects& effects,
                      absl::string_view no_restart = "") ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishJobLocked(Job& job, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The restart of a job whose machine has just entered RESTARTING (its
+  // generation bumped): kills the old generation, then relaunches on the
+  // same nodes or places the job again (up to NodeCapLocked nodes).
+  void RelaunchLocked(Job& job, const std::string& why, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elastic membership (job_elastic.cc; docs/elastic.md). A node of `job`
+  // was lost: an elastic job with at least nodes.min of its nodes left
+  // resizes without counting a restart; any other job fails as for a
+  // worker failure.
+  void NodeOfJobLostLocked(Job& job, mesh::v1::RootCause cause, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The most nodes the job's next placement may take under spec.grow.
+  int NodeCapLocked(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `job` now has `placement`. When that changes its node count, records a
+  // resize and returns a line for the event ("resized from 4 to 3 nodes:
+  // ..."); else "".
+  std::string PlacedLocked(Job& job, Placement placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tick's part: RUNNING jobs with grow AFTER take free nodes.
+  void GrowJobsLocked(absl::Time now, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<NodeView> NodeViewsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  JobRequest RequestOfLocked(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NodeLostLocked(Node& node, const std::string& why, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tick's parts: silent nodes are lost; late WaitJob calls time out.

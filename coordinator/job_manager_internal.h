@@ -16,6 +16,7 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/job_manager.h"
 
@@ -25,6 +26,11 @@ namespace mesh::coordinator {
 inline absl::Status ShuttingDown() {
   return absl::UnavailableError("the coordinator is shutting down");
 }
+
+// A job's resizes as the store keeps them (JobRecord::resizes), and back.
+// "" for none. Possible errors of Decode: DATA_LOSS.
+std::string EncodeResizes(const std::vector<mesh::v1::JobResize>& resizes);
+absl::StatusOr<std::vector<mesh::v1::JobResize>> DecodeResizes(const std::string& bytes);
 
 // The submission number in a "job-<n>" id (ids are assigned in order); 0
 // for any other id.
@@ -56,6 +62,16 @@ struct JobManager::Job {
     unaccounted_deadline = std::min(unaccounted_deadline, gone_at[rank]);
   }
   std::map<uint64_t, JobStateSink*> watchers;
+  // Elastic membership (job_elastic.cc). Every change of the node count,
+  // oldest first (stored).
+  std::vector<mesh::v1::JobResize> resizes;
+  // The most nodes the next placement may take; 0: spec.nodes.max.
+  int node_cap = 0;
+  // Why the job is being placed again; the reason of the resize, if the
+  // placement changes its size.
+  std::string replace_reason;
+  // The next time Tick looks for nodes to grow on (grow AFTER).
+  absl::Time next_grow_check = absl::InfinitePast();
   // The state counted in mesh_coordinator_jobs; nullopt: not counted yet.
   std::optional<JobState> counted;
 

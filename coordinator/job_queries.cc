@@ -29,6 +29,7 @@ mesh::v1::Job JobManager::JobProtoLocked(const Job& job, bool with_events) const
   if (job.placement.has_value()) {
     for (const std::string& node : job.placement->nodes) proto.add_nodes(node);
   }
+  for (const mesh::v1::JobResize& resize : job.resizes) *proto.add_resizes() = resize;
   return proto;
 }
 

@@ -119,6 +119,14 @@ absl::Status JobManager::Recover() {
                                                 std::move(stored), *clock_);
         if (!machine.ok()) return machine.status();
         job->machine = *std::move(machine);
+        if (!record.resizes.empty()) {
+          absl::StatusOr<std::vector<mesh::v1::JobResize>> resizes = DecodeResizes(record.resizes);
+          if (!resizes.ok()) {
+            return absl::DataLossError(
+                absl::StrCat("job ", record.id, ": ", resizes.status().message()));
+          }
+          job->resizes = *std::move(resizes);
+        }
         if (!record.placement.empty()) {
           absl::StatusOr<Placement> placement = DecodePlacement(record.placement);
           if (!placement.ok()) {

@@ -254,6 +254,38 @@ absl::Status ValidateMesh(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// spec.grow and spec.grow_after_seconds (docs/elastic.md).
+absl::Status ValidateGrow(const JobSpec& spec) {
+  const mesh::v1::GrowPolicy grow = spec.grow();
+  if (!mesh::v1::GrowPolicy_IsValid(grow)) {
+    return Invalid("spec.grow", absl::StrCat(static_cast<int>(grow),
+                                             " is not a GrowPolicy (NEVER, ON_RESTART or AFTER)"));
+  }
+  const bool grows =
+      grow == mesh::v1::GROW_POLICY_ON_RESTART || grow == mesh::v1::GROW_POLICY_AFTER;
+  const int min = spec.nodes().min();
+  const int max = MaxNodes(spec);
+  if (grows && min == max) {
+    return Invalid("spec.grow", absl::StrCat(GrowPolicyName(grow),
+                                             " needs nodes MIN:MAX with MIN < MAX, but "
+                                             "the job's size is fixed at ",
+                                             min, min == 1 ? " node" : " nodes"));
+  }
+  const int64_t after = spec.grow_after_seconds();
+  if (grow != mesh::v1::GROW_POLICY_AFTER) {
+    if (after != 0) {
+      return Invalid("spec.grow_after_seconds",
+                     absl::StrCat(after, " is set, but spec.grow is ", GrowPolicyName(grow),
+                                  "; only AFTER takes a delay"));
+    }
+  } else if (after < 1 || after > kMaxGrowAfterSeconds) {
+    return Invalid("spec.grow_after_seconds",
+                   absl::StrCat(after, " is outside 1..", kMaxGrowAfterSeconds,
+                                " (grow AFTER needs a delay)"));
+  }
+  return absl::OkStatus();
+}
+
 // Fields 11.. in field-number order.
 absl::Status ValidateRest(const JobSpec& spec, const JobSpecLimits& limits) {
   if (spec.max_restarts() < 0) {
@@ -292,7 +324,7 @@ absl::Status ValidateRest(const JobSpec& spec, const JobSpecLimits& limits) {
     return Invalid("spec.max_pids", absl::StrCat(spec.max_pids(), " is outside 0..", kMaxPidsLimit,
                                                  " (0: no limit)"));
   }
-  return absl::OkStatus();
+  return ValidateGrow(spec);
 }
 
 }  // namespace
@@ -358,6 +390,21 @@ void NormalizeJobSpec(const JobSpecLimits& limits, JobSpec& spec) {
   if (spec.hang_timeout_seconds() == 0) spec.set_hang_timeout_seconds(kDefaultHangTimeoutSeconds);
   if (spec.on_hang() == mesh::v1::HANG_POLICY_UNSPECIFIED) {
     spec.set_on_hang(mesh::v1::HANG_POLICY_RESTART);
+  }
+  if (spec.grow() == mesh::v1::GROW_POLICY_UNSPECIFIED) spec.set_grow(mesh::v1::GROW_POLICY_NEVER);
+}
+
+std::string GrowPolicyName(mesh::v1::GrowPolicy policy) {
+  switch (policy) {
+    case mesh::v1::GROW_POLICY_UNSPECIFIED:
+    case mesh::v1::GROW_POLICY_NEVER:
+      return "NEVER";
+    case mesh::v1::GROW_POLICY_ON_RESTART:
+      return "ON_RESTART";
+    case mesh::v1::GROW_POLICY_AFTER:
+      return "AFTER";
+    default:
+      return absl::StrCat("UNKNOWN(", static_cast<int>(policy), ")");
   }
 }
 

@@ -70,8 +70,8 @@ absl::Status ValidateJobSpec(const mesh::v1::JobSpec& spec, const JobSpecLimits&
 // Fills in the defaults of a valid spec, idempotently: nodes.max = nodes.min
 // when 0; mesh_shape [-1] when empty; mesh_dim_names ["world"] for a 1-D
 // mesh or ["dim0", "dim1", ...] when empty; working_dir in lexical normal
-// form. Precondition: ValidateJobSpec(spec, limits) is OK (programmer error
-// otherwise; checked).
+// form; grow NEVER when UNSPECIFIED. Precondition: ValidateJobSpec(spec, limits) is OK (programmer
+// error otherwise; checked).
 void NormalizeJobSpec(const JobSpecLimits& limits, mesh::v1::JobSpec& spec);
 
 // JobSpec.hang_timeout_seconds: 0 means this default; at most the maximum.
@@ -83,6 +83,11 @@ inline constexpr int64_t kMaxMemoryPerProcBytes = int64_t{16} << 40;
 // JobSpec.max_pids: 0 (no limit) or 1 .. this, the kernel's ceiling for
 // pid_max on 64-bit systems.
 inline constexpr int64_t kMaxPidsLimit = 4194304;
+// JobSpec.grow_after_seconds with GROW_POLICY_AFTER: 1 .. this (a week).
+inline constexpr int64_t kMaxGrowAfterSeconds = 7 * 24 * 3600;
+// "NEVER", "ON_RESTART", "AFTER" (UNSPECIFIED reads as NEVER, which it
+// normalizes to); "UNKNOWN(n)" otherwise.
+std::string GrowPolicyName(mesh::v1::GrowPolicy policy);
 // The hang timeout in force for `spec` (the default for 0, which a spec
 // stored before the field existed has).
 absl::Duration HangTimeout(const mesh::v1::JobSpec& spec);

@@ -204,6 +204,31 @@ absl::StatusOr<JobState> JobStateMachine::WorkerFailed(mesh::v1::RootCause cause
   return state_;
 }
 
+absl::Status JobStateMachine::Resize(std::optional<mesh::v1::RootCause> cause, std::string reason) {
+  if (cause.has_value() && cause->generation() < generation_) {
+    return absl::AbortedError(absl::StrCat("job ", job_id_, ": change of generation ",
+                                           cause->generation(), " is stale; the job is at ",
+                                           generation_));
+  }
+  if (cause.has_value() && cause->generation() > generation_) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", job_id_, ": change of generation ",
+                                                   cause->generation(), ", but the job is only at ",
+                                                   generation_));
+  }
+  if (state_ != JOB_STATE_SCHEDULED && state_ != JOB_STATE_RUNNING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id_, ": a resize in state ", JobStateName(state_)));
+  }
+  ++generation_;
+  const absl::Status status = Transition(JOB_STATE_RESTARTING, std::move(reason));
+  MESH_CHECK(status.ok(), "SCHEDULED and RUNNING both lead to RESTARTING");
+  if (cause.has_value()) {
+    root_cause_ = *std::move(cause);
+    has_root_cause_ = true;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobStateMachine::Fail(mesh::v1::RootCause cause) {
   cause.set_generation(generation_);
   if (absl::Status status = Transition(JOB_STATE_FAILED, cause.message()); !status.ok()) {

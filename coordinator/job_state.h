@@ -6,9 +6,10 @@
 //                ▲  ▲                │    ▲           │
 //                │  │     WorkerFailed    │ Schedule  │ WorkerFailed
 //                │  │   (restarts left)   │           │ (restarts left)
-//                │  │                ▼    │           │
+//                │  │     or Resize  ▼    │           │ or Resize
 //                │  └─── SetPending ─ RESTARTING ◀────┘
 //                │       (no nodes)     generation+1, restarts+1
+//                │                      (Resize: restarts unchanged)
 //                │
 //   from every non-terminal state:
 //     WorkerFailed with no restarts left, Fail, the deadline ──▶ FAILED
@@ -39,6 +40,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -135,6 +137,14 @@ class JobStateMachine {
   // FAILED_PRECONDITION from any other state (PENDING, RESTARTING, terminal).
   absl::StatusOr<JobState> WorkerFailed(::mesh::v1::RootCause cause,
                                         absl::string_view no_restart = "");
+
+  // A change of the job's membership (docs/elastic.md): SCHEDULED or
+  // RUNNING → RESTARTING, generation+1, restarts unchanged, `reason` the
+  // event's. `cause` (a lost node), when given, becomes root_cause(); its
+  // generation must be the current one.
+  // Possible errors: ABORTED when cause->generation() is older (stale);
+  // INVALID_ARGUMENT when newer; FAILED_PRECONDITION from any other state.
+  absl::Status Resize(std::optional<::mesh::v1::RootCause> cause, std::string reason);
 
   // Any non-terminal state → FAILED without a restart (e.g. the job can
   // never be placed). root_cause() becomes `cause`, stamped with the current

@@ -126,6 +126,7 @@ absl::Status ApplyUpdate(const JobUpdate& update, absl::Time now, JobRecord* job
   if (update.restarts.has_value()) job->restarts = *update.restarts;
   if (update.root_cause.has_value()) job->root_cause = *update.root_cause;
   if (update.placement.has_value()) job->placement = *update.placement;
+  if (update.resizes.has_value()) job->resizes = *update.resizes;
   job->version += 1;
   job->updated_at = ToMicros(now);
   *event = JobEvent{job->id,    job->version,  job->updated_at, from_state,

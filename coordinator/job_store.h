@@ -76,6 +76,7 @@ struct JobRecord {
   std::string root_cause;  // Opaque bytes; empty: none.
   std::string placement;   // Opaque bytes; empty: none.
   std::string owner;       // Who submitted it; empty: unauthenticated.
+  std::string resizes;     // Opaque bytes; empty: none.
   // 1 at creation; +1 on every UpdateJob. The optimistic-concurrency token.
   int64_t version = 0;
   // Stored to the microsecond.
@@ -114,6 +115,7 @@ struct JobUpdate {
   std::optional<int64_t> restarts;
   std::optional<std::string> root_cause;
   std::optional<std::string> placement;
+  std::optional<std::string> resizes;
 
   std::string reason;  // The event's reason.
 };

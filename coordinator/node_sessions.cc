@@ -307,7 +307,7 @@ void JobManager::NodeLostLocked(Node& node, const std::string& why, Effects& eff
     cause.set_host(node.address);
     cause.set_generation(job->generation());
     cause.set_message(absl::StrCat("node ", node.name, " lost: ", why));
-    FailJobLocked(*job, std::move(cause), effects);
+    NodeOfJobLostLocked(*job, std::move(cause), effects);
   }
   // Log requests waiting on it cannot complete.
   log_relay_.NodeLost(node.name);

@@ -90,13 +90,17 @@ ALTER TABLE job_events ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
     R"sql(
 ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
 )sql",
+    // Version 4: the history of an elastic job's sizes (opaque).
+    R"sql(
+ALTER TABLE jobs ADD COLUMN resizes BLOB;
+)sql",
 };
 static_assert(std::size(kMigrations) == SqliteJobStore::kSchemaVersion,
               "one migration per schema version");
 
 constexpr const char* kJobColumns =
     "id, idempotency_key, name, state, pending_reason, generation, restarts, spec, root_cause, "
-    "version, created_at, updated_at, number, placement, owner";
+    "version, created_at, updated_at, number, placement, owner, resizes";
 constexpr const char* kNodeColumns = "name, address, slots, gpus, state, last_seen, labels";
 
 absl::StatusCode CodeFor(int rc) {
@@ -362,6 +366,7 @@ JobRecord ReadJob(const auto& row) {
   job.updated_at = FromMicros(row.Int(11));
   job.placement = row.Bytes(13);
   job.owner = row.Bytes(14);
+  job.resizes = row.Bytes(15);
   return job;
 }
 
@@ -438,7 +443,7 @@ absl::StatusOr<CreateJobResult> SqliteJobStore::CreateJob(const NewJob& job) {
   {
     Statement insert(*this, absl::StrCat("INSERT INTO jobs (", kJobColumns,
                                          ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
-                                         "?11, ?12, ?13, ?14, ?15)"));
+                                         "?11, ?12, ?13, ?14, ?15, ?16)"));
     insert.Bind(1, record.id);
     insert.BindOrNull(2, record.idempotency_key, /*blob=*/false);
     insert.Bind(3, record.name);
@@ -454,6 +459,7 @@ absl::StatusOr<CreateJobResult> SqliteJobStore::CreateJob(const NewJob& job) {
     insert.Bind(13, number);
     insert.BindOrNull(14, record.placement, /*blob=*/true);
     insert.Bind(15, record.owner);
+    insert.BindOrNull(16, record.resizes, /*blob=*/true);
     JOB_STORE_RETURN_IF_ERROR(insert.Run("insert job"));
   }
   JOB_STORE_RETURN_IF_ERROR(AppendEventLocked(
@@ -521,8 +527,8 @@ absl::StatusOr<JobRecord> SqliteJobStore::UpdateJob(const std::string& id,
   {
     Statement set(*this,
                   "UPDATE jobs SET state = ?1, pending_reason = ?2, generation = ?3, "
-                  "restarts = ?4, root_cause = ?5, version = ?6, updated_at = ?7, placement = ?9 "
-                  "WHERE id = ?8");
+                  "restarts = ?4, root_cause = ?5, version = ?6, updated_at = ?7, placement = ?9, "
+                  "resizes = ?10 WHERE id = ?8");
     set.Bind(1, job.state);
     set.Bind(2, job.pending_reason);
     set.Bind(3, job.generation);
@@ -532,6 +538,7 @@ absl::StatusOr<JobRecord> SqliteJobStore::UpdateJob(const std::string& id,
     set.Bind(7, Micros(job.updated_at));
     set.Bind(8, id);
     set.BindOrNull(9, job.placement, /*blob=*/true);
+    set.BindOrNull(10, job.resizes, /*blob=*/true);
     JOB_STORE_RETURN_IF_ERROR(set.Run("update job"));
   }
   JOB_STORE_RETURN_IF_ERROR(AppendEventLocked(event));

@@ -47,7 +47,7 @@ struct JobStoreOptions {
 class SqliteJobStore final : public JobStore {
  public:
   // The schema this build writes. Open migrates older files up to it.
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
   // Opens (creating if absent) the database at `path`, or a private
   // in-memory one for ":memory:" (no WAL, nothing durable: tests and

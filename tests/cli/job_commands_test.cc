@@ -527,6 +527,63 @@ TEST_F(JobCommandsTest, DescribeShowsTheLimitsAndJsonCarriesThem) {
               ::testing::ContainsRegex("Limits: +memory per proc 8GiB, max pids none"));
 }
 
+// An elastic job: describe shows its grow policy and every resize with its
+// reason; JSON carries both.
+TEST_F(JobCommandsTest, DescribeShowsTheGrowPolicyAndEachResize) {
+  Job job = MakeJob("job-1", mesh::v1::JOB_STATE_RUNNING, 2);
+  job.mutable_spec()->mutable_nodes()->set_min(2);
+  job.mutable_spec()->mutable_nodes()->set_max(4);
+  job.mutable_spec()->set_grow(mesh::v1::GROW_POLICY_AFTER);
+  job.mutable_spec()->set_grow_after_seconds(600);
+  mesh::v1::JobResize* shrink = job.add_resizes();
+  shrink->set_generation(1);
+  shrink->set_from_nodes(4);
+  shrink->set_to_nodes(3);
+  shrink->set_reason("node node-d lost: no heartbeat for 15s");
+  mesh::v1::JobResize* grow = job.add_resizes();
+  grow->set_generation(2);
+  grow->set_from_nodes(3);
+  grow->set_to_nodes(4);
+  grow->set_reason("grow after 600s at 3 nodes: 1 more node free");
+  Rescript(job);
+  const Result r = Run({"describe", "job-1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("Nodes wanted: +2:4 \\(grow: after 10m\\)"));
+  EXPECT_THAT(r.out, HasSubstr("Resizes:"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("1 +4 -> 3 +node node-d lost: no heartbeat for 15s"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("2 +3 -> 4 +grow after 600s"));
+  const auto json = nlohmann::json::parse(Run({"-o", "json", "describe", "job-1"}).out);
+  EXPECT_EQ(json["spec"]["grow"], "after 10m");
+  ASSERT_EQ(json["resizes"].size(), 2u);
+  EXPECT_EQ(json["resizes"][0]["from_nodes"], 4);
+  EXPECT_EQ(json["resizes"][0]["to_nodes"], 3);
+  EXPECT_EQ(json["resizes"][1]["generation"], 2);
+
+  // A job that never resized has no section, and an empty list in JSON.
+  Rescript(MakeJob("job-1", mesh::v1::JOB_STATE_RUNNING));
+  EXPECT_THAT(Run({"describe", "job-1"}).out, Not(HasSubstr("Resizes:")));
+  EXPECT_TRUE(nlohmann::json::parse(Run({"-o", "json", "status", "job-1"}).out)["resizes"].empty());
+}
+
+TEST_F(JobCommandsTest, SubmitTakesAGrowPolicy) {
+  server_.service().Lock()->submit_response.emplace();
+  *server_.service().Lock()->submit_response->mutable_job() =
+      MakeJob("job-1", mesh::v1::JOB_STATE_PENDING);
+  ASSERT_EQ(Run({"submit", "--no-wait", "--nodes", "2:4", "--grow", "after:10m", "--", "x"}).code,
+            kExitOk);
+  ASSERT_EQ(Run({"submit", "--no-wait", "--nodes", "2:4", "--grow", "on_restart", "--", "x"}).code,
+            kExitOk);
+  const auto submits = server_.service().Lock()->submits;
+  ASSERT_EQ(submits.size(), 2u);
+  EXPECT_EQ(submits[0].spec().grow(), mesh::v1::GROW_POLICY_AFTER);
+  EXPECT_EQ(submits[0].spec().grow_after_seconds(), 600);
+  EXPECT_EQ(submits[1].spec().grow(), mesh::v1::GROW_POLICY_ON_RESTART);
+  const Result bad = Run({"submit", "--grow", "sometimes", "--", "x"});
+  EXPECT_EQ(bad.code, kExitUsage);
+  EXPECT_THAT(bad.err, HasSubstr("--grow: 'sometimes' is not a grow policy"));
+  EXPECT_EQ(Run({"submit", "--grow", "after:0s", "--", "x"}).code, kExitUsage);
+}
+
 // An OOM kill: the coordinator's message says it, and JSON has oom_killed.
 TEST_F(JobCommandsTest, AnOomKillIsShownAsTheRootCause) {
   Job job = MakeJob("job-1", mesh::v1::JOB_STATE_FAILED, 1);

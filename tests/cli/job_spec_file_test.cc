@@ -170,6 +170,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"hang_timeout: 0\n", "job.yaml:1:15: hang_timeout", "must be positive"},
         BadCase{"hang_timeout: [1]\n", "job.yaml:1:15: hang_timeout", "expected a duration"},
         BadCase{"on_hang: sometimes\n", "job.yaml:1:10: on_hang", "restart or fail"},
+        BadCase{"grow: later\n", "job.yaml:1:7: grow", "never, on_restart or after:DURATION"},
+        BadCase{"grow: [after]\n", "job.yaml:1:7: grow", "expected never, on_restart or"},
+        BadCase{"grow: {after: soon}\n", "job.yaml:1:7: grow", "positive delay"},
         BadCase{"memory_per_proc: lots\n", "job.yaml:1:18: memory_per_proc", "512MiB"},
         BadCase{"memory_per_proc: [1]\n", "job.yaml:1:18: memory_per_proc", "expected a size"},
         BadCase{"max_pids: many\n", "job.yaml:1:11: max_pids", "number of processes"},
@@ -177,6 +180,22 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"- a\n- b\n", "job.yaml:1:1", "expected a mapping of job fields"},
         BadCase{"", "job.yaml", "expected a mapping of job fields"},
         BadCase{"name: [unclosed\n", "job.yaml:", "not valid YAML or JSON"}));
+
+TEST(JobSpecFileTest, GrowIsAWordOrADelayAfter) {
+  auto never = ParseJobSpec("nodes: 2:4\ngrow: never\n", "job.yaml");
+  ASSERT_TRUE(never.ok()) << never.status();
+  EXPECT_EQ(never->grow(), mesh::v1::GROW_POLICY_NEVER);
+  auto on_restart = ParseJobSpec("nodes: 2:4\ngrow: ON_RESTART\n", "job.yaml");
+  ASSERT_TRUE(on_restart.ok()) << on_restart.status();
+  EXPECT_EQ(on_restart->grow(), mesh::v1::GROW_POLICY_ON_RESTART);
+  for (const char* text : {"grow:\n  after: 10m\n", "grow: {after: 600}\n", "grow: after 10m\n",
+                           "grow: after:10m\n"}) {
+    auto after = ParseJobSpec(text, "job.yaml");
+    ASSERT_TRUE(after.ok()) << text << after.status();
+    EXPECT_EQ(after->grow(), mesh::v1::GROW_POLICY_AFTER) << text;
+    EXPECT_EQ(after->grow_after_seconds(), 600) << text;
+  }
+}
 
 TEST(JobSpecFileTest, MissingFileIsNotFoundNamingIt) {
   auto spec = ReadJobSpecFile("/nonexistent/job.yaml");

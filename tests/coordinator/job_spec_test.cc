@@ -523,6 +523,60 @@ TEST(JobSpecTest, RestFieldsAreReportedInFieldOrder) {
   EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.max_pids"));
 }
 
+TEST(JobSpecTest, GrowNeedsAnElasticJobAndAfterNeedsADelay) {
+  JobSpec elastic = Valid();
+  elastic.mutable_nodes()->set_min(1);
+  elastic.mutable_nodes()->set_max(4);
+  elastic.clear_mesh_shape();
+  elastic.clear_mesh_dim_names();
+  for (mesh::v1::GrowPolicy ok : {mesh::v1::GROW_POLICY_UNSPECIFIED, mesh::v1::GROW_POLICY_NEVER,
+                                  mesh::v1::GROW_POLICY_ON_RESTART}) {
+    JobSpec spec = elastic;
+    spec.set_grow(ok);
+    EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk()) << GrowPolicyName(ok);
+  }
+  JobSpec spec = elastic;
+  spec.set_grow(mesh::v1::GROW_POLICY_AFTER);
+  EXPECT_THAT(
+      ValidateJobSpec(spec, {}),
+      StatusIs(Code::kInvalidArgument,
+               "spec.grow_after_seconds: 0 is outside 1..604800 (grow AFTER needs a delay)"));
+  spec.set_grow_after_seconds(kMaxGrowAfterSeconds + 1);
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.grow_after_seconds"));
+  spec.set_grow_after_seconds(600);
+  EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk());
+  spec.set_grow(mesh::v1::GROW_POLICY_ON_RESTART);
+  EXPECT_THAT(ValidateJobSpec(spec, {}),
+              StatusIs(Code::kInvalidArgument,
+                       "spec.grow_after_seconds: 600 is set, but spec.grow is ON_RESTART; only "
+                       "AFTER takes a delay"));
+  spec.set_grow(static_cast<mesh::v1::GrowPolicy>(9));
+  EXPECT_THAT(ValidateJobSpec(spec, {}),
+              StatusIs(Code::kInvalidArgument,
+                       "spec.grow: 9 is not a GrowPolicy (NEVER, ON_RESTART or AFTER)"));
+
+  // A fixed size cannot grow.
+  JobSpec fixed = Valid();
+  fixed.set_grow(mesh::v1::GROW_POLICY_AFTER);
+  fixed.set_grow_after_seconds(60);
+  EXPECT_THAT(ValidateJobSpec(fixed, {}),
+              StatusIs(Code::kInvalidArgument,
+                       StartsWith("spec.grow: AFTER needs nodes MIN:MAX with MIN < MAX, but the "
+                                  "job's size is fixed at")));
+  fixed.set_grow(mesh::v1::GROW_POLICY_NEVER);
+  fixed.clear_grow_after_seconds();
+  EXPECT_THAT(ValidateJobSpec(fixed, {}), IsOk());
+
+  // Normalized: UNSPECIFIED is NEVER; the others stay.
+  spec = elastic;
+  NormalizeJobSpec({}, spec);
+  EXPECT_EQ(spec.grow(), mesh::v1::GROW_POLICY_NEVER);
+  spec = elastic;
+  spec.set_grow(mesh::v1::GROW_POLICY_ON_RESTART);
+  NormalizeJobSpec({}, spec);
+  EXPECT_EQ(spec.grow(), mesh::v1::GROW_POLICY_ON_RESTART);
+}
+
 TEST(JobSpecTest, TheOperatorMayAllowDeniedEnvNamesOnly) {
   JobSpec spec = Valid();
   (*spec.mutable_env())["LD_LIBRARY_PATH"] = "/opt/conda/lib";

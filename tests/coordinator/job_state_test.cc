@@ -151,6 +151,42 @@ TEST_F(JobStateMachineTest, IllegalCallsChangeNothing) {
   EXPECT_EQ(job.restarts(), 0);
 }
 
+TEST_F(JobStateMachineTest, ResizeBumpsTheGenerationButNotTheRestarts) {
+  JobStateMachine job("j1", 0, absl::ZeroDuration(), "", clock_);
+  // Not placed yet: nothing to resize.
+  EXPECT_THAT(job.Resize(std::nullopt, "grow"), StatusIs(Code::kFailedPrecondition));
+  ASSERT_THAT(job.Schedule(""), IsOk());
+  ASSERT_THAT(job.Start(""), IsOk());
+
+  mesh::v1::RootCause lost;
+  lost.set_rank(-1);
+  lost.set_node("n3");
+  lost.set_generation(0);
+  ASSERT_THAT(job.Resize(lost, "node n3 lost; placing again"), IsOk());
+  EXPECT_EQ(job.state(), JOB_STATE_RESTARTING);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts(), 0) << "max_restarts 0, and still restarted";
+  EXPECT_EQ(job.events().back().reason, "node n3 lost; placing again");
+  EXPECT_EQ(job.events().back().generation, 1);
+  ASSERT_TRUE(job.has_root_cause());
+  EXPECT_EQ(job.root_cause().node(), "n3");
+
+  // Only from SCHEDULED or RUNNING, and never for another generation.
+  EXPECT_THAT(job.Resize(std::nullopt, "again"), StatusIs(Code::kFailedPrecondition));
+  ASSERT_THAT(job.Schedule("placed again"), IsOk());
+  EXPECT_THAT(job.Resize(lost, "stale"), StatusIs(Code::kAborted));
+  lost.set_generation(5);
+  EXPECT_THAT(job.Resize(lost, "future"), StatusIs(Code::kInvalidArgument));
+  EXPECT_EQ(job.generation(), 1);
+
+  // Without a cause (growing), the root cause stays.
+  ASSERT_THAT(job.Start(""), IsOk());
+  ASSERT_THAT(job.Resize(std::nullopt, "grow"), IsOk());
+  EXPECT_EQ(job.generation(), 2);
+  EXPECT_EQ(job.root_cause().node(), "n3");
+  EXPECT_EQ(job.restarts(), 0);
+}
+
 TEST_F(JobStateMachineTest, PendingReasonUpdatesWithoutEvents) {
   JobStateMachine job("j1", 0, absl::ZeroDuration(), "a", clock_);
   clock_.Advance(absl::Seconds(1));

@@ -146,6 +146,7 @@ TEST(JobStoreFileTest, Version1FileIsMigratedWithItsJobsIntact) {
   RawExec(dir.db(),
           "ALTER TABLE jobs DROP COLUMN placement;"
           "ALTER TABLE jobs DROP COLUMN owner;"
+          "ALTER TABLE jobs DROP COLUMN resizes;"
           "ALTER TABLE job_events DROP COLUMN generation;"
           "UPDATE schema_version SET version = 1");
   auto store = SqliteJobStore::Open(dir.db(), &clock);
@@ -155,6 +156,7 @@ TEST(JobStoreFileTest, Version1FileIsMigratedWithItsJobsIntact) {
   EXPECT_EQ(job->name, "a");
   EXPECT_EQ(job->placement, "");
   EXPECT_EQ(job->owner, "") << "jobs from before schema 3 have no owner";
+  EXPECT_EQ(job->resizes, "") << "jobs from before schema 4 have no resizes";
   auto events = (*store)->ListEvents("job-1");
   ASSERT_THAT(events, IsOk());
   ASSERT_EQ(events->size(), 1u);
@@ -162,8 +164,10 @@ TEST(JobStoreFileTest, Version1FileIsMigratedWithItsJobsIntact) {
   JobUpdate place;
   place.placement = "p";
   place.reason = "placed";
+  place.resizes = "r";
   ASSERT_THAT((*store)->UpdateJob("job-1", place), IsOk());
   EXPECT_EQ((*store)->GetJob("job-1")->placement, "p");
+  EXPECT_EQ((*store)->GetJob("job-1")->resizes, "r");
 }
 
 TEST(JobStoreFileTest, NewerSchemaIsFailedPrecondition) {
@@ -174,7 +178,7 @@ TEST(JobStoreFileTest, NewerSchemaIsFailedPrecondition) {
   EXPECT_THAT(SqliteJobStore::Open(dir.db(), &clock),
               StatusIs(Code::kFailedPrecondition,
                        ::testing::AllOf(HasSubstr("schema version 99"),
-                                        HasSubstr("newer than this coordinator supports (3)"),
+                                        HasSubstr("newer than this coordinator supports (4)"),
                                         HasSubstr(dir.db()))));
 }
 

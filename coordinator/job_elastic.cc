@@ -1,0 +1,149 @@
+// JobManager's elastic membership (docs/elastic.md): a lost node shrinks an
+// elastic job instead of counting as a failure, spec.grow decides when the
+// job takes more nodes, and every change of its node count is recorded.
+// The rest of the restart path is in job_manager.cc (RelaunchLocked).
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/job_manager.h"
+#include "coordinator/job_manager_internal.h"
+#include "spdlog/spdlog.h"
+
+namespace mesh::coordinator {
+namespace {
+
+using ::mesh::v1::JOB_STATE_PENDING;
+using ::mesh::v1::JOB_STATE_RUNNING;
+using ::mesh::v1::JOB_STATE_SCHEDULED;
+using ::mesh::v1::RootCause;
+
+// How often a job waiting to grow looks for free nodes.
+constexpr absl::Duration kGrowCheckInterval = absl::Seconds(1);
+
+const char* Nodes(int n) { return n == 1 ? "node" : "nodes"; }
+
+}  // namespace
+
+std::string EncodeResizes(const std::vector<mesh::v1::JobResize>& resizes) {
+  if (resizes.empty()) return "";
+  mesh::v1::Job holder;
+  for (const mesh::v1::JobResize& resize : resizes) *holder.add_resizes() = resize;
+  return holder.SerializeAsString();
+}
+
+absl::StatusOr<std::vector<mesh::v1::JobResize>> DecodeResizes(const std::string& bytes) {
+  mesh::v1::Job holder;
+  if (!holder.ParseFromString(bytes)) return absl::DataLossError("unreadable resizes");
+  return std::vector<mesh::v1::JobResize>(holder.resizes().begin(), holder.resizes().end());
+}
+
+int JobManager::NodeCapLocked(const Job& job) const {
+  const int max = job.spec.nodes().max();
+  if (job.spec.grow() == mesh::v1::GROW_POLICY_ON_RESTART) return max;
+  if (!job.placement.has_value()) return max;
+  return std::min(max, static_cast<int>(job.placement->nodes.size()));
+}
+
+void JobManager::NodeOfJobLostLocked(Job& job, RootCause cause, Effects& effects) {
+  const int min = job.spec.nodes().min();
+  const bool elastic = min < job.spec.nodes().max();
+  const bool placed = job.state() == JOB_STATE_SCHEDULED || job.state() == JOB_STATE_RUNNING;
+  int left = 0;
+  for (const std::string& name : job.placement->nodes) {
+    auto it = nodes_.find(name);
+    left += it != nodes_.end() && it->second->ready;
+  }
+  if (!elastic || !placed || left < min) {
+    FailJobLocked(job, std::move(cause), effects);
+    return;
+  }
+  const int before = static_cast<int>(job.placement->nodes.size());
+  const std::string why = cause.message();
+  const std::string reason =
+      absl::StrCat(why, "; ", left, " of ", before, " nodes left (at least ", min,
+                   " needed): placing again, a membership change that is not counted as a restart");
+  if (absl::Status resized = job.machine->Resize(std::move(cause), reason); !resized.ok()) {
+    spdlog::info("job {}: ignoring a lost node: {}", job.id, resized.ToString());
+    return;
+  }
+  spdlog::warn("job {}: {}", job.id, reason);
+  RelaunchLocked(job, why, effects);
+}
+
+std::string JobManager::PlacedLocked(Job& job, Placement placement) {
+  const int before = job.placement.has_value() ? static_cast<int>(job.placement->nodes.size()) : 0;
+  const int after = static_cast<int>(placement.nodes.size());
+  job.placement = std::move(placement);
+  const std::string why = std::exchange(job.replace_reason, "");
+  job.node_cap = 0;
+  if (before == 0 || before == after) return "";
+  mesh::v1::JobResize resize;
+  resize.set_time_unix_ms(absl::ToUnixMillis(clock_->Now()));
+  resize.set_generation(job.generation());
+  resize.set_from_nodes(before);
+  resize.set_to_nodes(after);
+  resize.set_reason(why.empty() ? "placed again" : why);
+  (after < before ? metrics_.shrinks : metrics_.grows)->Increment();
+  const std::string line = absl::StrCat("resized from ", before, " to ", after, " ", Nodes(after),
+                                        ": ", resize.reason());
+  spdlog::warn("job {}: {}", job.id, line);
+  job.resizes.push_back(std::move(resize));
+  return line;
+}
+
+void JobManager::GrowJobsLocked(absl::Time now, Effects& effects) {
+  // Jobs waiting to be placed come first: growing never takes their nodes.
+  for (const auto& [id, job] : jobs_) {
+    if (job->state() == JOB_STATE_PENDING) return;
+  }
+  for (auto& [id, job] : jobs_) {
+    if (!job->holds || job->state() != JOB_STATE_RUNNING) continue;
+    if (job->spec.grow() != mesh::v1::GROW_POLICY_AFTER) continue;
+    const int nodes_now = static_cast<int>(job->placement->nodes.size());
+    const int max = job->spec.nodes().max();
+    if (nodes_now >= max) continue;
+    // The RUNNING event is the last one while the job runs.
+    const absl::Duration after = absl::Seconds(job->spec.grow_after_seconds());
+    const absl::Time running_since = job->machine->events().back().time;
+    if (now - running_since < after || now < job->next_grow_check) continue;
+    job->next_grow_check = now + kGrowCheckInterval;
+
+    // Would a placement without the job's own hold give it more nodes?
+    const Placement* held = scheduler_.Find(job->id);
+    if (held == nullptr) continue;
+    Placement current = *held;
+    (void)scheduler_.Release(job->id);
+    JobRequest request = RequestOfLocked(*job);
+    request.nodes_min = nodes_now + 1;
+    request.nodes_max = max;
+    absl::StatusOr<SchedulePassResult> trial = scheduler_.Schedule(NodeViewsLocked(), {request});
+    int could = 0;
+    if (trial.ok() && !trial->placements.empty()) {
+      could = static_cast<int>(trial->placements.front().nodes.size());
+      (void)scheduler_.Release(job->id);
+    }
+    if (absl::Status adopted = scheduler_.Adopt(std::move(current)); !adopted.ok()) {
+      spdlog::error("job {}: cannot hold its nodes again: {}", id, adopted.ToString());
+    }
+    if (could == 0) continue;
+
+    const std::string why = absl::StrCat("grow after ", job->spec.grow_after_seconds(), "s at ",
+                                         nodes_now, " ", Nodes(nodes_now), ": ", could - nodes_now,
+                                         " more ", Nodes(could - nodes_now), " free");
+    if (absl::Status resized = job->machine->Resize(std::nullopt, why); !resized.ok()) {
+      spdlog::error("job {}: cannot grow: {}", id, resized.ToString());
+      continue;
+    }
+    spdlog::info("job {}: {}", id, why);
+    job->node_cap = max;
+    RelaunchLocked(*job, why, effects);
+  }
+}
+
+}  // namespace mesh::coordinator
