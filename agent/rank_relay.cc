@@ -162,6 +162,7 @@ class RelayService final : public v1::WorkerService::CallbackService {
   Unary* KvMultiGet(Ctx*, const v1::KvMultiGetRequest*, v1::KvMultiGetResponse*) override;
   Unary* KvMultiSet(Ctx*, const v1::KvMultiSetRequest*, v1::KvMultiSetResponse*) override;
   Unary* Barrier(Ctx*, const v1::BarrierRequest*, v1::BarrierResponse*) override;
+  Unary* AliveRanks(Ctx*, const v1::AliveRanksRequest*, v1::AliveRanksResponse*) override;
   Unary* PublishUniqueIds(Ctx*, const v1::PublishUniqueIdsRequest*,
                           v1::PublishUniqueIdsResponse*) override;
   Unary* GetUniqueIds(Ctx*, const v1::GetUniqueIdsRequest*, v1::GetUniqueIdsResponse*) override;
@@ -949,6 +950,7 @@ MESH_RELAY_FORWARD(KvMultiGet)
 MESH_RELAY_FORWARD(KvMultiSet)
 MESH_RELAY_FORWARD(PublishUniqueIds)
 MESH_RELAY_FORWARD(ReportError)
+MESH_RELAY_FORWARD(AliveRanks)
 #undef MESH_RELAY_FORWARD
 
 Unary* RelayService::Join(Ctx* ctx, const v1::JoinRequest* request, v1::JoinResponse* response) {

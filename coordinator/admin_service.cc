@@ -50,6 +50,7 @@ grpc::ServerUnaryReactor* AdminServiceImpl::CreateJob(grpc::CallbackServerContex
   if (request->hang_timeout_seconds() > 0) {
     layout.hang_timeout = absl::Seconds(request->hang_timeout_seconds());
   }
+  layout.in_place = request->in_place();
   auto job = coordination_->CreateJob(std::move(layout));
   if (job.ok()) {
     response->set_job_id(job->layout.job_id);

@@ -8,6 +8,8 @@
 
 #include "coordinator/coordination.h"
 
+#include "coordinator/coordination_internal.h"
+
 #include <algorithm>
 #include <map>
 
@@ -46,127 +48,6 @@ absl::Status UnavailableShutDown() {
 }
 
 }  // namespace
-
-// Callbacks collected under the lock and run after it is released, so that
-// a callback may call back into Coordination. Declare before the MutexLock
-// so that destruction order runs them after unlock.
-class Coordination::Completions {
- public:
-  Completions() = default;
-  Completions(const Completions&) = delete;
-  ~Completions() { Run(); }
-
-  void Add(absl::AnyInvocable<void() &&> fn) { fns_.push_back(std::move(fn)); }
-
-  template <typename T>
-  void Complete(Callback<T>& cb, absl::StatusOr<T> result) {
-    fns_.push_back([cb = std::move(cb), result = std::move(result)]() mutable {
-      std::move(cb)(std::move(result));
-    });
-  }
-
- private:
-  void Run() {
-    // Callbacks run unlocked and use Completions of their own, so nothing
-    // is added here while this runs.
-    for (auto& fn : fns_) std::move(fn)();
-    fns_.clear();
-  }
-
-  std::vector<absl::AnyInvocable<void() &&>> fns_;
-};
-
-// A pending wait or watch. Lives in waiters_ from registration until it
-// ends; its generation outlives it, since ending a generation ends its
-// waits first.
-struct Coordination::Waiter {
-  enum class Kind { kJoin, kKeys, kBarrier, kWatch };
-
-  Kind kind = Kind::kJoin;
-  Generation* gen = nullptr;
-  int rank = 0;
-  absl::Duration timeout;          // As clamped; for messages.
-  KeySpace space = KeySpace::kKv;  // kKeys.
-  KeyWait keys;                    // kKeys.
-  std::string barrier;             // kBarrier.
-  // The callback of its kind.
-  Callback<JoinResult> join_done;
-  Callback<std::vector<std::string>> values_done;
-  Callback<int> barrier_done;
-  WatchCallback watch_done;
-
-  void Fail(const absl::Status& status, Completions& done) {
-    switch (kind) {
-      case Kind::kJoin:
-        return done.Complete(join_done, absl::StatusOr<JoinResult>(status));
-      case Kind::kKeys:
-        return done.Complete(values_done, absl::StatusOr<std::vector<std::string>>(status));
-      case Kind::kBarrier:
-        return done.Complete(barrier_done, absl::StatusOr<int>(status));
-      case Kind::kWatch:
-        return done.Complete(watch_done, absl::StatusOr<JobError>(status));
-    }
-  }
-};
-
-// One generation of a job: everything a restart throws away.
-struct Coordination::Generation {
-  Generation(const JobLayout& job_layout, int64_t generation, uint64_t waiter_scope,
-             const CoordinationOptions& options)
-      : job_id(job_layout.job_id),
-        number(generation),
-        scope(waiter_scope),
-        layout(&job_layout),
-        rendezvous(job_layout.world_size),
-        liveness(job_layout.world_size, options.heartbeat_timeout),
-        hangs(job_layout.world_size, job_layout.hang_timeout),
-        kv(options.kv),
-        ids(options.kv.max_key_bytes, options.max_unique_ids),
-        barriers(job_layout.world_size) {}
-
-  const std::string job_id;
-  const int64_t number;
-  const uint64_t scope;     // Of its waits in waiters_.
-  const JobLayout* layout;  // Owned by the Job, which outlives it.
-  Rendezvous rendezvous;
-  LivenessTracker liveness;  // Started when the rendezvous completes.
-  HangDetector hangs;
-  KvTable kv;
-  UniqueIdTable ids;
-  BarrierTable barriers;
-  KeyWaitIndex kv_waits;
-  KeyWaitIndex id_waits;
-  absl::btree_set<uint64_t> join_waiters;  // Completed together, in order.
-  std::optional<JobError> error;           // Set once: the first failure.
-  // Ranks the agent saw exit without leaving (RankExited): how.
-  std::map<int, std::string> exited;
-  std::optional<absl::Time> first_join;  // For the rendezvous duration.
-  // Non-empty (one host per rank): ranks may re-attach (AllowReattach).
-  std::vector<std::string> reattach_hosts;
-
-  int world_size() const { return layout->world_size; }
-  std::string Name() const { return absl::StrCat("job ", job_id, " generation ", number); }
-  // `status` with this generation named in front.
-  absl::Status Annotate(const absl::Status& status) const {
-    return absl::Status(status.code(), absl::StrCat(Name(), ": ", status.message()));
-  }
-
-  absl::Status CheckKey(KeySpace space, const std::string& key) const {
-    return space == KeySpace::kKv ? kv.CheckKey(key) : ids.CheckKey(key);
-  }
-  const std::string* Find(KeySpace space, const std::string& key) const {
-    return space == KeySpace::kKv ? kv.Find(key) : ids.Find(key);
-  }
-  KeyWaitIndex& Waits(KeySpace space) { return space == KeySpace::kKv ? kv_waits : id_waits; }
-};
-
-struct Coordination::Job {
-  JobLayout layout;
-  std::unique_ptr<Generation> current;
-  // Why the previous generation failed, if it did: a late call of that
-  // generation is told the culprit, not only that it is stale.
-  std::optional<JobError> previous_error;
-};
 
 absl::Status ValidateOptions(const CoordinationOptions& o) {
   if (o.heartbeat_interval <= absl::ZeroDuration()) {
@@ -416,6 +297,11 @@ absl::StatusOr<Coordination::Generation*> Coordination::ResolveLocked(const Call
         ") is fenced out: a newer process joined as this rank, or this one never did"));
   }
   if (gen.error.has_value() && !allow_failed) return absl::AbortedError(gen.error->message);
+  if (require_joined && joined) {
+    if (auto lost = gen.lost.find(caller.rank); lost != gen.lost.end()) {
+      return absl::AbortedError(lost->second.message);
+    }
+  }
   if (require_joined && !joined) {
     return absl::FailedPreconditionError(
         absl::StrCat(gen.Name(), ": rank ", caller.rank, " has not joined"));
@@ -481,6 +367,7 @@ JoinResult Coordination::JoinResultLocked(const Generation& gen, int rank) const
   r.nccl_unique_id = gen.rendezvous.world_unique_id();
   r.heartbeat_interval = options_.heartbeat_interval;
   r.heartbeat_timeout = options_.heartbeat_timeout;
+  r.membership_epoch = gen.epoch;
   return r;
 }
 
@@ -514,6 +401,11 @@ void Coordination::Join(JoinArgs args, Callback<JoinResult> callback) {
         callback, Result(absl::AbortedError(absl::StrCat(
                       gen.Name(), ": rank ", rank, " (incarnation ", args.caller.incarnation,
                       ") was superseded by a newer process of the same rank; this one is stale"))));
+  }
+  if (auto lost = gen.lost.find(rank);
+      lost != gen.lost.end() && gen.rendezvous.incarnation(rank) == args.caller.incarnation) {
+    // The process that was lost may not come back as itself.
+    return done.Complete(callback, Result(absl::AbortedError(lost->second.message)));
   }
   if (gen.rendezvous.joined(rank) && gen.rendezvous.incarnation(rank) != args.caller.incarnation) {
     // A malformed join must not displace the process that holds the rank.
@@ -550,6 +442,21 @@ absl::Status Coordination::SupersedeLocked(Generation& gen, const Caller& caller
                                            const std::string& host, Completions& done) {
   const int rank = caller.rank;
   const uint64_t old = gen.rendezvous.incarnation(rank);
+  if (gen.rendezvous.complete() && gen.layout->in_place) {
+    // In-place recovery: the older process is lost (unless it already is),
+    // and the newer one takes the rank in the next membership epoch.
+    if (!gen.lost.contains(rank)) {
+      JobError error;
+      error.rank = rank;
+      error.host = gen.rendezvous.host(rank);
+      error.reason = absl::StrCat("was replaced: a new process (incarnation ", caller.incarnation,
+                                  ") joined as the rank");
+      LoseRankLocked(gen, std::move(error), done);
+    }
+    gen.rendezvous.SetIncarnation(rank, caller.incarnation);
+    ReadmitLocked(gen, rank);
+    return absl::OkStatus();
+  }
   if (gen.rendezvous.complete()) {
     // The world formed with the older process: every peer's groups hold it,
     // so the generation cannot go on. The newer process owns the rank from
@@ -913,6 +820,7 @@ void Coordination::EndGenerationLocked(Generation& gen, const absl::Status& stat
   gen.kv_waits.Clear();
   gen.id_waits.Clear();
   gen.barriers.FinishAll(status);
+  gen.alive.arrived.clear();
 }
 
 void Coordination::FailGenerationLocked(Generation& gen, JobError error, Completions& done) {
@@ -962,6 +870,8 @@ absl::StatusOr<HeartbeatReply> Coordination::Heartbeat(
   const absl::Time now = clock_->Now();
   gen.liveness.Heartbeat(caller.rank, now);
   if (!groups.empty()) reply.send_members = gen.hangs.Report(caller.rank, groups, now);
+  reply.membership_epoch = gen.epoch;
+  for (const auto& [rank, lost] : gen.lost) reply.lost.push_back(lost);
   return reply;
 }
 
@@ -975,7 +885,7 @@ absl::Status Coordination::ReportError(const Caller& caller, const std::string& 
   error.rank = caller.rank;
   error.host = gen.rendezvous.host(caller.rank);
   error.reason = reason.empty() ? "reported an error" : reason;
-  FailGenerationLocked(gen, std::move(error), done);
+  RankFailedLocked(gen, std::move(error), done);
   return absl::OkStatus();
 }
 
@@ -987,6 +897,11 @@ absl::Status Coordination::Leave(const Caller& caller) {
   Generation& gen = **resolved;
   gen.liveness.Leave(caller.rank);
   if (gen.error.has_value()) return absl::OkStatus();
+  WithdrawAliveLocked(gen, caller.rank,
+                      absl::FailedPreconditionError(absl::StrCat(
+                          gen.Name(), ": rank ", caller.rank, " left during its AliveRanks call")),
+                      done);
+  MaybeCompleteAliveRoundLocked(gen, done);
   for (const std::string& name : gen.barriers.AwaitingRank(caller.rank)) {
     FinishBarrierLocked(gen, name,
                         absl::FailedPreconditionError(absl::StrCat(
@@ -1011,6 +926,15 @@ absl::Status Coordination::RankExited(const std::string& job_id, int64_t generat
   }
   if (gen.liveness.left(rank) || gen.rendezvous.num_joined() == 0) return absl::OkStatus();
   gen.exited.emplace(rank, reason.empty() ? "exited before the job finished" : reason);
+  if (gen.layout->in_place && gen.rendezvous.complete()) {
+    // Its peers carry on without it: lose it now.
+    JobError error;
+    error.rank = rank;
+    error.host = gen.rendezvous.host(rank);
+    error.reason = gen.exited[rank];
+    RankFailedLocked(gen, std::move(error), done);
+    return absl::OkStatus();
+  }
   // A peer parked on anything (its own watch aside) may be waiting for this
   // rank, which will never come: end those waits now.
   const bool waiting = waiters_.AnyInScope(
@@ -1026,7 +950,7 @@ void Coordination::FailIfRankExitedLocked(Generation& gen, Completions& done) {
   error.rank = rank;
   error.host = gen.rendezvous.joined(rank) ? gen.rendezvous.host(rank) : std::string();
   error.reason = reason;
-  FailGenerationLocked(gen, std::move(error), done);
+  RankFailedLocked(gen, std::move(error), done);
 }
 
 absl::StatusOr<uint64_t> Coordination::Watch(const Caller& caller, WatchCallback callback) {
@@ -1099,6 +1023,20 @@ void Coordination::ExpireLocked(uint64_t id, Waiter w, Completions& done) {
     }
     case Waiter::Kind::kWatch:
       MESH_CHECK(false, "a watch has no deadline");
+    case Waiter::Kind::kAlive: {
+      auto arrived = gen.alive.arrived.find(w.rank);
+      if (arrived != gen.alive.arrived.end() && arrived->second == id) {
+        gen.alive.arrived.erase(arrived);
+      }
+      const std::vector<int> missing = AliveMissingLocked(gen);
+      return w.Fail(
+          absl::DeadlineExceededError(absl::StrCat(
+              gen.Name(), ": AliveRanks round ", gen.alive.completed + 1, " timed out after ",
+              after, " for rank ", w.rank, ": ", gen.alive.arrived.size(), "/",
+              gen.alive.arrived.size() + missing.size(), " live ranks called; missing ranks ",
+              NameSome(missing, [&gen](int r) { return gen.rendezvous.RankName(r); }))),
+          done);
+    }
   }
 }
 
@@ -1124,23 +1062,26 @@ void Coordination::CheckLivenessLocked(absl::Time now, Completions& done) {
   bool held = false;
   for (auto& [job_id, job] : jobs_) {
     Generation& gen = *job->current;
-    if (gen.error.has_value()) continue;
-    std::optional<LivenessTracker::Silent> dead = gen.liveness.FirstDead(now - grace);
-    if (!dead.has_value()) {
-      held = held || (grace > absl::ZeroDuration() && gen.liveness.FirstDead(now).has_value());
-      continue;
+    // With in-place recovery every silent rank is lost in turn; otherwise
+    // the first one fails the generation.
+    while (!gen.error.has_value()) {
+      std::optional<LivenessTracker::Silent> dead = gen.liveness.FirstDead(now - grace);
+      if (!dead.has_value()) {
+        held = held || (grace > absl::ZeroDuration() && gen.liveness.FirstDead(now).has_value());
+        break;
+      }
+      dead->silent += grace;
+      JobError error;
+      error.rank = dead->rank;
+      error.host = gen.rendezvous.host(dead->rank);
+      auto exited = gen.exited.find(dead->rank);
+      error.reason =
+          exited != gen.exited.end()
+              ? exited->second
+              : absl::StrCat("no heartbeat for ", FormatDurationShort(dead->silent), " (timeout ",
+                             FormatDurationShort(options_.heartbeat_timeout), ")");
+      RankFailedLocked(gen, std::move(error), done);
     }
-    dead->silent += grace;
-    JobError error;
-    error.rank = dead->rank;
-    error.host = gen.rendezvous.host(dead->rank);
-    auto exited = gen.exited.find(dead->rank);
-    error.reason =
-        exited != gen.exited.end()
-            ? exited->second
-            : absl::StrCat("no heartbeat for ", FormatDurationShort(dead->silent), " (timeout ",
-                           FormatDurationShort(options_.heartbeat_timeout), ")");
-    FailGenerationLocked(gen, std::move(error), done);
   }
   if (held && !grace_held_) {
     spdlog::warn(

@@ -37,6 +37,16 @@
 //   ACTIVE ──rank dies / ReportError──▶ FAILED ──BumpGeneration──▶ (next ACTIVE)
 //     └─────────────────BumpGeneration──────────────────────────▶ (next ACTIVE)
 //
+// In-place recovery (JobLayout::in_place, membership.cc): once the world
+// has formed, a rank that dies (missed heartbeats, ReportError, RankExited,
+// a new process joining as it) does not fail the generation. It is *lost*:
+// the membership moves to its next epoch, the rank's own waits end with
+// ABORTED naming why, barriers still waiting for it fail with ABORTED for
+// every participant, and its later calls are refused. A new process (another
+// incarnation) may Join as the rank again: it is back at once, in the next
+// epoch. A hang still fails the generation. AliveRanks gives every live rank
+// the same view of who is alive.
+//
 // Rendezvous state, keys, barriers and IDs live in memory and belong to one
 // generation: a new generation starts empty, and nothing survives a
 // coordinator restart.
@@ -150,6 +160,8 @@ struct JoinResult {
   std::string nccl_unique_id;
   absl::Duration heartbeat_interval;
   absl::Duration heartbeat_timeout;
+  // The membership epoch (in-place recovery; 0 otherwise).
+  int64_t membership_epoch = 0;
 };
 
 // Why a generation failed.
@@ -172,6 +184,25 @@ struct HeartbeatReply {
   // The caller reported a group whose members the coordinator lacks; it
   // should send members with every group next time.
   bool send_members = false;
+  // In-place recovery: the membership epoch, and every rank lost so far
+  // that has not come back, ascending by rank.
+  int64_t membership_epoch = 0;
+  std::vector<JobError> lost;
+};
+
+// One live rank, as AliveRanks reports it.
+struct AliveRank {
+  int rank = 0;
+  uint64_t incarnation = 0;
+
+  friend bool operator==(const AliveRank&, const AliveRank&) = default;
+};
+
+// What one AliveRanks round gives every caller alike.
+struct AliveSet {
+  int64_t round = 0;             // 1, 2, ... per generation.
+  int64_t membership_epoch = 0;  // When the round completed.
+  std::vector<AliveRank> ranks;  // Ascending by rank.
 };
 
 template <typename T>
@@ -341,12 +372,28 @@ class Coordination {
   absl::StatusOr<HeartbeatReply> Heartbeat(const Caller& caller,
                                            const std::vector<GroupProgressReport>& groups);
 
-  // Fails the caller's generation, naming the caller and `reason`. A no-op
-  // when the generation has already failed.
+  // Fails the caller's generation, naming the caller and `reason` (with
+  // in-place recovery, once the world has formed: the caller is lost
+  // instead). A no-op when the generation has already failed.
   absl::Status ReportError(const Caller& caller, const std::string& reason);
 
+  // An agreement on who is alive, like a barrier among the live ranks:
+  // completes, for every caller of the round alike, once every rank that has
+  // joined and is neither lost nor gone (Leave) has called. A rank lost or
+  // gone during the round is no longer waited for, and is not in the
+  // result, so every caller gets the same set even when ranks die during
+  // the call. A rank that calls again before the round completes replaces
+  // its earlier call (which ends with ABORTED). Without in-place recovery
+  // a death fails the generation, and the round with it.
+  // Extra errors: FAILED_PRECONDITION before the world has formed;
+  // DEADLINE_EXCEEDED naming k/n live ranks arrived and the missing ones
+  // (the caller leaves the round); ABORTED when the generation fails or the
+  // caller is lost.
+  void AliveRanks(const Caller& caller, absl::Duration timeout, Callback<AliveSet> done);
+
   // Clean exit of a rank: it is no longer expected to heartbeat. Barriers
-  // still waiting for it fail with FAILED_PRECONDITION.
+  // still waiting for it fail with FAILED_PRECONDITION; an AliveRanks round
+  // no longer waits for it.
   absl::Status Leave(const Caller& caller);
 
   // The agent saw `rank` of `job_id` at `generation` exit while its job was
@@ -364,6 +411,8 @@ class Coordination {
   //     complete at once (Join, a barrier, a key or ID wait): then it fails
   //     the same way. If the rank's missed heartbeats come first, `reason`
   //     is the cause named, not the silence.
+  // With in-place recovery, once the world has formed, the rank is lost at
+  // once instead.
   // Not from a worker: no fencing by incarnation. A generation other than the
   // current one, an unknown job, or a failed generation: a no-op (the
   // report is late). Errors: INVALID_ARGUMENT (rank outside the world).
@@ -463,6 +512,24 @@ class Coordination {
                absl::Duration timeout, Callback<std::vector<std::string>> done);
   // Samples the gauges (KV totals, pending waits).
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- In-place recovery and AliveRanks (membership.cc) ----
+  // A rank failed (error.rank >= 0): with in-place recovery and a formed
+  // world it is lost, else the generation fails.
+  void RankFailedLocked(Generation& gen, JobError error, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LoseRankLocked(Generation& gen, JobError error, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new process joined as `rank`, which was lost: it is back.
+  void ReadmitLocked(Generation& gen, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends `rank`'s call in the AliveRanks round, if any, with `status`.
+  void WithdrawAliveLocked(Generation& gen, int rank, const absl::Status& status, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes the round once every live rank has called.
+  void MaybeCompleteAliveRoundLocked(Generation& gen, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Live ranks that have not called in this round, ascending.
+  std::vector<int> AliveMissingLocked(const Generation& gen) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<Generation> NewGenerationLocked(const Job& job, int64_t number)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Registers a wait of `gen` that expires once `deadline` has passed.

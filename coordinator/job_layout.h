@@ -30,6 +30,11 @@ struct JobLayout {
   // group has not entered before the generation fails as hung
   // (hang_detector.h); > 0.
   absl::Duration hang_timeout = absl::Minutes(5);
+  // In-place recovery (docs/elastic.md): once the world has formed, a rank
+  // that dies does not fail the generation. It leaves the membership, which
+  // moves to its next epoch, and the others carry on; a new process may
+  // join as that rank again later. False: any death fails the generation.
+  bool in_place = false;
 };
 
 // Whether `id` is 1..128 characters of [A-Za-z0-9._-].

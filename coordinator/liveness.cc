@@ -53,8 +53,20 @@ void LivenessTracker::Heartbeat(int rank, absl::Time now) {
 }
 
 void LivenessTracker::Leave(int rank) {
+  if (!nodes_[rank].left) ++num_left_;
   nodes_[rank].left = true;
   Unlink(rank);
+}
+
+void LivenessTracker::Return(int rank, absl::Time now) {
+  Node& n = nodes_[rank];
+  if (!n.left) return;
+  n.left = false;
+  --num_left_;
+  if (!started_) return;
+  latest_ = std::max(latest_, now);
+  n.last_seen = latest_;
+  PushBack(rank);
 }
 
 void LivenessTracker::ForgiveStall(absl::Duration stall, absl::Time now) {

@@ -56,6 +56,12 @@ class LivenessTracker {
   // Start too.
   void Leave(int rank);
   bool left(int rank) const { return nodes_[rank].left; }
+  // Ranks that have left (and not returned).
+  int num_left() const { return num_left_; }
+  // A rank that left (a lost rank, with in-place recovery) is tracked again,
+  // seen at `now` once tracking has started. A no-op for a rank that has
+  // not left.
+  void Return(int rank, absl::Time now);
 
   // The coordinator stalled for `stall` (coordinator/server_lag.h): that
   // time does not count towards any rank's silence. Every tracked rank's
@@ -89,6 +95,7 @@ class LivenessTracker {
   int head_ = kNone;  // Least recently seen.
   int tail_ = kNone;  // Most recently seen.
   absl::Time latest_ = absl::InfinitePast();
+  int num_left_ = 0;
 };
 
 }  // namespace mesh::coordinator

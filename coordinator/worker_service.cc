@@ -183,6 +183,7 @@ void FillJoinResponse(const JoinResult& r, JoinResponse* response) {
   response->set_nccl_unique_id(r.nccl_unique_id);
   response->set_heartbeat_interval_seconds(absl::ToDoubleSeconds(r.heartbeat_interval));
   response->set_heartbeat_timeout_seconds(absl::ToDoubleSeconds(r.heartbeat_timeout));
+  response->set_membership_epoch(r.membership_epoch);
 }
 
 std::vector<GroupProgressReport> GroupsOf(const HeartbeatRequest& request) {
@@ -205,6 +206,8 @@ std::vector<GroupProgressReport> GroupsOf(const HeartbeatRequest& request) {
 void FillHeartbeatResponse(const HeartbeatReply& reply, HeartbeatResponse* response) {
   if (reply.error.has_value()) FillJobError(*reply.error, response->mutable_error());
   response->set_send_members(reply.send_members);
+  response->set_membership_epoch(reply.membership_epoch);
+  for (const JobError& lost : reply.lost) FillJobError(lost, response->add_lost_ranks());
 }
 
 void SetEntryStatus(const absl::Status& status, EntryStatus* out) {
@@ -463,6 +466,29 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Barrier(Ctx* ctx, const BarrierRequ
                            if (participants.ok()) response->set_participants(*participants);
                            reactor->Finish(ToGrpcStatus(participants.status()));
                          });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::AliveRanks(Ctx* ctx, const AliveRanksRequest* request,
+                                                        AliveRanksResponse* response) {
+  if (absl::Status denied = authz_->WorkerCall(*ctx, request->context().job_id()); !denied.ok()) {
+    return FinishUnary(ctx, denied);
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  coordination_->AliveRanks(ToCaller(request->context()),
+                            EffectiveTimeout(ctx, request->timeout_seconds()),
+                            [reactor, response](absl::StatusOr<AliveSet> set) {
+                              if (set.ok()) {
+                                response->set_round(set->round);
+                                response->set_membership_epoch(set->membership_epoch);
+                                for (const auto& alive : set->ranks) {
+                                  v1::AliveRank* out = response->add_ranks();
+                                  out->set_rank(alive.rank);
+                                  out->set_incarnation(alive.incarnation);
+                                }
+                              }
+                              reactor->Finish(ToGrpcStatus(set.status()));
+                            });
   return reactor;
 }
 

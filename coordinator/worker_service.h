@@ -42,6 +42,8 @@ class WorkerServiceImpl final : public mesh::v1::WorkerService::CallbackService 
   Unary* KvMultiSet(Ctx*, const mesh::v1::KvMultiSetRequest*,
                     mesh::v1::KvMultiSetResponse*) override;
   Unary* Barrier(Ctx*, const mesh::v1::BarrierRequest*, mesh::v1::BarrierResponse*) override;
+  Unary* AliveRanks(Ctx*, const mesh::v1::AliveRanksRequest*,
+                    mesh::v1::AliveRanksResponse*) override;
   Unary* PublishUniqueIds(Ctx*, const mesh::v1::PublishUniqueIdsRequest*,
                           mesh::v1::PublishUniqueIdsResponse*) override;
   Unary* GetUniqueIds(Ctx*, const mesh::v1::GetUniqueIdsRequest*,

@@ -293,6 +293,7 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     result.nccl_unique_id = std::move(*response.mutable_nccl_unique_id());
     result.heartbeat_interval = absl::Seconds(response.heartbeat_interval_seconds());
     result.heartbeat_timeout = absl::Seconds(response.heartbeat_timeout_seconds());
+    result.membership_epoch = response.membership_epoch();
     return result;
   }
 
@@ -318,6 +319,24 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     HeartbeatReplyInfo reply;
     if (response.has_error()) reply.error = FromProto(response.error());
     reply.send_members = response.send_members();
+    reply.membership_epoch = response.membership_epoch();
+    for (const v1::JobError& lost : response.lost_ranks()) reply.lost.push_back(FromProto(lost));
+    return reply;
+  }
+
+  absl::StatusOr<AliveRanksReply> AliveRanks(absl::Duration timeout) override {
+    v1::AliveRanksRequest request;
+    request.set_timeout_seconds(absl::ToDoubleSeconds(timeout));
+    v1::AliveRanksResponse response;
+    absl::Status s =
+        Call("AliveRanks", &v1::WorkerService::Stub::AliveRanks, request, &response, timeout);
+    if (!s.ok()) return s;
+    AliveRanksReply reply;
+    reply.round = response.round();
+    reply.membership_epoch = response.membership_epoch();
+    for (const v1::AliveRank& rank : response.ranks()) {
+      reply.ranks.emplace_back(rank.rank(), rank.incarnation());
+    }
     return reply;
   }
 
@@ -432,6 +451,9 @@ absl::Status CoordinatorClient::ReportError(absl::string_view, absl::Duration) {
   return NotImplemented("ReportError");
 }
 absl::Status CoordinatorClient::Leave(absl::Duration) { return NotImplemented("Leave"); }
+absl::StatusOr<AliveRanksReply> CoordinatorClient::AliveRanks(absl::Duration) {
+  return NotImplemented("AliveRanks");
+}
 absl::StatusOr<std::unique_ptr<JobWatch>> CoordinatorClient::WatchJob() {
   return NotImplemented("WatchJob");
 }

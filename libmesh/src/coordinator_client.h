@@ -101,6 +101,7 @@ struct JoinResult {
   std::string nccl_unique_id;
   absl::Duration heartbeat_interval;
   absl::Duration heartbeat_timeout;
+  int64_t membership_epoch = 0;
 };
 
 // Why the caller's generation failed (mesh.v1.JobError).
@@ -122,6 +123,16 @@ struct HeartbeatReplyInfo {
   // The coordinator lacks the members of a group sent without them: send
   // every group's members next time.
   bool send_members = false;
+  // In-place recovery: the membership epoch and the ranks lost so far.
+  int64_t membership_epoch = 0;
+  std::vector<JobErrorInfo> lost;
+};
+
+// One AliveRanks round (mesh.v1.AliveRanksResponse).
+struct AliveRanksReply {
+  int64_t round = 0;
+  int64_t membership_epoch = 0;
+  std::vector<std::pair<int, uint64_t>> ranks;  // (rank, incarnation), ascending.
 };
 
 struct JobEventInfo {
@@ -197,6 +208,8 @@ class CoordinatorClient {
                                                        absl::Duration timeout);
   virtual absl::Status ReportError(absl::string_view reason, absl::Duration timeout);
   virtual absl::Status Leave(absl::Duration timeout);
+  // Waits up to `timeout` for every live rank to call too.
+  virtual absl::StatusOr<AliveRanksReply> AliveRanks(absl::Duration timeout);
   // Opens the stream; its first event is WATCHING once it is live. The call
   // itself has no deadline (it lasts as long as the job); Cancel ends it.
   virtual absl::StatusOr<std::unique_ptr<JobWatch>> WatchJob();

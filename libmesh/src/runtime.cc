@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -367,6 +368,8 @@ class Runtime::Monitor {
     return error_;
   }
 
+  int64_t membership_epoch() const { return membership_epoch_.load(std::memory_order_relaxed); }
+
   // Stops both threads without telling the coordinator anything.
   // Idempotent.
   void Stop() {
@@ -414,6 +417,7 @@ class Runtime::Monitor {
       if (stopping()) return;
       if (reply.ok()) {
         if (reply->error.has_value()) return Fail(absl::AbortedError(reply->error->message));
+        membership_epoch_.store(reply->membership_epoch, std::memory_order_relaxed);
         // The names of this beat only: a group that went away and came
         // back under its name (with other members) is announced again.
         announced_.clear();
@@ -497,6 +501,7 @@ class Runtime::Monitor {
   absl::CondVar wake_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> membership_epoch_{0};
   std::shared_ptr<ProcessGroupFactory> factory_ ABSL_GUARDED_BY(mu_);
   // Set by Arm: Init has succeeded, so failures go to on_failure.
   bool armed_ ABSL_GUARDED_BY(mu_) = false;
@@ -621,6 +626,7 @@ absl::Status Runtime::Start() {
   info_.mesh_dim_names = joined->mesh_dim_names;
   info_.heartbeat_interval = joined->heartbeat_interval;
   info_.heartbeat_timeout = joined->heartbeat_timeout;
+  info_.membership_epoch = joined->membership_epoch;
   info_.world_unique_id = joined->nccl_unique_id;
 
   // The coordinator is the authority, but a disagreement means the agent and
@@ -758,6 +764,24 @@ absl::Status Runtime::ReportError(absl::string_view reason) {
                                                    info_.host, ") failed: ", reason)));
   }
   return sent;
+}
+
+absl::StatusOr<AliveRanksResult> Runtime::AliveRanks(absl::Duration timeout) {
+  if (absl::Status error = health(); !error.ok()) return error;
+  absl::StatusOr<internal::AliveRanksReply> reply = client_->AliveRanks(timeout);
+  if (!reply.ok()) return reply.status();
+  AliveRanksResult result;
+  result.round = reply->round;
+  result.membership_epoch = reply->membership_epoch;
+  for (const auto& [rank, incarnation] : reply->ranks) {
+    result.ranks.push_back(AliveRanksResult::Rank{rank, incarnation});
+  }
+  return result;
+}
+
+int64_t Runtime::membership_epoch() const {
+  return monitor_ == nullptr ? info_.membership_epoch
+                             : std::max(info_.membership_epoch, monitor_->membership_epoch());
 }
 
 absl::Status Runtime::Shutdown() {

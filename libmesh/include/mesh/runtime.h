@@ -145,6 +145,20 @@ struct JoinInfo {
   absl::Duration heartbeat_timeout;
   // The world's unique ID (128 bytes) when rank 0's backend supplied one.
   std::string world_unique_id;
+  // The membership epoch at the join (in-place recovery, docs/elastic.md;
+  // 0 otherwise).
+  int64_t membership_epoch = 0;
+};
+
+// One agreement on the live ranks of the generation (Runtime::AliveRanks).
+struct AliveRanksResult {
+  struct Rank {
+    int rank = 0;
+    uint64_t incarnation = 0;  // The process that holds it.
+  };
+  int64_t round = 0;             // 1, 2, ... per generation.
+  int64_t membership_epoch = 0;  // When the round completed.
+  std::vector<Rank> ranks;       // Ascending by rank.
 };
 
 // What a backend's factory is made from.
@@ -332,6 +346,20 @@ class Runtime {
   // groups. Possible errors: the RPC's (then this rank still fails
   // locally with `reason`).
   absl::Status ReportError(absl::string_view reason);
+
+  // Collective among the live ranks: returns, to every caller alike, the
+  // ranks alive once each of them has called, with the process holding
+  // each (WorkerService.AliveRanks; JAX's GetAliveTasks). A rank that dies
+  // during the call is neither waited for nor listed, so the survivors of a
+  // job with in-place recovery agree on who carries on (docs/elastic.md).
+  // Without in-place recovery a death fails the job, and this call with it.
+  // Possible errors: the job's error once it failed; DEADLINE_EXCEEDED
+  // naming the live ranks that did not call within `timeout`; the RPC's.
+  absl::StatusOr<AliveRanksResult> AliveRanks(absl::Duration timeout = absl::Minutes(5));
+
+  // The membership epoch as of the latest heartbeat (in-place recovery:
+  // one more each time a rank is lost or comes back; 0 otherwise).
+  int64_t membership_epoch() const;
 
   // Leaves the job cleanly (so the coordinator does not declare this rank
   // dead) and stops the heartbeat and watch threads. Idempotent. Groups made
