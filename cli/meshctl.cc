@@ -124,6 +124,10 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
       ->delimiter(',');
   create_job->add_option("--dim-names", dim_names, "One name per mesh dim, e.g. dp,tp")
       ->delimiter(',');
+  bool in_place = false;
+  create_job->add_flag("--in-place", in_place,
+                       "In-place recovery: a rank that dies once the world has formed is lost, "
+                       "not the job (docs/elastic.md)");
 
   JobCommands jobs(app);
   // meshctl cluster up: cli/cluster.h.
@@ -178,6 +182,7 @@ int RunMeshctl(int argc, const char* const* argv, std::ostream& out, std::ostrea
   if (create_job->parsed()) {
     create.set_job_id(job_id);
     create.set_world_size(world_size);
+    create.set_in_place(in_place);
     for (int64_t size : mesh_shape) create.add_mesh_shape(size);
     for (const std::string& name : dim_names) create.add_mesh_dim_names(name);
     return RunCreateJob(options, create, format, out, err);

@@ -329,10 +329,11 @@ class PyJobClient {
   py::tuple CreateJob(int world_size, const std::string& job_id,
                       std::optional<std::vector<int64_t>> mesh_shape,
                       std::optional<std::vector<std::string>> mesh_dim_names,
-                      const py::handle& hang_timeout) {
+                      const py::handle& hang_timeout, bool in_place) {
     mesh::v1::CreateJobRequest request;
     request.set_job_id(job_id);
     request.set_world_size(world_size);
+    request.set_in_place(in_place);
     if (!hang_timeout.is_none()) {
       request.set_hang_timeout_seconds(WholeSeconds(
           SecondsArg(hang_timeout, absl::ZeroDuration(), "JobClient.create_job: hang_timeout")));
@@ -405,8 +406,10 @@ void RegisterJobClient(py::module_& m) {
       .def("create_job", &PyJobClient::CreateJob, py::arg("world_size"), py::kw_only(),
            py::arg("job_id") = "", py::arg("mesh_shape") = py::none(),
            py::arg("mesh_dim_names") = py::none(), py::arg("hang_timeout") = py::none(),
+           py::arg("in_place") = false,
            "A bare job record for workers started by hand (AdminService.CreateJob, as "
-           "`meshctl create-job`); returns (job_id, generation).");
+           "`meshctl create-job`); in_place: a rank that dies once the world has formed is "
+           "lost, not the job (docs/elastic.md). Returns (job_id, generation).");
 }
 
 }  // namespace meshrt

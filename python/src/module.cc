@@ -560,6 +560,8 @@ void BindRuntime(py::module_& m) {
       .def_property_readonly("job_id", [](PyRuntime& s) { return Rt(s).info().job_id; })
       .def_property_readonly("generation", [](PyRuntime& s) { return Rt(s).info().generation; })
       .def_property_readonly("host", [](PyRuntime& s) { return Rt(s).info().host; })
+      .def_property_readonly("membership_epoch",
+                             [](PyRuntime& s) { return Rt(s).membership_epoch(); })
       .def_property_readonly("mesh_shape",
                              [](PyRuntime& s) { return Tuple(Rt(s).info().mesh_shape); })
       .def_property_readonly(
@@ -582,6 +584,25 @@ void BindRuntime(py::module_& m) {
                                        : ErrorClass::kJobFailed);
              }
            })
+      .def(
+          "alive_ranks",
+          [](PyRuntime& s, const py::handle& timeout) {
+            mesh::Runtime& rt = Rt(s);
+            const absl::Duration wait =
+                SecondsArg(timeout, absl::Minutes(5), "meshrt.Runtime.alive_ranks: timeout");
+            absl::StatusOr<mesh::AliveRanksResult> result;
+            {
+              py::gil_scoped_release release;
+              result = rt.AliveRanks(wait);
+            }
+            Check(result.status());
+            py::list ranks;
+            for (const auto& r : result->ranks) ranks.append(py::make_tuple(r.rank, r.incarnation));
+            return py::make_tuple(result->round, result->membership_epoch, ranks);
+          },
+          py::arg("timeout") = py::none(),
+          "Collective among the live ranks: (round, membership_epoch, [(rank, incarnation)]), "
+          "the same for every caller (docs/elastic.md).")
       .def(
           "report_error",
           [](PyRuntime& s, const std::string& reason) {

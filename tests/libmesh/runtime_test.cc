@@ -569,6 +569,48 @@ TEST_F(RuntimeTest, ReportErrorFailsEveryRankIncludingTheReporter) {
   EXPECT_TRUE(JobFailed());
 }
 
+// In-place recovery (docs/elastic.md): a rank that reports an error is lost,
+// not the job. It fails alone; the others stay healthy, agree through
+// AliveRanks that they two carry on, and see the new membership epoch.
+TEST_F(RuntimeTest, WithInPlaceRecoveryALostRankFailsAloneAndTheOthersAgreeOnTheRest) {
+  StartCoordinator(3);
+  ASSERT_TRUE(coordinator_->coordination().RemoveJob("job", "re-created in place").ok());
+  coordinator::JobLayout layout;
+  layout.job_id = "job";
+  layout.world_size = 3;
+  layout.in_place = true;
+  ASSERT_TRUE(coordinator_->CreateJob(layout).ok());
+  auto runtimes = InitWorld(3);
+  ASSERT_EQ(runtimes.size(), 3u);
+  EXPECT_EQ(runtimes[0]->info().membership_epoch, 0);
+
+  ASSERT_TRUE(runtimes[2]->ReportError("CUDA out of memory").ok());
+  ASSERT_TRUE(WaitFor([&] { return !runtimes[2]->health().ok(); }, absl::Seconds(10)));
+  EXPECT_THAT(std::string(runtimes[2]->health().message()), HasSubstr("CUDA out of memory"));
+
+  std::vector<absl::StatusOr<AliveRanksResult>> agreed(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] { agreed[r] = runtimes[r]->AliveRanks(absl::Seconds(10)); });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(agreed[r].ok()) << agreed[r].status();
+    ASSERT_EQ(agreed[r]->ranks.size(), 2u);
+    EXPECT_EQ(agreed[r]->ranks[0].rank, 0);
+    EXPECT_EQ(agreed[r]->ranks[1].rank, 1);
+    EXPECT_EQ(agreed[r]->ranks[1].incarnation, runtimes[1]->info().incarnation);
+    EXPECT_EQ(agreed[r]->membership_epoch, 1);
+    EXPECT_EQ(agreed[r]->round, 1);
+    EXPECT_TRUE(runtimes[r]->health().ok()) << runtimes[r]->health();
+  }
+  ASSERT_TRUE(WaitFor([&] { return runtimes[0]->membership_epoch() == 1; }, absl::Seconds(10)));
+  EXPECT_FALSE(JobFailed());
+  EXPECT_TRUE(Factory(0)->aborts().empty()) << "a lost peer aborts nobody's groups";
+  // The lost rank's own call is refused with its error.
+  EXPECT_EQ(runtimes[2]->AliveRanks(absl::Seconds(1)).status().code(), absl::StatusCode::kAborted);
+}
+
 TEST_F(RuntimeTest, FinishReportsAnOwnErrorOnceAndLeavesOnSuccess) {
   StartCoordinator(3);
   auto runtimes = InitWorld(3);

@@ -109,7 +109,7 @@ class Cluster:
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.dir, f"{name}.log"), "wb"))
 
     def run_workers(self, scenario, world_size, mesh_shape=None, dim_names=None, timeout=60,
-                    extra_env=None):
+                    extra_env=None, in_place=False):
         """Creates a job and runs `world_size` workers of `scenario`.
 
         Returns [(returncode, output)] in rank order; kills them all after
@@ -118,7 +118,7 @@ class Cluster:
         import meshrt
 
         job_id, generation = meshrt.JobClient(self.address).create_job(
-            world_size, mesh_shape=mesh_shape, mesh_dim_names=dim_names)
+            world_size, mesh_shape=mesh_shape, mesh_dim_names=dim_names, in_place=in_place)
         workers = []
         for rank in range(world_size):
             env = {

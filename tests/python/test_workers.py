@@ -35,6 +35,10 @@ class WorkersTest(unittest.TestCase):
         results = self.cluster.run_workers("failure", 3, timeout=60)
         self.check_all_ok("failure", results)
 
+    def test_in_place_survivors_agree_on_the_live_ranks(self):
+        results = self.cluster.run_workers("in_place", 3, timeout=60, in_place=True)
+        self.check_all_ok("in_place", results)
+
     def test_op_timeout_is_a_timeout_error(self):
         results = self.cluster.run_workers("op_timeout", 2, timeout=60)
         self.check_all_ok("op_timeout", results)

@@ -400,6 +400,36 @@ def failure():
     print("OK failure", flush=True)
 
 
+# ---- in_place: a job created with in_place=True (docs/elastic.md) ----------
+
+def in_place():
+    rt = meshrt.init(hostname=HOST, timeout=60)
+    r, last = rt.rank, rt.world_size - 1
+    assert rt.membership_epoch == 0, rt.membership_epoch
+    rt.store.set(f"ready{r}", "1")
+    if r == last:
+        # The last rank fails; with in-place recovery it alone is lost.
+        rt.store.wait([f"ready{i}" for i in range(rt.world_size)], timeout=20)
+        rt.report_error("boom from the last rank")
+        expect_raises(meshrt.JobFailedError, rt.alive_ranks, 5, contains="boom")
+        print("OK in_place", flush=True)
+        return
+    round_, epoch, ranks = rt.alive_ranks(timeout=30)
+    assert [rank for rank, _ in ranks] == list(range(last)), ranks
+    assert (round_, epoch) == (1, 1), (round_, epoch)
+    rt.health()  # The survivors' job goes on.
+    rt.store.set(f"agreed{r}", repr(ranks))
+    rt.store.wait([f"agreed{i}" for i in range(last)], timeout=20)
+    for i in range(last):
+        assert rt.store.get(f"agreed{i}") == repr(ranks).encode(), "every survivor got the same set"
+    deadline = time.monotonic() + 20
+    while rt.membership_epoch != 1:
+        assert time.monotonic() < deadline, rt.membership_epoch
+        time.sleep(0.05)
+    rt.shutdown()
+    print("OK in_place", flush=True)
+
+
 # ---- agent: launched by a mesh-agent (test_job_client.py) ------------------
 
 def agent():
@@ -507,4 +537,5 @@ def torch_nccl():
 
 if __name__ == "__main__":
     {"core": core, "failure": failure, "op_timeout": op_timeout, "agent": agent,
+     "in_place": in_place,
      "nccl_cuda": nccl_cuda, "torch_nccl": torch_nccl}[sys.argv[1]]()
