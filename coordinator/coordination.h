@@ -280,7 +280,11 @@ class Coordination {
   // complete). A different incarnation of a joined rank is a restarted
   // process, and it wins (SupersedeLocked): before the world is complete it
   // takes the rank and the older process's waits end with ABORTED; after,
-  // the generation fails naming the rank, and this Join gets that ABORTED.
+  // the generation fails naming the rank, and this Join gets that ABORTED
+  // (with in-place recovery, the older process is lost instead and this
+  // Join completes at once, in the next membership epoch; so does a new
+  // process joining as a lost rank, while the lost process itself gets
+  // ABORTED).
   // Extra errors: INVALID_ARGUMENT for an empty host or a unique ID that is not 128
   // bytes or comes from a rank other than 0; DEADLINE_EXCEEDED with k/n
   // joined and the missing ranks.
