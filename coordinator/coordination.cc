@@ -761,6 +761,16 @@ void Coordination::Barrier(const Caller& caller, const std::string& name, std::v
             BarrierTable::DescribeParticipants(b.participants()))),
         done);
   }
+  // In-place recovery: a participant that is lost will never arrive.
+  for (const auto& [rank, lost] : gen.lost) {
+    if (!b.Includes(rank) || b.arrived(rank)) continue;
+    return FinishBarrierLocked(
+        gen, name,
+        absl::AbortedError(absl::StrCat(gen.Name(), ": barrier '", name, "': participant rank ",
+                                        rank, " (", lost.host, ") failed: ", lost.reason,
+                                        "; it was lost before the barrier opened")),
+        done);
+  }
   if (b.Arrive(caller.rank)) {
     FinishBarrierLocked(gen, name, absl::OkStatus(), done);
   } else {
@@ -1024,18 +1034,19 @@ void Coordination::ExpireLocked(uint64_t id, Waiter w, Completions& done) {
     case Waiter::Kind::kWatch:
       MESH_CHECK(false, "a watch has no deadline");
     case Waiter::Kind::kAlive: {
+      // Counted with the caller, which then leaves the round.
+      const std::vector<int> missing = AliveMissingLocked(gen);
+      const size_t called = gen.alive.arrived.size();
       auto arrived = gen.alive.arrived.find(w.rank);
       if (arrived != gen.alive.arrived.end() && arrived->second == id) {
         gen.alive.arrived.erase(arrived);
       }
-      const std::vector<int> missing = AliveMissingLocked(gen);
-      return w.Fail(
-          absl::DeadlineExceededError(absl::StrCat(
-              gen.Name(), ": AliveRanks round ", gen.alive.completed + 1, " timed out after ",
-              after, " for rank ", w.rank, ": ", gen.alive.arrived.size(), "/",
-              gen.alive.arrived.size() + missing.size(), " live ranks called; missing ranks ",
-              NameSome(missing, [&gen](int r) { return gen.rendezvous.RankName(r); }))),
-          done);
+      return w.Fail(absl::DeadlineExceededError(absl::StrCat(
+                        gen.Name(), ": AliveRanks round ", gen.alive.completed + 1,
+                        " timed out after ", after, " for rank ", w.rank, ": ", called, "/",
+                        called + missing.size(), " live ranks called; missing ranks ",
+                        NameSome(missing, [&gen](int r) { return gen.rendezvous.RankName(r); }))),
+                    done);
     }
   }
 }

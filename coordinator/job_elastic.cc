@@ -143,6 +143,9 @@ void JobManager::GrowJobsLocked(absl::Time now, Effects& effects) {
     spdlog::info("job {}: {}", id, why);
     job->node_cap = max;
     RelaunchLocked(*job, why, effects);
+    // The job is PENDING now and its nodes are free: another job's trial
+    // would count them. One grow per pass; the next Tick may grow another.
+    return;
   }
 }
 

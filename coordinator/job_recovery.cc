@@ -13,6 +13,7 @@
 
 namespace mesh::coordinator {
 
+using ::mesh::v1::JOB_STATE_PENDING;
 using ::mesh::v1::JOB_STATE_RESTARTING;
 using ::mesh::v1::JOB_STATE_RUNNING;
 using ::mesh::v1::JOB_STATE_SCHEDULED;
@@ -134,6 +135,8 @@ absl::Status JobManager::Recover() {
                 absl::StrCat("job ", record.id, ": ", placement.status().message()));
           }
           job->placement = *std::move(placement);
+          // A job waiting to be placed again keeps its grow policy's cap.
+          if (job->state() == JOB_STATE_PENDING) job->node_cap = NodeCapLocked(*job);
         }
         jobs_.emplace(job->id, std::move(job));
         return absl::OkStatus();

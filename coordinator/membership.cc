@@ -138,6 +138,11 @@ void Coordination::AliveRanks(const Caller& caller, absl::Duration timeout,
                              "has formed (",
                              gen.rendezvous.num_joined(), "/", gen.world_size(), " joined)"))));
   }
+  if (gen.liveness.left(caller.rank)) {
+    return done.Complete(
+        callback, absl::StatusOr<AliveSet>(absl::FailedPreconditionError(absl::StrCat(
+                      gen.Name(), ": rank ", caller.rank, " has left (Leave); it is not live"))));
+  }
   WithdrawAliveLocked(gen, caller.rank,
                       absl::AbortedError(absl::StrCat(gen.Name(), ": rank ", caller.rank,
                                                       " called AliveRanks again, which replaces "

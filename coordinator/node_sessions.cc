@@ -334,15 +334,23 @@ void JobManager::ForgiveStall(absl::Duration stall) {
 void JobManager::ExpireSilentNodesLocked(absl::Time now, Effects& effects) {
   // A heartbeat sent now may wait this long in the server's own backlog.
   const absl::Duration grace = CappedGrace(server_lag_, now, options_.node_heartbeat_timeout);
+  std::vector<Node*> silent;
   for (auto& [name, node] : nodes_) {
     if (node->ready && now - grace - std::max(node->last_seen, node->silence_from) >
                            options_.node_heartbeat_timeout) {
-      NodeLostLocked(
-          *node,
-          absl::StrCat("no heartbeat for ", FormatDurationShort(absl::Trunc(
-                                                now - node->last_seen, absl::Milliseconds(100)))),
-          effects);
+      silent.push_back(node.get());
     }
+  }
+  // Every silent node is down before any job is decided on: an elastic job
+  // counts the nodes it has left, and a node lost in the same pass is not
+  // one of them.
+  for (Node* node : silent) node->ready = false;
+  for (Node* node : silent) {
+    NodeLostLocked(
+        *node,
+        absl::StrCat("no heartbeat for ", FormatDurationShort(absl::Trunc(
+                                              now - node->last_seen, absl::Milliseconds(100)))),
+        effects);
   }
 }
 

@@ -162,6 +162,63 @@ TEST_F(JobManagerElasticTest, LosingNodesBelowMinWithoutRestartsFailsTheJob) {
   EXPECT_EQ(job.root_cause().node(), "node-a");
 }
 
+TEST_F(JobManagerElasticTest, NodesLostInOnePassAreCountedTogether) {
+  AddNodes(4);
+  v1::JobSpec spec = ElasticSpec(3, 4);
+  spec.set_max_restarts(1);
+  const std::string id = Submit(spec);
+  StartAll(id);
+  // node-c and node-d fall silent together: 2 nodes left, below MIN 3.
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {Find("node-a"), Find("node-b")});
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(job.restarts(), 1) << "a failure, not a resize";
+  EXPECT_THAT(job.resizes(), IsEmpty());
+}
+
+TEST_F(JobManagerElasticTest, OneJobGrowsPerPassAndNoJobIsKilledForAnothersGrowth) {
+  // Job A on node-a, node-b; job B on node-c, node-d; then one node frees.
+  AddNodes(2);
+  const std::string a = Submit(ElasticSpec(2, 4, v1::GROW_POLICY_AFTER, 60));
+  StartAll(a);
+  nodes_.push_back(&AddAgent("node-c"));
+  nodes_.push_back(&AddAgent("node-d"));
+  const std::string b = Submit(ElasticSpec(2, 4, v1::GROW_POLICY_AFTER, 60));
+  EXPECT_THAT(NodesOf(Job(b)), ElementsAre("node-c", "node-d"));
+  StartAll(b);
+  nodes_.push_back(&AddAgent("node-e"));
+
+  AdvanceWithHeartbeats(absl::Seconds(65), Alive());
+
+  // A grew onto the free node; B's trial did not count A's nodes as free,
+  // so B still runs, untouched.
+  EXPECT_THAT(NodesOf(Job(a)), ElementsAre("node-a", "node-b", "node-e"));
+  EXPECT_EQ(Job(a).generation(), 1);
+  EXPECT_EQ(Job(b).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(b).generation(), 0);
+  EXPECT_THAT(NodesOf(Job(b)), ElementsAre("node-c", "node-d"));
+}
+
+TEST_F(JobManagerElasticTest, AfterARestartAWaitingJobKeepsItsSizeCap) {
+  UseFileStore();
+  AddNodes(2);
+  v1::JobSpec spec = ElasticSpec(2, 4);
+  spec.set_max_restarts(1);
+  const std::string id = Submit(spec);
+  EXPECT_THAT(NodesOf(Job(id)), SizeIs(2));
+  StartAll(id);
+  Lose("node-b");  // One left of MIN 2: a failure; the job waits.
+  ASSERT_EQ(StateOf(id), v1::JOB_STATE_PENDING);
+
+  RestartCoordinator();
+  for (Agent* agent : nodes_) Return(agent->name);
+  nodes_.push_back(&AddAgent("node-c"));
+  nodes_.push_back(&AddAgent("node-d"));
+  // grow NEVER: at most the two nodes it had, with four free.
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_SCHEDULED);
+  EXPECT_THAT(NodesOf(Job(id)), SizeIs(2));
+}
+
 TEST_F(JobManagerElasticTest, AFreeNodeReplacesTheLostOneAtTheSameSize) {
   AddNodes(3);
   v1::JobSpec spec = ElasticSpec(1, 2);

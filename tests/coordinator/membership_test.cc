@@ -208,6 +208,38 @@ TEST_F(MembershipTest, ABarrierWaitingForALostRankFailsForEveryoneAtOnceNamingIt
   EXPECT_THAT(c1.get(), IsOk());
 }
 
+TEST_F(MembershipTest, ABarrierOpenedAfterALossThatIncludesTheLostRankFailsAtOnce) {
+  Start(3);
+  ASSERT_THAT(coord_->RankExited(kJob, 0, 1, "killed by signal 9"), IsOk());
+  Result<int> world;
+  coord_->Barrier(Me(0), "after", {}, absl::Minutes(5), world.Done());
+  ASSERT_TRUE(world.fired()) << "the whole world includes the lost rank";
+  EXPECT_THAT(world.get(), StatusIs(Code::kAborted, AllOf(HasSubstr("rank 1 (host-1)"),
+                                                          HasSubstr("killed by signal 9"))));
+  // Once the rank is back, a barrier of a new name includes it again.
+  incarnations_[1] = 999;
+  Result<JoinResult> join;
+  coord_->Join(Args(1), join.Done());
+  ASSERT_THAT(join.get(), IsOk());
+  std::vector<Result<int>> again(3);
+  for (int rank = 0; rank < 3; ++rank) {
+    coord_->Barrier(Me(rank), "after-2", {}, absl::Minutes(5), again[rank].Done());
+  }
+  ASSERT_TRUE(again[0].fired());
+  EXPECT_THAT(again[0].get(), IsOk());
+}
+
+TEST_F(MembershipTest, ARankThatLeftMayNotCallAliveRanks) {
+  Start(3);
+  ASSERT_THAT(coord_->Leave(Me(2)), IsOk());
+  EXPECT_THAT(Alive(2).get(), StatusIs(Code::kFailedPrecondition, HasSubstr("has left")));
+  Result<AliveSet> a = Alive(0);
+  EXPECT_FALSE(a.fired()) << "a gone rank's call must not count for a live one";
+  Result<AliveSet> b = Alive(1);
+  ASSERT_TRUE(a.fired());
+  EXPECT_THAT(RanksOf(*a.get()), ElementsAre(0, 1));
+}
+
 TEST_F(MembershipTest, TheLostRanksOwnWaitsEndNamingWhy) {
   Start(2);
   Result<std::string> wait;
@@ -282,8 +314,8 @@ TEST_F(MembershipTest, ALateRankTimesOutNamingTheMissingOnesAndLeavesTheRound) {
   for (int i = 0; i < 6; ++i) Beat({0, 1, 2});
   ASSERT_TRUE(a.fired());
   EXPECT_THAT(a.get(), StatusIs(Code::kDeadlineExceeded,
-                                AllOf(HasSubstr("AliveRanks round 1"), HasSubstr("1/3 live ranks"),
-                                      HasSubstr("missing ranks 0 (host-0), 2 (host-2)"))));
+                                AllOf(HasSubstr("AliveRanks round 1"), HasSubstr("2/3 live ranks"),
+                                      HasSubstr("missing ranks 2 (host-2)"))));
   EXPECT_FALSE(b.fired());
   // Rank 0 is no longer in the round: rank 2 alone does not complete it.
   Result<AliveSet> c = Alive(2);

@@ -28,7 +28,6 @@ namespace mesh {
 namespace elastic_process_test {
 namespace {
 
-using ::mesh::testing::ExitCode;
 using ::mesh::testing::MakeTempDir;
 using ::mesh::testing::Subprocess;
 using ::testing::ElementsAre;
@@ -106,19 +105,10 @@ class ElasticProcessTest : public ::testing::Test {
                                                   absl::StrCat("MESH_WORLD_SIZE=", world)});
   }
 
-  std::pair<int, std::string> Meshctl(std::vector<std::string> args) {
+  // meshctl against this cluster: its exit code and output.
+  ::mesh::testing::CommandOutput Meshctl(std::vector<std::string> args) {
     args.insert(args.begin(), {MESHCTL_BIN, "--coordinator", address_});
-    auto process = Subprocess::Start(args);
-    EXPECT_TRUE(process.ok());
-    std::string out;
-    for (;;) {
-      auto line = process->ReadLine(absl::Seconds(30));
-      if (!line.ok()) break;
-      absl::StrAppend(&out, *line, "\n");
-    }
-    auto status = process->Wait(absl::Seconds(30));
-    EXPECT_TRUE(status.ok()) << status.status();
-    return {status.ok() ? ExitCode(*status) : -1, out};
+    return ::mesh::testing::RunMerged(args, absl::Seconds(30));
   }
 
   std::string dir_;
@@ -171,14 +161,15 @@ TEST_F(ElasticProcessTest, AKilledAgentShrinksTheJobAndItsReturnGrowsItBack) {
   EXPECT_TRUE(::mesh::testing::WaitUntil(
       [&] { return Workers(id, 0, 4).empty() && Workers(id, 1, 3).empty(); }, absl::Seconds(10)));
 
-  const auto [code, out] = Meshctl({"describe", id});
-  EXPECT_EQ(code, 0) << out;
+  const ::mesh::testing::CommandOutput described = Meshctl({"describe", id});
+  const std::string& out = described.output;
+  EXPECT_EQ(described.code, 0) << out;
   EXPECT_THAT(out, HasSubstr("Resizes:"));
   EXPECT_THAT(out, ::testing::ContainsRegex("1 +4 -> 3 +node node-3 lost"));
   EXPECT_THAT(out, ::testing::ContainsRegex("2 +3 -> 4 +grow after 2s"));
   EXPECT_THAT(out, HasSubstr("(grow: after 2s)"));
 
-  EXPECT_EQ(Meshctl({"cancel", id}).first, 0);
+  EXPECT_EQ(Meshctl({"cancel", id}).code, 0);
   EXPECT_TRUE(
       ::mesh::testing::WaitUntil([&] { return Workers(id, 2, 4).empty(); }, absl::Seconds(10)));
 }
