@@ -131,7 +131,17 @@ Coordination::Metrics::Metrics(metrics::Registry& registry)
                             "Job generations failed because their collectives hung (a rank "
                             "waited past the hang timeout in a collective another rank never "
                             "entered).")
-                ->Get()) {}
+                ->Get()),
+      ranks_lost(registry
+                     .AddCounter("mesh_coordinator_ranks_lost_total",
+                                 "Ranks lost by jobs with in-place recovery: their generations "
+                                 "went on without them (docs/elastic.md).")
+                     ->Get()),
+      ranks_returned(registry
+                         .AddCounter("mesh_coordinator_ranks_returned_total",
+                                     "New processes that joined as a lost rank of a job with "
+                                     "in-place recovery.")
+                         ->Get()) {}
 
 Coordination::Coordination(const Clock* clock, CoordinationOptions options,
                            metrics::Registry* metrics)

@@ -482,6 +482,8 @@ class Coordination {
     metrics::Counter* unique_ids;
     metrics::Gauge* pending_waits;
     metrics::Counter* hangs;
+    metrics::Counter* ranks_lost;
+    metrics::Counter* ranks_returned;
   };
   struct Waiter;
   class Completions;

@@ -30,6 +30,7 @@ void Coordination::LoseRankLocked(Generation& gen, JobError error, Completions& 
   const int rank = error.rank;
   if (gen.error.has_value() || gen.lost.contains(rank)) return;
   ++gen.epoch;
+  metrics_.ranks_lost->Increment();
   error.generation = gen.number;
   error.message =
       absl::StrCat(gen.Name(), ": rank ", rank, " (", error.host, ") failed: ", error.reason,
@@ -81,6 +82,7 @@ void Coordination::LoseRankLocked(Generation& gen, JobError error, Completions& 
 void Coordination::ReadmitLocked(Generation& gen, int rank) {
   if (gen.lost.erase(rank) == 0) return;
   ++gen.epoch;
+  metrics_.ranks_returned->Increment();
   gen.liveness.Return(rank, clock_->Now());
   spdlog::info("{}: rank {} is back (incarnation {}) in membership epoch {}", gen.Name(), rank,
                gen.rendezvous.incarnation(rank), gen.epoch);

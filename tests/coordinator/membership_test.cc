@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/coordination.h"
+#include "tests/common/test_metrics.h"
 #include "tests/util/status_matchers.h"
 
 namespace mesh::coordinator {
@@ -73,7 +74,7 @@ class MembershipTest : public ::testing::Test {
     CoordinationOptions options;
     options.heartbeat_interval = kHeartbeatInterval;
     options.heartbeat_timeout = kHeartbeatTimeout;
-    coord_ = std::make_unique<Coordination>(&clock_, options);
+    coord_ = std::make_unique<Coordination>(&clock_, options, &registry_);
     coord_->SetFailureListener(
         [this](const std::string&, const JobError& error) { failures_.push_back(error); });
   }
@@ -129,6 +130,7 @@ class MembershipTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  metrics::testing::TestRegistry registry_;  // Outlives coord_.
   std::unique_ptr<Coordination> coord_;
   std::vector<JobError> failures_;
   int world_ = 0;
@@ -277,6 +279,8 @@ TEST_F(MembershipTest, ANewProcessJoinsAsALostRankAndIsBackInTheNextEpoch) {
   EXPECT_THAT(RanksOf(*calls[0].get()), ElementsAre(0, 1, 2));
   EXPECT_EQ(calls[0].get()->ranks[1].incarnation, 555u);
   EXPECT_EQ(calls[0].get()->membership_epoch, 2);
+  EXPECT_EQ(registry_.CounterValue("mesh_coordinator_ranks_lost_total"), 1);
+  EXPECT_EQ(registry_.CounterValue("mesh_coordinator_ranks_returned_total"), 1);
   // It is tracked again: silent, it is lost again.
   Silence(1, {0, 1, 2});
   EXPECT_EQ(coord_->Heartbeat(Me(0), {})->membership_epoch, 3);
