@@ -737,5 +737,171 @@ TEST_F(RankRelayTest, DestroyingTheRelayWithAFetchInFlightIsSafe) {
   EXPECT_EQ(got.error_code(), grpc::StatusCode::UNAVAILABLE) << got.error_message();
 }
 
+// ---- In-place recovery: AliveRanks and the membership epoch -----------------
+
+// Four local ranks of an in-place job, joined through the relay, call
+// AliveRanks through it at once. Each call is forwarded one to one (no
+// batching), the coordinator's round completes when the fourth arrives, and
+// every rank gets the same reply: round 1, membership epoch 0, every rank
+// with the incarnation it joined with.
+TEST_F(RankRelayTest, AliveRanksIsForwardedAndEveryRankGetsTheSameSet) {
+  StartCoordinator();
+  coordinator::JobLayout layout;
+  layout.job_id = kJob;
+  layout.world_size = 4;
+  layout.in_place = true;
+  ASSERT_THAT(coordinator_->CreateJob(std::move(layout)), IsOk());
+  RankRelay* relay = StartRelay("node-a");
+  ASSERT_NE(relay, nullptr);
+  relay->AddGeneration(kJob, 0, {0, 1, 2, 3}, "");
+  for (const auto& o : JoinThrough(*relay, {0, 1, 2, 3}, "node-a")) {
+    ASSERT_TRUE(o.status.ok()) << o.status.error_message();
+    EXPECT_EQ(o.reply.membership_epoch(), 0);
+  }
+  const int64_t calls_after_join = relay->stats().upstream_calls;
+
+  const auto alive = OnRankThreads<AliveRanksResponse>({0, 1, 2, 3}, [&](int rank, auto* reply) {
+    AliveRanksRequest request;
+    *request.mutable_context() = Rank(rank);
+    request.set_timeout_seconds(20);
+    return StubOf(*relay)->AliveRanks(Context().get(), request, reply);
+  });
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(alive[r].status.ok()) << "rank " << r << ": " << alive[r].status.error_message();
+    const AliveRanksResponse& reply = alive[r].reply;
+    EXPECT_EQ(reply.round(), 1) << "rank " << r;
+    EXPECT_EQ(reply.membership_epoch(), 0) << "rank " << r;
+    ASSERT_EQ(reply.ranks_size(), 4) << "rank " << r;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(reply.ranks(i).rank(), i);
+      EXPECT_EQ(reply.ranks(i).incarnation(), Rank(i).incarnation());
+    }
+    EXPECT_EQ(reply.SerializeAsString(), alive[0].reply.SerializeAsString()) << "rank " << r;
+  }
+  // One call up per rank (no heartbeats were made, so no flush either).
+  EXPECT_EQ(relay->stats().upstream_calls - calls_after_join, 4);
+}
+
+// In an in-place job of three local ranks, ranks 0 and 1 wait in AliveRanks
+// (through the relay) for rank 2, which reports an error through the relay
+// instead: rank 2 is lost, the membership moves to epoch 1, and the round
+// completes with ranks 0 and 1 alone. The survivors' heartbeats, answered by
+// the relay from its flushes, then carry epoch 1 and rank 2 as lost, with no
+// generation error; rank 2's own heartbeats, which go up in the same
+// flushes as rank 0's, are fenced out (ABORTED) without touching rank 0's
+// answers. The heartbeat timeout is long, so only the reported error loses
+// a rank.
+TEST_F(RankRelayTest, ARankLostThroughTheRelayLeavesTheRoundAndTheHeartbeatsNameIt) {
+  StartCoordinator(absl::Milliseconds(100), absl::Seconds(60));
+  coordinator::JobLayout layout;
+  layout.job_id = kJob;
+  layout.world_size = 3;
+  layout.in_place = true;
+  ASSERT_THAT(coordinator_->CreateJob(std::move(layout)), IsOk());
+  RankRelay* relay = StartRelay("node-a");
+  ASSERT_NE(relay, nullptr);
+  relay->AddGeneration(kJob, 0, {0, 1, 2}, "");
+  for (const auto& o : JoinThrough(*relay, {0, 1, 2}, "node-a")) {
+    ASSERT_TRUE(o.status.ok()) << o.status.error_message();
+  }
+  ASSERT_EQ(coordinator_->coordination().PendingWaits(), 0u);
+
+  std::vector<Outcome<AliveRanksResponse>> alive;
+  std::atomic<bool> alive_done{false};
+  std::thread survivors([&] {
+    alive = OnRankThreads<AliveRanksResponse>({0, 1}, [&](int rank, auto* reply) {
+      AliveRanksRequest request;
+      *request.mutable_context() = Rank(rank);
+      request.set_timeout_seconds(20);
+      return StubOf(*relay)->AliveRanks(Context().get(), request, reply);
+    });
+    alive_done = true;
+  });
+  auto join_survivors = absl::MakeCleanup([&] { survivors.join(); });
+  // Both calls wait at the coordinator: the round waits for rank 2.
+  ASSERT_TRUE(WaitUntil([&] { return coordinator_->coordination().PendingWaits() == 2; },
+                        absl::Seconds(10)))
+      << "the survivors' AliveRanks calls did not reach the coordinator";
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(alive_done) << "the round completed without rank 2";
+
+  ReportErrorRequest report;
+  *report.mutable_context() = Rank(2);
+  report.set_reason("CUDA error: an illegal memory access");
+  ReportErrorResponse reported;
+  const grpc::Status s = StubOf(*relay)->ReportError(Context().get(), report, &reported);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+
+  ASSERT_TRUE(WaitUntil([&] { return alive_done.load(); }, absl::Seconds(10)))
+      << "the round did not complete once rank 2 was lost";
+  std::move(join_survivors).Invoke();
+  ASSERT_EQ(alive.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(alive[r].status.ok()) << "rank " << r << ": " << alive[r].status.error_message();
+    const AliveRanksResponse& reply = alive[r].reply;
+    EXPECT_EQ(reply.round(), 1);
+    EXPECT_EQ(reply.membership_epoch(), 1);
+    ASSERT_EQ(reply.ranks_size(), 2);
+    EXPECT_EQ(reply.ranks(0).rank(), 0);
+    EXPECT_EQ(reply.ranks(0).incarnation(), Rank(0).incarnation());
+    EXPECT_EQ(reply.ranks(1).rank(), 1);
+    EXPECT_EQ(reply.ranks(1).incarnation(), Rank(1).incarnation());
+    EXPECT_EQ(reply.SerializeAsString(), alive[0].reply.SerializeAsString());
+  }
+  EXPECT_FALSE(coordinator_->JobFailed(kJob)) << "the lost rank failed the generation";
+
+  // Rank 0 and rank 2 heartbeat every 50 ms (for at most 5 s) until rank
+  // 0's reply shows epoch 1 and rank 2's is refused. The relay answers each
+  // from its view after the latest flush (every 50 ms: half the 100 ms
+  // interval), so the first replies may still be from before: rank 2's
+  // first ones are OK until one of its heartbeats has gone up (with rank
+  // 0's) and come back refused.
+  auto stub = StubOf(*relay);
+  auto beat = [&](int rank, HeartbeatResponse* reply) {
+    HeartbeatRequest request;
+    *request.mutable_context() = Rank(rank);
+    return stub->Heartbeat(Context("", absl::Seconds(5)).get(), request, reply);
+  };
+  HeartbeatResponse survivor;
+  grpc::Status lost_status;
+  int failed_survivor_beats = 0;
+  for (int i = 0; i < 100; ++i) {
+    HeartbeatResponse reply;
+    if (const grpc::Status st = beat(0, &reply); st.ok()) {
+      if (reply.membership_epoch() == 1 || reply.has_error()) survivor = reply;
+    } else {
+      ++failed_survivor_beats;
+    }
+    if (lost_status.ok()) {
+      HeartbeatResponse lost_reply;
+      lost_status = beat(2, &lost_reply);
+    }
+    if (survivor.membership_epoch() == 1 && !lost_status.ok()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(failed_survivor_beats, 0);
+  ASSERT_EQ(survivor.membership_epoch(), 1)
+      << "rank 0's heartbeats never carried membership epoch 1 (error: "
+      << survivor.error().message() << ")";
+  EXPECT_FALSE(survivor.has_error()) << survivor.error().message();
+  ASSERT_EQ(survivor.lost_ranks_size(), 1);
+  EXPECT_EQ(survivor.lost_ranks(0).rank(), 2);
+  EXPECT_EQ(survivor.lost_ranks(0).host(), "node-a");
+  EXPECT_EQ(survivor.lost_ranks(0).generation(), 0);
+  EXPECT_THAT(survivor.lost_ranks(0).reason(), HasSubstr("illegal memory access"));
+  EXPECT_THAT(survivor.lost_ranks(0).message(), HasSubstr("membership epoch 1"));
+  // The lost process is fenced out, as a direct heartbeat would be.
+  EXPECT_EQ(lost_status.error_code(), grpc::StatusCode::ABORTED) << lost_status.error_message();
+  // Rank 0 still gets its own answer, whatever rank 2's refusals.
+  HeartbeatResponse again;
+  const grpc::Status again_status = beat(0, &again);
+  ASSERT_TRUE(again_status.ok()) << again_status.error_message();
+  EXPECT_FALSE(again.has_error());
+  EXPECT_EQ(again.membership_epoch(), 1);
+  EXPECT_EQ(again.lost_ranks_size(), 1);
+  EXPECT_FALSE(coordinator_->JobFailed(kJob));
+  WaitForFlushesToStop(*relay);
+}
+
 }  // namespace rank_relay_test
 }  // namespace mesh::agent
