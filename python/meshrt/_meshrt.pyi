@@ -297,6 +297,10 @@ class Job:
     """Seconds, as in force (300.0 when the job did not say)."""
     on_hang: str
     """"restart" or "fail"."""
+    grow: str
+    """"never", "on_restart" or "after 10m" (docs/elastic.md)."""
+    resizes: list[dict[str, Any]]
+    """Each change of the node count: time, generation, from_nodes, to_nodes, reason."""
     create_time: float
     update_time: float
     root_cause: Optional[dict[str, Any]]
@@ -323,6 +327,7 @@ class JobClient:
         labels: Optional[Mapping[str, str]] = None,
         hang_timeout: _Seconds = None,
         on_hang: Optional[str] = None,
+        grow: Optional[str] = None,
     ) -> str: ...
     def get(self, job_id: str) -> Job: ...
     def list(self, states: Optional[Sequence[str]] = None) -> builtins.list[Job]: ...

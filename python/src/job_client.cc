@@ -32,6 +32,7 @@
 #include "cli/admin_client.h"
 #include "cli/job_client.h"
 #include "cli/job_json.h"
+#include "cli/job_spec_file.h"
 #include "common/coordinator_targets.h"
 #include "common/security.h"
 #include "mesh/v1/job.pb.h"
@@ -53,6 +54,8 @@ struct PyJob {
   int nproc_per_node = 0;
   double hang_timeout = 0;  // Seconds, as in force (300 when not given).
   std::string on_hang;      // "restart" or "fail".
+  std::string grow;         // "never", "on_restart", "after 10m" (docs/elastic.md).
+  py::list resizes;         // One dict per change of the node count.
   double create_time = 0;   // Unix seconds.
   double update_time = 0;
   py::object root_cause;  // dict or None.
@@ -82,6 +85,16 @@ PyJob ToPy(const mesh::v1::Job& job) {
   out.nproc_per_node = job.spec().nproc_per_node();
   out.hang_timeout = static_cast<double>(mesh::cli::HangTimeoutSeconds(job.spec()));
   out.on_hang = absl::AsciiStrToLower(mesh::cli::HangPolicyName(job.spec().on_hang()));
+  out.grow = mesh::cli::GrowText(job.spec());
+  for (const mesh::v1::JobResize& resize : job.resizes()) {
+    py::dict r;
+    r["time"] = static_cast<double>(resize.time_unix_ms()) / 1000.0;
+    r["generation"] = resize.generation();
+    r["from_nodes"] = resize.from_nodes();
+    r["to_nodes"] = resize.to_nodes();
+    r["reason"] = resize.reason();
+    out.resizes.append(std::move(r));
+  }
   out.create_time = static_cast<double>(job.create_time_unix_ms()) / 1000.0;
   out.update_time = static_cast<double>(job.update_time_unix_ms()) / 1000.0;
   if (job.has_root_cause()) {
@@ -146,7 +159,8 @@ class PyJobClient {
                      std::optional<std::vector<std::string>> mesh_dim_names, int max_restarts,
                      const std::string& name, int gpus_per_proc, const std::string& working_dir,
                      std::optional<std::map<std::string, std::string>> labels,
-                     const py::handle& hang_timeout, const py::handle& on_hang) {
+                     const py::handle& hang_timeout, const py::handle& on_hang,
+                     std::optional<std::string> grow) {
     if (PyUnicode_Check(command.ptr()) || !PySequence_Check(command.ptr())) {
       throw py::type_error(
           "JobClient.submit: command must be a list of str (argv; no shell is involved), "
@@ -197,6 +211,12 @@ class PyJobClient {
             absl::StrCat("JobClient.submit: on_hang: ", policy.status().message())));
       }
       spec.set_on_hang(*policy);
+    }
+    if (grow.has_value()) {
+      if (absl::Status parsed = mesh::cli::ParseGrow(*grow, spec); !parsed.ok()) {
+        ThrowStatus(
+            absl::InvalidArgumentError(absl::StrCat("JobClient.submit: grow: ", parsed.message())));
+      }
     }
     spec.set_nproc_per_node(nproc_per_node);
     spec.set_gpus_per_proc(gpus_per_proc);
@@ -375,6 +395,8 @@ void RegisterJobClient(py::module_& m) {
       .def_readonly("nproc_per_node", &PyJob::nproc_per_node)
       .def_readonly("hang_timeout", &PyJob::hang_timeout)
       .def_readonly("on_hang", &PyJob::on_hang)
+      .def_readonly("grow", &PyJob::grow)
+      .def_readonly("resizes", &PyJob::resizes)
       .def_readonly("create_time", &PyJob::create_time)
       .def_readonly("update_time", &PyJob::update_time)
       .def_readonly("root_cause", &PyJob::root_cause)
@@ -395,7 +417,9 @@ void RegisterJobClient(py::module_& m) {
            py::arg("max_restarts") = 0, py::arg("name") = "", py::arg("gpus_per_proc") = 0,
            py::arg("working_dir") = "", py::arg("labels") = py::none(),
            py::arg("hang_timeout") = py::none(), py::arg("on_hang") = py::none(),
-           "Submits a job; returns its id.")
+           py::arg("grow") = py::none(),
+           "Submits a job; returns its id. nodes=(min, max) with grow=\"on_restart\" or "
+           "\"after:10m\" makes an elastic job (docs/elastic.md).")
       .def("get", &PyJobClient::Get, py::arg("job_id"))
       .def("list", &PyJobClient::List, py::arg("states") = py::none())
       .def("wait", &PyJobClient::Wait, py::arg("job_id"), py::arg("timeout") = py::none(),

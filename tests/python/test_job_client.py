@@ -93,6 +93,19 @@ class JobClientTest(unittest.TestCase):
         with self.assertRaisesRegex(meshrt.InvalidArgumentError, "hang_timeout"):
             self.client.submit(["/bin/true"], hang_timeout=10**9)  # the coordinator's bound
 
+    def test_grow_policy_and_resizes(self):
+        job_id = self.client.submit(["/bin/true"], nodes=(1, 2), nproc_per_node=1,
+                                    grow="after:10m")
+        job = self.client.wait(job_id, timeout=30)
+        self.assertEqual(job.grow, "after 10m")
+        self.assertEqual(job.resizes, [])  # It ran at one size.
+        job = self.client.wait(self.client.submit(["/bin/true"], nproc_per_node=1), timeout=30)
+        self.assertEqual(job.grow, "never")
+        with self.assertRaisesRegex(meshrt.InvalidArgumentError, "grow: 'sometimes'"):
+            self.client.submit(["/bin/true"], nodes=(1, 2), grow="sometimes")
+        with self.assertRaisesRegex(meshrt.InvalidArgumentError, "spec.grow"):
+            self.client.submit(["/bin/true"], nodes=1, grow="on_restart")  # a fixed size
+
     def test_create_job_hang_timeout_reaches_the_coordinator(self):
         # Two ranks of a bare job in this process; rank 0 waits in op #1 of
         # a group that rank 1 never enters. A 1 s hang timeout (not the
