@@ -308,8 +308,12 @@ TEST(DTensorTest, VerifyCatchesADivergingReplicaOnEveryRank) {
 // ---- Large tensors: the executor's segmented point-to-point and split
 // all-reduce paths (libmesh/src/sharding/), which small shapes never reach: pieces of
 // more than one 1 MiB segment, packed and unpacked, even and uneven.
+// The shapes are the smallest that keep every piece over a segment: on a
+// (2, 2) mesh the smallest piece of (1031, 1031) is 515 x 515 floats,
+// 1,060,900 bytes, so it goes in a full segment of 509 rows and a short
+// one of 6.
 
-const std::vector<std::vector<int64_t>> kLargeShapes = {{2050, 1030}, {2051, 1031}};
+const std::vector<std::vector<int64_t>> kLargeShapes = {{1030, 1030}, {1031, 1031}};
 
 // Both transports: TCP takes the point-to-point and split paths, shared
 // memory the collective ones.
