@@ -26,7 +26,12 @@
 //   Node loss (no heartbeat for node_heartbeat_timeout): the node is LOST and
 //     each live job on it fails as above, the node named in the cause
 //     (rank -1). A restart that needs a lost node goes back to PENDING and
-//     is placed again.
+//     is placed again. An elastic job (nodes.min < nodes.max) with at least
+//     nodes.min of its nodes left is resized instead: the same restart
+//     without counting one (job_elastic.cc, docs/elastic.md).
+//   Growing (spec.grow): ON_RESTART places every restart on up to
+//     nodes.max nodes; AFTER restarts a job that has run that long at its
+//     size onto free nodes, when no job is PENDING (Tick).
 //   Rendezvous failure: Coordination fails a generation when a joined rank
 //     misses its heartbeats or reports an error (a hung worker exits
 //     nothing); the manager hears of it through Coordination's failure
