@@ -422,7 +422,7 @@ void Coordination::Join(JoinArgs args, Callback<JoinResult> callback) {
     if (absl::Status s = Rendezvous::CheckJoin(rank, args.host, args.nccl_unique_id); !s.ok()) {
       return done.Complete(callback, Result(gen.Annotate(s)));
     }
-    if (absl::Status s = SupersedeLocked(gen, args.caller, args.host, done); !s.ok()) {
+    if (absl::Status s = SupersedeLocked(gen, args.caller, args.host, args.device, done); !s.ok()) {
       return done.Complete(callback, Result(s));
     }
   }
@@ -449,7 +449,8 @@ void Coordination::Join(JoinArgs args, Callback<JoinResult> callback) {
 }
 
 absl::Status Coordination::SupersedeLocked(Generation& gen, const Caller& caller,
-                                           const std::string& host, Completions& done) {
+                                           const std::string& host, const DeviceInfo& device,
+                                           Completions& done) {
   const int rank = caller.rank;
   const uint64_t old = gen.rendezvous.incarnation(rank);
   if (gen.rendezvous.complete() && gen.layout->in_place) {
@@ -464,6 +465,7 @@ absl::Status Coordination::SupersedeLocked(Generation& gen, const Caller& caller
       LoseRankLocked(gen, std::move(error), done);
     }
     gen.rendezvous.SetIncarnation(rank, caller.incarnation);
+    gen.rendezvous.Rehost(rank, host, device);
     ReadmitLocked(gen, rank);
     return absl::OkStatus();
   }

@@ -505,10 +505,12 @@ class Coordination {
   // it: the newer process takes the rank. Before the world is complete the
   // older one's pending waits end with ABORTED and its join is forgotten;
   // after, the generation fails naming the rank (its peers' communicators
-  // hold the older process). Returns the status the Join gets: OK to go on
-  // joining, or ABORTED.
+  // hold the older process), or with in-place recovery the older process
+  // is lost and the newer one, on `host` with `device`, is back. Returns the
+  // status the Join gets: OK to go on joining, or ABORTED.
   absl::Status SupersedeLocked(Generation& gen, const Caller& caller, const std::string& host,
-                               Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                               const DeviceInfo& device, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration ClampTimeout(absl::Duration timeout) const;
   // KvMultiSet and KvMultiGet without counting the call (KvSet, KvGet and
   // KvWait count as themselves).

@@ -71,6 +71,13 @@ void Rendezvous::SetIncarnation(int rank, uint64_t incarnation) {
   members_[rank].incarnation = incarnation;
 }
 
+void Rendezvous::Rehost(int rank, std::string host, DeviceInfo device) {
+  MESH_CHECK(complete_, "Rehost needs a complete rendezvous");
+  MESH_CHECK(!host.empty(), "Rehost needs a host");
+  members_[rank].host = std::move(host);
+  members_[rank].device = std::move(device);
+}
+
 bool Rendezvous::superseded(int rank, uint64_t incarnation) const {
   const std::vector<uint64_t>& old = members_[rank].superseded;
   return std::find(old.begin(), old.end(), incarnation) != old.end();

@@ -98,6 +98,11 @@ class Rendezvous {
   // (the owner fails the generation: the topology stays as it was).
   // Requires joined(rank) (checked).
   void SetIncarnation(int rank, uint64_t incarnation);
+  // Once the world is complete, the process that now holds `rank` (a new
+  // one, with in-place recovery) runs on `host` with `device`: host() and
+  // device() name them from now on. Its placement in the topology stays as
+  // formed. Requires complete() and a non-empty host (checked).
+  void Rehost(int rank, std::string host, DeviceInfo device);
 
   // Requires complete().
   Placement placement(int rank) const;

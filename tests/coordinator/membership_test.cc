@@ -267,7 +267,10 @@ TEST_F(MembershipTest, ANewProcessJoinsAsALostRankAndIsBackInTheNextEpoch) {
 
   incarnations_[1] = 555;
   Result<JoinResult> replacement;
-  coord_->Join(Args(1), replacement.Done());
+  JoinArgs elsewhere = Args(1);
+  elsewhere.host = "host-9";  // A replacement node.
+  elsewhere.device = DeviceInfo{"cuda", 3, "GPU-new", "0000:af:00.0"};
+  coord_->Join(elsewhere, replacement.Done());
   ASSERT_TRUE(replacement.fired()) << "the world has formed: the join completes at once";
   ASSERT_THAT(replacement.get(), IsOk());
   EXPECT_EQ(replacement.get()->rank, 1);
@@ -279,11 +282,21 @@ TEST_F(MembershipTest, ANewProcessJoinsAsALostRankAndIsBackInTheNextEpoch) {
   EXPECT_THAT(RanksOf(*calls[0].get()), ElementsAre(0, 1, 2));
   EXPECT_EQ(calls[0].get()->ranks[1].incarnation, 555u);
   EXPECT_EQ(calls[0].get()->membership_epoch, 2);
+  // It is described where it runs now; its place in the topology is kept.
+  absl::StatusOr<std::vector<RankDescription>> described = coord_->DescribeRanks(Me(0), {1});
+  ASSERT_THAT(described, IsOk());
+  EXPECT_EQ((*described)[0].host, "host-9");
+  EXPECT_EQ((*described)[0].device.uuid, "GPU-new");
+  EXPECT_EQ(replacement.get()->node_rank, 1);
   EXPECT_EQ(registry_.CounterValue("mesh_coordinator_ranks_lost_total"), 1);
   EXPECT_EQ(registry_.CounterValue("mesh_coordinator_ranks_returned_total"), 1);
-  // It is tracked again: silent, it is lost again.
+  // It is tracked again: silent, it is lost again, named on its new host.
   Silence(1, {0, 1, 2});
-  EXPECT_EQ(coord_->Heartbeat(Me(0), {})->membership_epoch, 3);
+  absl::StatusOr<HeartbeatReply> reply = coord_->Heartbeat(Me(0), {});
+  ASSERT_THAT(reply, IsOk());
+  EXPECT_EQ(reply->membership_epoch, 3);
+  ASSERT_EQ(reply->lost.size(), 1u);
+  EXPECT_EQ(reply->lost[0].host, "host-9");
   EXPECT_THAT(failures_, IsEmpty());
 }
 
