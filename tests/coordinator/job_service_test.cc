@@ -248,6 +248,53 @@ TEST_F(JobServiceTest, HangSettingsAreNormalizedToTheirDefaults) {
   EXPECT_EQ(second->spec().on_hang(), HANG_POLICY_FAIL);
 }
 
+// docs/elastic.md through the RPCs: grow is normalized and checked, and a
+// lost node of an elastic job shrinks it without counting a restart, the
+// resize in GetJob with its reason.
+TEST_F(JobServiceTest, AnElasticJobShrinksOnALostNodeAndGetJobShowsTheResize) {
+  JobSpec fixed = Spec(2, 2);
+  fixed.set_grow(GROW_POLICY_ON_RESTART);
+  auto refused = Submit(fixed);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), StartsWith("spec.grow: "));
+
+  auto a = Register("node-a", "10.0.0.1", 2);
+  auto b = Register("node-b", "10.0.0.2", 2);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  JobSpec elastic = Spec(1, 2);  // max_restarts 0: only a resize keeps it alive.
+  elastic.mutable_nodes()->set_max(2);
+  auto job = Submit(elastic);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec().grow(), GROW_POLICY_NEVER);
+  EXPECT_THAT(job->nodes(), ElementsAre("node-a", "node-b"));
+  ASSERT_TRUE(Started(*a, job->id(), 0, {0, 1}).ok());
+  ASSERT_TRUE(Started(*b, job->id(), 0, {2, 3}).ok());
+
+  // node-a heartbeats through NodeService; node-b falls silent.
+  for (int i = 0; i < 4; ++i) {
+    NodeHeartbeatRequest beat;
+    beat.set_name(a->name);
+    beat.set_session_id(a->session);
+    NodeHeartbeatResponse beat_reply;
+    ASSERT_TRUE(nodes_->NodeHeartbeat(Context().get(), beat, &beat_reply).ok());
+    clock_.Advance(absl::Seconds(5));
+    server_->jobs().Tick();
+  }
+
+  const Job now = GetJob(job->id());
+  EXPECT_EQ(now.state(), JOB_STATE_SCHEDULED);
+  EXPECT_EQ(now.generation(), 1);
+  EXPECT_EQ(now.restarts(), 0);
+  EXPECT_THAT(now.nodes(), ElementsAre("node-a"));
+  EXPECT_EQ(now.root_cause().node(), "node-b");
+  ASSERT_EQ(now.resizes_size(), 1);
+  EXPECT_EQ(now.resizes(0).from_nodes(), 2);
+  EXPECT_EQ(now.resizes(0).to_nodes(), 1);
+  EXPECT_EQ(now.resizes(0).generation(), 1);
+  EXPECT_THAT(now.resizes(0).reason(), HasSubstr("node node-b lost"));
+}
+
 TEST_F(JobServiceTest, ValidSpecIsPendingWithAReasonUntilANodeRegisters) {
   auto job = Submit(Spec(1, 2));
   ASSERT_TRUE(job.ok()) << job.status();

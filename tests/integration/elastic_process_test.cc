@@ -7,13 +7,10 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <cstdlib>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include <gmock/gmock.h>
-#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +18,7 @@
 #include "absl/time/time.h"
 #include "mesh/v1/job.grpc.pb.h"
 #include "tests/util/cluster_queries.h"
+#include "tests/util/mesh_cluster.h"
 #include "tests/util/proc.h"
 #include "tests/util/subprocess.h"
 
@@ -28,62 +26,25 @@ namespace mesh {
 namespace elastic_process_test {
 namespace {
 
-using ::mesh::testing::MakeTempDir;
-using ::mesh::testing::Subprocess;
+using ::mesh::testing::MeshCluster;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::testing::StartsWith;
 
-constexpr absl::Duration kStartTimeout = absl::Seconds(20);
-constexpr char kBanner[] = "mesh-coordinator listening on ";
 constexpr int kNodes = 4;
 
 class ElasticProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = MakeTempDir("mesh-elastic-test");
-    auto process = Subprocess::Start(
-        {MESH_COORDINATOR_BIN, "--insecure", "--listen", "127.0.0.1", "--port", "0", "--state-dir",
-         dir_ + "/state", "--node-heartbeat-interval", "0.2", "--node-heartbeat-timeout", "2",
-         "--kill-grace", "1", "--shutdown-grace", "0.5"});
-    ASSERT_TRUE(process.ok()) << process.status();
-    auto line = process->ReadLine(kStartTimeout);
-    ASSERT_TRUE(line.ok()) << line.status();
-    ASSERT_THAT(*line, StartsWith(kBanner));
-    address_ = line->substr(sizeof(kBanner) - 1);
-    coordinator_ = std::make_unique<Subprocess>(*std::move(process));
-    channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
-    jobs_ = mesh::v1::JobService::NewStub(channel_);
-    agents_.resize(kNodes);
-    for (int i = 0; i < kNodes; ++i) StartAgent(i);
-    ASSERT_TRUE(
-        ::mesh::testing::WaitUntil([&] { return ReadyNodes() == kNodes; }, absl::Seconds(20)))
+    // A node silent for 2 s is LOST (heartbeats every 0.2 s).
+    ASSERT_TRUE(cluster_.StartCoordinator(0, {}, absl::Seconds(2)).ok());
+    for (int i = 0; i < kNodes; ++i) ASSERT_TRUE(cluster_.StartAgent(i, /*slots=*/1).ok());
+    ASSERT_TRUE(::mesh::testing::WaitUntil([&] { return cluster_.ReadyNodes() == kNodes; },
+                                           absl::Seconds(20)))
         << "agents did not register";
   }
 
-  void TearDown() override {
-    agents_.clear();
-    coordinator_.reset();
-    std::system(absl::StrCat("rm -rf '", dir_, "'").c_str());
-  }
-
-  void StartAgent(int i) {
-    auto process =
-        Subprocess::Start({MESH_AGENT_BIN, "--coordinator", address_, "--name",
-                           absl::StrCat("node-", i), "--address", "127.0.0.1", "--slots", "1",
-                           "--gpus", "none", "--work-dir", absl::StrCat(dir_, "/agent-", i),
-                           "--grace", "1", "--unowned-job-user", mesh::testing::CurrentUserName()});
-    ASSERT_TRUE(process.ok()) << process.status();
-    agents_[i] = std::make_unique<Subprocess>(*std::move(process));
-  }
-
-  int ReadyNodes() {
-    absl::StatusOr<int> ready = mesh::testing::ReadyNodes(*jobs_);
-    return ready.ok() ? *ready : -1;
-  }
-
   mesh::v1::Job Get(const std::string& id) {
-    absl::StatusOr<mesh::v1::Job> job = mesh::testing::GetJob(*jobs_, id);
+    absl::StatusOr<mesh::v1::Job> job = cluster_.GetJob(id);
     return job.ok() ? *std::move(job) : mesh::v1::Job();
   }
 
@@ -107,18 +68,14 @@ class ElasticProcessTest : public ::testing::Test {
 
   // meshctl against this cluster: its exit code and output.
   ::mesh::testing::CommandOutput Meshctl(std::vector<std::string> args) {
-    args.insert(args.begin(), {MESHCTL_BIN, "--coordinator", address_});
+    args.insert(args.begin(), {MESHCTL_BIN, "--coordinator", cluster_.address()});
     return ::mesh::testing::RunMerged(args, absl::Seconds(30));
   }
 
-  std::string dir_;
-  std::string address_;
+  MeshCluster cluster_{{MESH_COORDINATOR_BIN, MESH_AGENT_BIN}, "mesh-elastic-test"};
+  // Tags this test's workers so /proc scans find only them.
   std::string marker_ =
       absl::StrCat("elastic-process-test-", getpid(), "-", absl::ToUnixNanos(absl::Now()));
-  std::unique_ptr<Subprocess> coordinator_;
-  std::vector<std::unique_ptr<Subprocess>> agents_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<mesh::v1::JobService::Stub> jobs_;
 };
 
 TEST_F(ElasticProcessTest, AKilledAgentShrinksTheJobAndItsReturnGrowsItBack) {
@@ -128,13 +85,13 @@ TEST_F(ElasticProcessTest, AKilledAgentShrinksTheJobAndItsReturnGrowsItBack) {
   spec.add_mesh_dim_names("dp");
   spec.set_grow(mesh::v1::GROW_POLICY_AFTER);
   spec.set_grow_after_seconds(2);
-  absl::StatusOr<mesh::v1::Job> submitted = mesh::testing::SubmitJob(*jobs_, spec);
+  absl::StatusOr<mesh::v1::Job> submitted = mesh::testing::SubmitJob(cluster_.jobs(), spec);
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   const std::string id = submitted->id();
   ASSERT_TRUE(RunsAt(id, 0, 4)) << Get(id).DebugString();
 
-  agents_[3]->Signal(SIGKILL);
-  ASSERT_TRUE(agents_[3]->Wait(absl::Seconds(10)).ok());
+  cluster_.agent(3)->Signal(SIGKILL);
+  ASSERT_TRUE(cluster_.agent(3)->Wait(absl::Seconds(10)).ok());
 
   // Three nodes carry on at generation 1; no restart is counted (there are
   // none to count: max_restarts is 0).
@@ -149,7 +106,7 @@ TEST_F(ElasticProcessTest, AKilledAgentShrinksTheJobAndItsReturnGrowsItBack) {
   EXPECT_EQ(job.root_cause().node(), "node-3");
 
   // node-3 returns; after 2 s at three nodes the job grows back to four.
-  StartAgent(3);
+  ASSERT_TRUE(cluster_.StartAgent(3, /*slots=*/1).ok());
   ASSERT_TRUE(RunsAt(id, 2, 4)) << Get(id).DebugString();
   job = Get(id);
   EXPECT_EQ(job.restarts(), 0);
