@@ -947,16 +947,17 @@ absl::Status Coordination::RankExited(const std::string& job_id, int64_t generat
         absl::StrCat(gen.Name(), ": rank ", rank, " is outside the world of ", gen.world_size()));
   }
   if (gen.liveness.left(rank) || gen.rendezvous.num_joined() == 0) return absl::OkStatus();
-  gen.exited.emplace(rank, reason.empty() ? "exited before the job finished" : reason);
+  std::string why = reason.empty() ? "exited before the job finished" : reason;
   if (gen.layout->in_place && gen.rendezvous.complete()) {
     // Its peers carry on without it: lose it now.
     JobError error;
     error.rank = rank;
     error.host = gen.rendezvous.host(rank);
-    error.reason = gen.exited[rank];
-    RankFailedLocked(gen, std::move(error), done);
+    error.reason = std::move(why);
+    LoseRankLocked(gen, std::move(error), done);
     return absl::OkStatus();
   }
+  gen.exited.emplace(rank, std::move(why));
   // A peer parked on anything (its own watch aside) may be waiting for this
   // rank, which will never come: end those waits now.
   const bool waiting = waiters_.AnyInScope(
