@@ -114,23 +114,17 @@ void JobManager::GrowJobsLocked(absl::Time now, Effects& effects) {
     if (now - running_since < after || now < job->next_grow_check) continue;
     job->next_grow_check = now + kGrowCheckInterval;
 
-    // Would a placement without the job's own hold give it more nodes?
-    const Placement* held = scheduler_.Find(job->id);
-    if (held == nullptr) continue;
-    Placement current = *held;
-    (void)scheduler_.Release(job->id);
+    // Would a placement without the job's own hold give it more nodes? A
+    // trial pass against everyone else's allocations; nothing is held.
+    std::vector<Placement> others = scheduler_.Running();
+    std::erase_if(others, [&](const Placement& p) { return p.job_id == job->id; });
     JobRequest request = RequestOfLocked(*job);
     request.nodes_min = nodes_now + 1;
     request.nodes_max = max;
-    absl::StatusOr<SchedulePassResult> trial = scheduler_.Schedule(NodeViewsLocked(), {request});
-    int could = 0;
-    if (trial.ok() && !trial->placements.empty()) {
-      could = static_cast<int>(trial->placements.front().nodes.size());
-      (void)scheduler_.Release(job->id);
-    }
-    if (absl::Status adopted = scheduler_.Adopt(std::move(current)); !adopted.ok()) {
-      spdlog::error("job {}: cannot hold its nodes again: {}", id, adopted.ToString());
-    }
+    absl::StatusOr<SchedulePassResult> trial = SchedulePass(NodeViewsLocked(), {request}, others);
+    const int could = trial.ok() && !trial->placements.empty()
+                          ? static_cast<int>(trial->placements.front().nodes.size())
+                          : 0;
     if (could == 0) continue;
 
     const std::string why = absl::StrCat("grow after ", job->spec.grow_after_seconds(), "s at ",
