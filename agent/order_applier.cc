@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/exit_detail.h"
 #include "agent/job_paths.h"
+#include "agent/order_applier_internal.h"
 #include "agent/worker_env.h"
 #include "common/duration_format.h"
 
@@ -23,91 +24,7 @@ constexpr absl::Duration kStopMargin = absl::Seconds(5);
 
 }  // namespace
 
-// Not in the anonymous namespace: OrderApplier::Generation holds one, and
-// GCC rejects (-Wsubobject-linkage) a class with external linkage holding a
-// member of an anonymous-namespace type once the class is not in the main
-// file, as in a unity build.
-namespace order_applier_internal {
-
-// Wraps the agent's launcher for one generation: records the pid of each
-// launch in order (WorkerSupervisor::Start launches its ranks in the order
-// given, so pid i belongs to rank i), and lets a KILL order override the
-// grace the supervisor was built with.
-class RecordingLauncher final : public ProcessLauncher {
- public:
-  explicit RecordingLauncher(ProcessLauncher* inner) : inner_(inner) {}
-
-  absl::StatusOr<pid_t> Launch(const LaunchSpec& spec, ExitCallback on_exit) override {
-    absl::StatusOr<pid_t> pid = inner_->Launch(spec, std::move(on_exit));
-    if (pid.ok()) {
-      absl::MutexLock lock(&mu_);
-      pids_.push_back(*pid);
-    }
-    return pid;
-  }
-  absl::Status Signal(pid_t pid, int signal) override { return inner_->Signal(pid, signal); }
-  absl::Status Terminate(pid_t pid, absl::Duration grace) override {
-    {
-      absl::MutexLock lock(&mu_);
-      if (grace_override_.has_value()) grace = *grace_override_;
-    }
-    return inner_->Terminate(pid, grace);
-  }
-
-  std::vector<pid_t> pids() const {
-    absl::MutexLock lock(&mu_);
-    return pids_;
-  }
-  void OverrideGrace(absl::Duration grace) {
-    absl::MutexLock lock(&mu_);
-    grace_override_ = grace;
-  }
-
- private:
-  ProcessLauncher* const inner_;
-  mutable absl::Mutex mu_;
-  std::vector<pid_t> pids_ ABSL_GUARDED_BY(mu_);
-  std::optional<absl::Duration> grace_override_ ABSL_GUARDED_BY(mu_);
-};
-
-}  // namespace order_applier_internal
-
 using order_applier_internal::RecordingLauncher;
-
-// The workers of one (job, generation). The maps are guarded by
-// OrderApplier::mu_; recorder and supervisor are set before the record is
-// shared and are thread-safe themselves. Destroyed only outside
-// OrderApplier::mu_ (the supervisor's destructor waits for exit callbacks,
-// which take mu_).
-struct OrderApplier::Generation {
-  int64_t generation = 0;
-  std::set<int> ranks;           // every rank of the LAUNCH
-  std::map<int, pid_t> running;  // launched, exit not yet seen
-  std::set<int> exited;
-  // MESH_METRICS_PORT of each rank given one, until its exit is seen.
-  std::map<int, int> metrics_ports;
-  bool launching = true;  // Start() in progress: exits are held back
-  bool stopped = false;   // killed or replaced: collected once empty
-  // Exit reports that arrived while launching; sent after the started one.
-  std::vector<v1::ReportWorkerExitRequest> held;
-  // The generation's cgroup (null without one) and each rank's memory limit
-  // (0: none), for OOM reports. The cgroup outlives the supervisor.
-  std::unique_ptr<GenerationCgroup> cgroup;
-  int64_t memory_limit = 0;
-  std::vector<int> gpus;                         // GPUs of this node its ranks hold
-  std::unique_ptr<RecordingLauncher> recorder;   // outlives supervisor
-  std::unique_ptr<WorkerSupervisor> supervisor;  // declared last: destroyed first
-};
-
-struct OrderApplier::JobRecord {
-  // Highest generation launched or killed; LAUNCH at or below it is a no-op.
-  int64_t highest = -1;
-  std::map<int64_t, std::shared_ptr<Generation>> generations;
-  // Exit records of the current generation, kept until a KILL, re-sent
-  // after every re-registration.
-  int64_t exits_generation = -1;
-  std::vector<v1::ReportWorkerExitRequest> exits;
-};
 
 OrderApplier::OrderApplier(const AgentConfig* config, ProcessLauncher* launcher,
                            ReportOutbox* outbox, AgentMetrics* metrics, StrayKiller* strays,
@@ -220,7 +137,7 @@ bool OrderApplier::RankFinished(const std::string& job_id, int64_t generation, i
   if (gen == job->second->generations.end()) return true;
   const Generation& rec = *gen->second;
   if (rec.ranks.count(rank) == 0) return true;
-  if (rec.launching) return false;
+  if (rec.launching || rec.relaunching.count(rank) > 0) return false;
   return rec.running.count(rank) == 0;
 }
 
@@ -260,7 +177,7 @@ void OrderApplier::CollectFinishedGenerations() {
     for (auto& [id, job] : jobs_) {
       for (auto it = job->generations.begin(); it != job->generations.end();) {
         const Generation& rec = *it->second;
-        if (rec.stopped && !rec.launching && rec.running.empty()) {
+        if (rec.stopped && !rec.launching && rec.relaunching.empty() && rec.running.empty()) {
           ended.emplace_back(id, std::move(it->second));
           it = job->generations.erase(it);
         } else {
@@ -355,7 +272,127 @@ void OrderApplier::KillStrays(
   }
 }
 
+absl::StatusOr<OrderApplier::LaunchContext> OrderApplier::PrepareLaunchContext(
+    const v1::Assignment& order) const {
+  LaunchContext context;
+  context.dir = GenerationDir(config_.work_dir, order.job_id(), order.generation());
+  if (isolation_ != nullptr) {
+    absl::StatusOr<std::optional<WorkerCredentials>> run_as = isolation_->RunAs(order);
+    if (!run_as.ok()) return run_as.status();
+    context.account = *std::move(run_as);
+    if (absl::Status s = isolation_->PrepareDirectory(context.dir, context.account); !s.ok()) {
+      return s;
+    }
+  } else {
+    std::error_code error;
+    std::filesystem::create_directories(context.dir, error);
+    if (error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create ", context.dir, ": ", error.message()));
+    }
+  }
+  // HOME, USER and LOGNAME are the worker account's, not the agent's.
+  context.base_env = config_.base_env;
+  if (context.account.has_value()) {
+    context.base_env["USER"] = context.account->user;
+    context.base_env["LOGNAME"] = context.account->user;
+    if (!context.account->home.empty()) context.base_env["HOME"] = context.account->home;
+  }
+  context.user_env.assign(order.env().begin(), order.env().end());
+  std::sort(context.user_env.begin(), context.user_env.end());
+  return context;
+}
+
+int OrderApplier::AcquireWorkerMetricsPort(const std::string& job_id, int64_t generation,
+                                           int rank) {
+  int port = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    port = AcquireWorkerMetricsPortLocked();
+  }
+  if (port == 0 && config_.worker_metrics_port_first != 0) {
+    spdlog::warn(
+        "job {} generation {} rank {}: every worker metrics port ({}-{}) is taken; "
+        "launching it without one",
+        job_id, generation, rank, config_.worker_metrics_port_first,
+        config_.worker_metrics_port_last);
+  }
+  return port;
+}
+
+absl::StatusOr<RankLaunch> OrderApplier::MakeRankLaunch(const v1::Assignment& order,
+                                                        const v1::RankLaunch& r,
+                                                        const LaunchContext& context,
+                                                        int metrics_port,
+                                                        GenerationCgroup* cgroup) const {
+  WorkerAssignment assignment;
+  assignment.coordinator = config_.coordinator;
+  assignment.security = config_.security;
+  assignment.security.token = order.worker_token();
+  assignment.job_id = order.job_id();
+  assignment.generation = order.generation();
+  assignment.rank = r.rank();
+  assignment.world_size = order.world_size();
+  assignment.local_rank = r.local_rank();
+  assignment.local_world_size = order.local_world_size();
+  assignment.node_rank = order.node_rank();
+  assignment.num_nodes = order.num_nodes();
+  assignment.node_name = config_.name;
+  assignment.master_addr = order.master_addr();
+  assignment.master_port = order.master_port();
+  assignment.restart_count = order.restart_count();
+  assignment.max_restarts = order.max_restarts();
+  assignment.gpu_job = order.gpu_job();
+  assignment.gpus.assign(r.gpus().begin(), r.gpus().end());
+  assignment.agent_instance = config_.instance;
+  if (relay_ != nullptr) assignment.agent_socket = relay_->socket_path();
+  assignment.user_env = context.user_env;
+  assignment.operator_env = config_.operator_env;
+  assignment.allowed_job_env = config_.allowed_job_env;
+  assignment.metrics_port = metrics_port;
+  absl::StatusOr<std::vector<std::string>> env = BuildWorkerEnv(assignment, context.base_env);
+  if (!env.ok()) {
+    return absl::Status(env.status().code(),
+                        absl::StrCat("rank ", r.rank(), ": ", env.status().message()));
+  }
+  RankLaunch launch;
+  launch.rank = r.rank();
+  launch.spec.argv.assign(order.command().begin(), order.command().end());
+  launch.spec.env = std::move(*env);
+  launch.spec.working_dir = order.working_dir().empty() ? context.dir : order.working_dir();
+  launch.spec.stdout_log =
+      RankLogPath(config_.work_dir, order.job_id(), order.generation(), r.rank());
+  launch.spec.max_log_bytes = config_.log_max_bytes;
+  launch.spec.credentials = context.account;
+  if (cgroup != nullptr) {
+    // Made again for a rank started again: the same directories, the
+    // limits applied anew.
+    absl::StatusOr<std::vector<std::string>> dirs =
+        cgroup->CreateRank(r.rank(), JobIsolation::LimitsOf(order));
+    if (!dirs.ok()) {
+      return absl::Status(dirs.status().code(),
+                          absl::StrCat("rank ", r.rank(), ": cgroup: ", dirs.status().message()));
+    }
+    launch.spec.cgroup_dirs = *std::move(dirs);
+  }
+  return launch;
+}
+
+void OrderApplier::ReportLaunchErrorLocked(JobRecord& job, const std::string& job_id,
+                                           int64_t generation, int rank, const std::string& why) {
+  metrics_->worker_exits->WithLabels({kLaunchErrorReason})->Increment();
+  v1::ReportWorkerExitRequest exit;
+  exit.set_job_id(job_id);
+  exit.set_generation(generation);
+  exit.set_rank(rank);
+  exit.set_launch_error(why);
+  exit.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
+  if (job.exits_generation == generation) job.exits.push_back(exit);
+  outbox_->Enqueue(std::move(exit));
+}
+
 void OrderApplier::ApplyLaunch(const v1::Assignment& order, absl::Time received) {
+  if (order.replace()) return ApplyReplace(order, received);
   const std::string& job_id = order.job_id();
   const int64_t generation = order.generation();
   std::vector<std::shared_ptr<Generation>> older;
@@ -402,17 +439,7 @@ void OrderApplier::ApplyLaunch(const v1::Assignment& order, absl::Time received)
     for (const auto& [rank, port] : metrics_ports) ReleaseWorkerMetricsPortLocked(port);
     metrics_ports.clear();
     JobRecord& job = *jobs_[job_id];
-    for (int rank : ranks) {
-      metrics_->worker_exits->WithLabels({kLaunchErrorReason})->Increment();
-      v1::ReportWorkerExitRequest exit;
-      exit.set_job_id(job_id);
-      exit.set_generation(generation);
-      exit.set_rank(rank);
-      exit.set_launch_error(why);
-      exit.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
-      if (job.exits_generation == generation) job.exits.push_back(exit);
-      outbox_->Enqueue(std::move(exit));
-    }
+    for (int rank : ranks) ReportLaunchErrorLocked(job, job_id, generation, rank, why);
   };
   if (ranks.empty()) {
     spdlog::warn("LAUNCH of job {} generation {} lists no ranks; nothing to do", job_id,
@@ -421,92 +448,22 @@ void OrderApplier::ApplyLaunch(const v1::Assignment& order, absl::Time received)
   }
   if (!IsSafeJobId(job_id)) return fail_all(absl::StrCat("job id '", job_id, "' is not valid"));
   if (order.command().empty()) return fail_all("the command is empty");
-  const std::string dir = GenerationDir(config_.work_dir, job_id, generation);
-  std::optional<WorkerCredentials> account;
+  absl::StatusOr<LaunchContext> context = PrepareLaunchContext(order);
+  if (!context.ok()) return fail_all(std::string(context.status().message()));
   std::unique_ptr<GenerationCgroup> cgroup;
   if (isolation_ != nullptr) {
-    absl::StatusOr<std::optional<WorkerCredentials>> run_as = isolation_->RunAs(order);
-    if (!run_as.ok()) return fail_all(std::string(run_as.status().message()));
-    account = *std::move(run_as);
-    if (absl::Status s = isolation_->PrepareDirectory(dir, account); !s.ok()) {
-      return fail_all(std::string(s.message()));
-    }
     absl::StatusOr<std::unique_ptr<GenerationCgroup>> made = isolation_->CreateCgroup(order);
     if (!made.ok()) return fail_all(std::string(made.status().message()));
     cgroup = *std::move(made);
-  } else {
-    std::error_code error;
-    std::filesystem::create_directories(dir, error);
-    if (error) return fail_all(absl::StrCat("cannot create ", dir, ": ", error.message()));
-  }
-  // HOME, USER and LOGNAME are the worker account's, not the agent's.
-  std::map<std::string, std::string> base_env = config_.base_env;
-  if (account.has_value()) {
-    base_env["USER"] = account->user;
-    base_env["LOGNAME"] = account->user;
-    if (!account->home.empty()) base_env["HOME"] = account->home;
   }
 
-  std::vector<std::pair<std::string, std::string>> user_env(order.env().begin(), order.env().end());
-  std::sort(user_env.begin(), user_env.end());
   std::vector<RankLaunch> launches;
   for (const v1::RankLaunch& r : order.ranks()) {
-    WorkerAssignment assignment;
-    assignment.coordinator = config_.coordinator;
-    assignment.security = config_.security;
-    assignment.security.token = order.worker_token();
-    assignment.job_id = job_id;
-    assignment.generation = generation;
-    assignment.rank = r.rank();
-    assignment.world_size = order.world_size();
-    assignment.local_rank = r.local_rank();
-    assignment.local_world_size = order.local_world_size();
-    assignment.node_rank = order.node_rank();
-    assignment.num_nodes = order.num_nodes();
-    assignment.node_name = config_.name;
-    assignment.master_addr = order.master_addr();
-    assignment.master_port = order.master_port();
-    assignment.restart_count = order.restart_count();
-    assignment.max_restarts = order.max_restarts();
-    assignment.gpu_job = order.gpu_job();
-    assignment.gpus.assign(r.gpus().begin(), r.gpus().end());
-    assignment.agent_instance = config_.instance;
-    if (relay_ != nullptr) assignment.agent_socket = relay_->socket_path();
-    assignment.user_env = user_env;
-    assignment.operator_env = config_.operator_env;
-    assignment.allowed_job_env = config_.allowed_job_env;
-    {
-      absl::MutexLock lock(&mu_);
-      assignment.metrics_port = AcquireWorkerMetricsPortLocked();
-    }
-    if (assignment.metrics_port != 0) {
-      metrics_ports[r.rank()] = assignment.metrics_port;
-    } else if (config_.worker_metrics_port_first != 0) {
-      spdlog::warn(
-          "job {} generation {} rank {}: every worker metrics port ({}-{}) is taken; "
-          "launching it without one",
-          job_id, generation, r.rank(), config_.worker_metrics_port_first,
-          config_.worker_metrics_port_last);
-    }
-    absl::StatusOr<std::vector<std::string>> env = BuildWorkerEnv(assignment, base_env);
-    if (!env.ok()) return fail_all(absl::StrCat("rank ", r.rank(), ": ", env.status().message()));
-    RankLaunch launch;
-    launch.rank = r.rank();
-    launch.spec.argv.assign(order.command().begin(), order.command().end());
-    launch.spec.env = std::move(*env);
-    launch.spec.working_dir = order.working_dir().empty() ? dir : order.working_dir();
-    launch.spec.stdout_log = RankLogPath(config_.work_dir, job_id, generation, r.rank());
-    launch.spec.max_log_bytes = config_.log_max_bytes;
-    launch.spec.credentials = account;
-    if (cgroup != nullptr) {
-      absl::StatusOr<std::vector<std::string>> dirs =
-          cgroup->CreateRank(r.rank(), JobIsolation::LimitsOf(order));
-      if (!dirs.ok()) {
-        return fail_all(absl::StrCat("rank ", r.rank(), ": cgroup: ", dirs.status().message()));
-      }
-      launch.spec.cgroup_dirs = *std::move(dirs);
-    }
-    launches.push_back(std::move(launch));
+    const int port = AcquireWorkerMetricsPort(job_id, generation, r.rank());
+    if (port != 0) metrics_ports[r.rank()] = port;
+    absl::StatusOr<RankLaunch> launch = MakeRankLaunch(order, r, *context, port, cgroup.get());
+    if (!launch.ok()) return fail_all(std::string(launch.status().message()));
+    launches.push_back(*std::move(launch));
   }
 
   auto rec = std::make_shared<Generation>();
@@ -639,8 +596,8 @@ bool OrderApplier::OnRankExitLocked(const RankExit& exit, const std::string& det
   }
   metrics_->worker_exits->WithLabels({WorkerExitReason(exit.exit)})->Increment();
   UpdateWorkerGaugesLocked();
-  const bool collectable =
-      rec != nullptr && rec->stopped && !rec->launching && rec->running.empty();
+  const bool collectable = rec != nullptr && rec->stopped && !rec->launching &&
+                           rec->relaunching.empty() && rec->running.empty();
   if (exit.stopped) return collectable;  // the agent's doing, not the job's failure
   spdlog::info("job {} generation {} rank {} (pid {}) ended: {}", exit.job_id, exit.generation,
                exit.rank, exit.exit.pid, exit.exit.ToString());
@@ -656,7 +613,15 @@ bool OrderApplier::OnRankExitLocked(const RankExit& exit, const std::string& det
   // An OOM kill in the rank's cgroup explains a failure: the worker's own
   // SIGKILL, or a child's death it then failed on.
   const bool failed = !exit.exit.exited() || exit.exit.exit_code != 0;
-  if (failed && rec != nullptr && rec->cgroup != nullptr && rec->cgroup->OomKills(exit.rank) > 0) {
+  // A rank started again by a replace order counts only the kills since.
+  int64_t oom_kills_before = 0;
+  if (rec != nullptr) {
+    if (auto it = rec->oom_kills_before.find(exit.rank); it != rec->oom_kills_before.end()) {
+      oom_kills_before = it->second;
+    }
+  }
+  if (failed && rec != nullptr && rec->cgroup != nullptr &&
+      rec->cgroup->OomKills(exit.rank) > oom_kills_before) {
     const std::string limit =
         rec->memory_limit > 0 ? absl::StrCat(" (memory limit ", FormatBytes(rec->memory_limit), ")")
                               : "";
@@ -670,7 +635,7 @@ bool OrderApplier::OnRankExitLocked(const RankExit& exit, const std::string& det
   request.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
   if (!detail.empty() && request.detail().empty()) request.set_detail(detail);
   if (job != nullptr && job->exits_generation == exit.generation) job->exits.push_back(request);
-  if (rec != nullptr && rec->launching) {
+  if (rec != nullptr && (rec->launching || rec->relaunching.count(exit.rank) > 0)) {
     rec->held.push_back(std::move(request));
   } else {
     outbox_->Enqueue(std::move(request));

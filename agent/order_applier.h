@@ -21,12 +21,36 @@
 //   as a launch error                                                  ▼
 //                                                        collected, strays killed
 //
-// Reports: one ReportWorkersStarted per launched generation, then one
+// Replace orders (a LAUNCH with Assignment.replace: in-place recovery)
+// start ranks again inside the generation that runs, each in place of its
+// process that exited: same environment, rank cgroup (made again, same
+// directories) and log (appended to, not truncated), a new metrics port.
+// A replace applies only to the job's highest generation while it is
+// neither stopped nor launching, and only to ranks of it whose exit was
+// seen; for a rank whose process still runs, or whose exit has not been
+// seen yet, it is a no-op (the coordinator sends it only after the exit
+// report reached it), and so is a replace for any other generation: an
+// older or stopped one, one never launched here, or a newer one (a replace
+// never launches a generation). A rank of a running generation:
+//
+//   RUNNING ──exit seen (reported)──▶ EXITED ──replace──▶ RELAUNCHING
+//      ▲                                ▲                   │    │
+//      │                                └─cannot start──────┘    │
+//      │                                  (launch error)         │
+//      └───────────started (ReportWorkersStarted, new pid)───────┘
+//
+// An exit of the new process seen while RELAUNCHING is held back until
+// after the started report.
+//
+// Reports: one ReportWorkersStarted per launched generation (and per
+// replace order that started a rank), then one
 // ReportWorkerExit per worker exit that was not the agent's doing (exits
 // seen while the generation is still launching are held back until after
 // the started report). The exit records of each job's current generation
 // are kept (until a KILL or the next LAUNCH) so that they can be sent again
-// to a coordinator that may have lost them (ExitRecords).
+// to a coordinator that may have lost them (ExitRecords); a rank's records
+// are dropped when a replace order starts it again, so that a re-sent old
+// exit cannot fail its new process.
 //
 // Worker metrics ports: with a range configured, each launched rank gets a
 // port of it that no other live worker holds, as MESH_METRICS_PORT, handed
@@ -53,16 +77,19 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/agent_config.h"
 #include "agent/agent_metrics.h"
+#include "agent/cgroup.h"
 #include "agent/job_isolation.h"
 #include "agent/process_launcher.h"
 #include "agent/rank_relay.h"
@@ -87,7 +114,9 @@ class OrderApplier {
   // LAUNCH: stops older generations of the job, then starts every rank of
   // the order. `received` is when the order arrived (launch duration
   // metric). A failure to launch is reported as a launch error for every
-  // rank of the order, not returned.
+  // rank of the order, not returned. With order.replace, starts the listed
+  // ranks of the running generation again instead (see above); a rank that
+  // cannot be started is reported as a launch error for that rank alone.
   void ApplyLaunch(const v1::Assignment& order, absl::Time received);
   // KILL: stops every generation of the job at or below the order's, with
   // the order's grace (AgentConfig.grace when it gives none).
@@ -130,6 +159,33 @@ class OrderApplier {
  private:
   struct Generation;
   struct JobRecord;
+
+  // What every rank of one LAUNCH (or replace order) shares.
+  struct LaunchContext {
+    std::string dir;  // the generation's directory
+    std::optional<WorkerCredentials> account;
+    // The operator's base env with the account's HOME, USER and LOGNAME.
+    std::map<std::string, std::string> base_env;
+    std::vector<std::pair<std::string, std::string>> user_env;  // sorted
+  };
+
+  // LAUNCH with replace (agent/order_replace.cc).
+  void ApplyReplace(const v1::Assignment& order, absl::Time received);
+  // The account and the directory of `order`'s workers (made for them) and
+  // their base environment. The error's message is the launch error.
+  absl::StatusOr<LaunchContext> PrepareLaunchContext(const v1::Assignment& order) const;
+  // One rank's launch: its environment (BuildWorkerEnv with the order's
+  // fields), log, account and, with `cgroup` (may be null), its rank cgroup.
+  // The error's message, naming the rank, is the launch error.
+  absl::StatusOr<RankLaunch> MakeRankLaunch(const v1::Assignment& order, const v1::RankLaunch& r,
+                                            const LaunchContext& context, int metrics_port,
+                                            GenerationCgroup* cgroup) const;
+  // AcquireWorkerMetricsPortLocked, logging when the range is used up.
+  int AcquireWorkerMetricsPort(const std::string& job_id, int64_t generation, int rank);
+  // Reports (and records, for the current generation) that `rank` could
+  // not be started.
+  void ReportLaunchErrorLocked(JobRecord& job, const std::string& job_id, int64_t generation,
+                               int rank, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void OnRankExit(const RankExit& exit);
   // Records the exit; true when it was the last worker of a stopped

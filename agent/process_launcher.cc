@@ -28,15 +28,20 @@ void CloseFd(int& fd) {
 }
 
 // Opens a log file for the agent to write: mode 0600, owned by the worker's
-// account when it has one. Returns the fd, or -1 with errno set.
+// account when it has one, truncated unless `append`. Always O_APPEND, so
+// two streams on one file (a rank started again while its predecessor's
+// stragglers still write) never overwrite each other. Returns the fd, or -1
+// with errno set; `*size` is the file's size after the open.
 //
 // The directory belongs to the worker's account, so whatever is at `path`
 // may have been put there by a worker: a symlink or hard link to a file of
 // root's (which O_TRUNC and fchown would truncate and hand over), or a FIFO
 // (which would block the open). Only a regular file with one link is
 // accepted, and it is truncated only after that check.
-int OpenLogFile(const std::string& path, const std::optional<WorkerCredentials>& owner) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+int OpenLogFile(const std::string& path, const std::optional<WorkerCredentials>& owner, bool append,
+                int64_t* size) {
+  const int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
   if (fd < 0) return fd;
   auto fail = [fd](int err) {
     close(fd);
@@ -49,7 +54,8 @@ int OpenLogFile(const std::string& path, const std::optional<WorkerCredentials>&
   if (st.st_nlink != 1) return fail(EMLINK);
   const int flags = fcntl(fd, F_GETFL);
   if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) return fail(errno);
-  if (ftruncate(fd, 0) != 0) return fail(errno);
+  if (!append && ftruncate(fd, 0) != 0) return fail(errno);
+  *size = append ? static_cast<int64_t>(st.st_size) : 0;
   // A file left by an earlier run keeps its old mode; O_CREAT's does not apply.
   fchmod(fd, 0600);
   if (owner.has_value() && fchown(fd, owner->uid, owner->gid) != 0) return fail(errno);
@@ -131,8 +137,8 @@ struct PosixProcessLauncher::LogStream {
   void Rotate() {
     close(file_fd);
     rename(path.c_str(), absl::StrCat(path, ".1").c_str());
-    file_fd = OpenLogFile(path, owner);
     size = 0;
+    file_fd = OpenLogFile(path, owner, /*append=*/false, &size);
   }
 
   void Close() {
@@ -210,7 +216,7 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec, ExitC
     stream.path = path;
     stream.cap = spec.max_log_bytes;
     stream.owner = spec.credentials;
-    stream.file_fd = OpenLogFile(path, spec.credentials);
+    stream.file_fd = OpenLogFile(path, spec.credentials, spec.append_log, &stream.size);
     if (stream.file_fd < 0) {
       const int err = errno;
       const bool planted = err == ELOOP || err == EINVAL || err == EMLINK;

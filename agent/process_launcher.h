@@ -54,7 +54,8 @@ struct LaunchSpec {
   std::vector<std::string> env;
   // Directory the worker starts in; empty means the agent's own.
   std::string working_dir;
-  // Log files for the worker's stdout and stderr (created or truncated).
+  // Log files for the worker's stdout and stderr (created, or truncated
+  // unless append_log is set).
   // What is there already must be a regular file with one link: a symlink,
   // hard link or FIFO (which a worker of the account owning the directory
   // may have planted) is refused, not followed.
@@ -67,6 +68,12 @@ struct LaunchSpec {
   // fresh file is started, so the newest output is always kept and each
   // stream uses at most 2 x cap bytes of disk.
   int64_t max_log_bytes = 0;
+  // Keep what a log file holds already and write after it (a rank started
+  // again in the same generation adds to its predecessor's log); the cap
+  // counts the bytes already there. Either way the agent writes its log
+  // files with O_APPEND, so a predecessor's stragglers still writing to the
+  // same file never overwrite the newer output.
+  bool append_log = false;
   // Set: the worker runs as this account. Its log files are created with
   // mode 0600 and owned by the account (the agent keeps writing them); the
   // child drops to the account's groups, gid and uid before exec, and then

@@ -23,6 +23,8 @@ struct WorkerSupervisor::State {
   mutable absl::Mutex mu;
   bool started ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;
+  // Every rank Start launched: the ranks Relaunch may start again.
+  std::set<int> ranks ABSL_GUARDED_BY(mu);
   std::map<int, pid_t> running ABSL_GUARDED_BY(mu);  // rank -> pid
   // Exits that arrived while Start was still recording the rank's pid.
   std::set<int> exited_early ABSL_GUARDED_BY(mu);
@@ -48,6 +50,43 @@ struct WorkerSupervisor::State {
   // Rank prefix of every message about this generation.
   std::string Name(int rank) const {
     return absl::StrCat("job ", job_id, " generation ", generation, " rank ", rank);
+  }
+
+  // Launches one rank and records its pid; the launcher's error, prefixed
+  // with the rank, when it cannot. Called with `mu` held across the launch,
+  // so an exit callback for a worker that dies at once waits until its pid
+  // is recorded.
+  static absl::StatusOr<pid_t> LaunchLocked(const std::shared_ptr<State>& state, RankLaunch& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+    const int rank = r.rank;
+    std::weak_ptr<State> weak = state;
+    auto on_exit = [weak, rank](const ExitInfo& exit) {
+      std::shared_ptr<State> s = weak.lock();
+      if (s == nullptr) return;
+      RankExit report{s->job_id, s->generation, rank, exit, false};
+      {
+        absl::MutexLock lock(&s->mu);
+        if (s->running.erase(rank) == 0) s->exited_early.insert(rank);
+        report.stopped = s->stopping;
+        ++s->delivering;
+      }
+      {
+        // Not under `mu`, so the callback may call Stop(); under
+        // `callback_mu`, so it never runs once the destructor set `closed`.
+        absl::MutexLock lock(&s->callback_mu);
+        if (!s->closed && s->on_exit) s->on_exit(report);
+      }
+      absl::MutexLock lock(&s->mu);
+      --s->delivering;
+      s->changed.SignalAll();
+    };
+    absl::StatusOr<pid_t> pid = state->launcher->Launch(r.spec, std::move(on_exit));
+    if (!pid.ok()) {
+      return absl::Status(pid.status().code(),
+                          absl::StrCat(state->Name(rank), ": ", pid.status().message()));
+    }
+    if (state->exited_early.erase(rank) == 0) state->running.emplace(rank, *pid);
+    return pid;
   }
 };
 
@@ -91,37 +130,33 @@ absl::Status WorkerSupervisor::Start(std::vector<RankLaunch> ranks) {
   }
   state->started = true;
   for (RankLaunch& r : ranks) {
-    const int rank = r.rank;
-    std::weak_ptr<State> weak = state;
-    auto on_exit = [weak, rank](const ExitInfo& exit) {
-      std::shared_ptr<State> s = weak.lock();
-      if (s == nullptr) return;
-      RankExit report{s->job_id, s->generation, rank, exit, false};
-      {
-        absl::MutexLock lock(&s->mu);
-        if (s->running.erase(rank) == 0) s->exited_early.insert(rank);
-        report.stopped = s->stopping;
-        ++s->delivering;
-      }
-      {
-        // Not under `mu`, so the callback may call Stop(); under
-        // `callback_mu`, so it never runs once the destructor set `closed`.
-        absl::MutexLock lock(&s->callback_mu);
-        if (!s->closed && s->on_exit) s->on_exit(report);
-      }
-      absl::MutexLock lock(&s->mu);
-      --s->delivering;
-      s->changed.SignalAll();
-    };
-    absl::StatusOr<pid_t> pid = state->launcher->Launch(r.spec, std::move(on_exit));
+    absl::StatusOr<pid_t> pid = State::LaunchLocked(state, r);
     if (!pid.ok()) {
       state->StopLocked();
-      return absl::Status(pid.status().code(),
-                          absl::StrCat(state->Name(rank), ": ", pid.status().message()));
+      return pid.status();
     }
-    if (state->exited_early.erase(rank) == 0) state->running.emplace(rank, *pid);
+    state->ranks.insert(r.rank);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<pid_t> WorkerSupervisor::Relaunch(RankLaunch rank) {
+  std::shared_ptr<State> state = state_;
+  absl::MutexLock lock(&state->mu);
+  if (state->stopping) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(state->Name(rank.rank), ": supervisor already stopped"));
+  }
+  if (state->ranks.count(rank.rank) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(state->Name(rank.rank), " was never launched here"));
+  }
+  if (auto it = state->running.find(rank.rank); it != state->running.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(state->Name(rank.rank), " still runs (pid ",
+                                                      it->second, "); its exit was not seen"));
+  }
+  // A failed launch leaves the rank exited and the others as they are.
+  return State::LaunchLocked(state, rank);
 }
 
 void WorkerSupervisor::Stop() {

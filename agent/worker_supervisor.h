@@ -1,17 +1,32 @@
 // WorkerSupervisor: the workers of one (job, generation) on this host. It
 // launches them through a ProcessLauncher, reports each exit with its rank,
 // and stops them all (SIGTERM to each process group, SIGKILL after a grace)
-// on cancel or restart. A restart is a new supervisor for generation G+1
-// after the old one has stopped.
+// on cancel or restart. A restart of the whole job is a new supervisor for
+// generation G+1 after the old one has stopped; a rank whose process exited
+// may instead be started again inside the same supervisor (Relaunch: the
+// in-place recovery of one rank, Assignment.replace).
 //
+//            Relaunch(a rank whose process exited)
+//               ┌───┐
+//               ▼   │
 //   Start ──▶ RUNNING ──every worker exited──▶ DONE
-//               │                               ▲
-//               │ Stop() / destructor           │
-//               ▼                               │
-//            STOPPING ──every worker exited─────┘
+//               │  ▲                            │
+//               │  └──────Relaunch(a rank)──────┘
+//               │ Stop() / destructor
+//               ▼
+//            STOPPING ──every worker exited──▶ STOPPED
+//
+// Relaunch is refused in STOPPING and STOPPED.
+//
+// Each rank runs one process at a time:
+//
+//   running ──its process exited (taken off running, passed to on_exit)──▶
+//   exited ──Relaunch──▶ running
 //
 // Exits reported after Stop() carry stopped = true: they are the agent's
-// doing, not a failure of the job.
+// doing, not a failure of the job. A relaunched rank is a worker like any
+// other: its exit goes to on_exit, Stop() terminates it and WaitAllExited
+// waits for it.
 #pragma once
 
 #include <sys/types.h>
@@ -23,6 +38,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "agent/process_launcher.h"
 
@@ -50,7 +66,8 @@ struct SupervisorOptions {
 };
 
 // Thread safety: thread-safe. `on_exit` runs on the launcher's callback
-// thread, once per launched rank, one call at a time, and never after the
+// thread, once per launched process (a relaunched rank's included), one
+// call at a time, and never after the
 // destructor has returned; it may call Stop() and running() but must
 // not destroy the supervisor.
 class WorkerSupervisor {
@@ -72,6 +89,17 @@ class WorkerSupervisor {
   // launcher's error for the first rank that failed, its message prefixed
   // with the job, generation and rank.
   absl::Status Start(std::vector<RankLaunch> ranks);
+
+  // Starts `rank` again, in place of its process that has exited (its exit
+  // was taken off the running workers; on_exit may still be delivering it).
+  // Returns the new pid. Allowed in RUNNING and DONE, so the supervisor is
+  // running again afterwards.
+  // Possible errors: FAILED_PRECONDITION after Stop(), or while the rank's
+  // process still runs (or its exit has not been seen yet); INVALID_ARGUMENT
+  // for a rank that Start did not launch; otherwise the launcher's error,
+  // its message prefixed with the job, generation and rank (the rank then
+  // stays exited).
+  absl::StatusOr<pid_t> Relaunch(RankLaunch rank);
 
   // SIGTERM to every running worker's process group now, SIGKILL after the
   // grace. Idempotent; returns at once.

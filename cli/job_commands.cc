@@ -65,6 +65,8 @@ struct JobCommands::Options {
   int64_t max_pids = 0;
   std::string on_hang;
   std::string grow;
+  std::string restart_policy;
+  std::string in_place_dim;
   std::string idempotency_key;
   bool no_wait = false;
   bool parsable = false;
@@ -84,6 +86,8 @@ struct JobCommands::Options {
   CLI::Option* pids_opt = nullptr;
   CLI::Option* on_hang_opt = nullptr;
   CLI::Option* grow_opt = nullptr;
+  CLI::Option* restart_policy_opt = nullptr;
+  CLI::Option* in_place_dim_opt = nullptr;
   CLI::Option* key_opt = nullptr;
 
   // list
@@ -215,11 +219,25 @@ std::vector<std::vector<std::string>> SummaryRows(const Job& job, absl::Time now
   return rows;
 }
 
+// "group", or "in_place (dim dp)".
+std::string RestartPolicyLine(const JobSpec& spec) {
+  const std::string policy = RestartPolicyText(spec.restart_policy());
+  if (spec.restart_policy() != mesh::v1::RESTART_POLICY_IN_PLACE || spec.in_place_dim().empty()) {
+    return policy;
+  }
+  return absl::StrCat(policy, " (dim ", spec.in_place_dim(), ")");
+}
+
 void RenderJobTable(const Job& job, bool detail, std::ostream& out) {
   const absl::Time now = absl::Now();
   std::vector<std::vector<std::string>> rows = SummaryRows(job, now);
   if (detail) {
     const JobSpec& spec = job.spec();
+    // Beside the restarts it governs.
+    auto generation = std::find_if(rows.begin(), rows.end(),
+                                   [](const auto& row) { return row.front() == "Generation:"; });
+    if (generation != rows.end()) ++generation;
+    rows.insert(generation, std::vector<std::string>{"Restart policy:", RestartPolicyLine(spec)});
     const int32_t max = spec.nodes().max() == 0 ? spec.nodes().min() : spec.nodes().max();
     const std::string requested =
         spec.nodes().min() == max ? absl::StrCat(max) : absl::StrCat(spec.nodes().min(), ":", max);
@@ -279,6 +297,23 @@ void RenderJobTable(const Job& job, bool detail, std::ostream& out) {
              OrDash(resize.reason())});
       }
       RenderRows(resizes, out);
+    }
+    if (job.membership_size() > 0) {
+      out << "Membership:\n";
+      std::vector<std::vector<std::string>> changes = {
+          {"  TIME", "EPOCH", "RANK", "CHANGE", "DETAIL"}};
+      for (const auto& change : job.membership()) {
+        const nlohmann::json time = TimeToJson(change.time_unix_ms());
+        // A lost rank says why; a returned one, which process it is now.
+        const std::string cell = change.kind() == mesh::v1::MembershipChange::KIND_RETURNED
+                                     ? absl::StrCat("incarnation ", change.incarnation())
+                                     : OrDash(change.reason());
+        changes.push_back(
+            {absl::StrCat("  ", time.is_null() ? std::string("-") : time.get<std::string>()),
+             absl::StrCat(change.epoch()), absl::StrCat(change.rank()),
+             MembershipKindName(change.kind()), cell});
+      }
+      RenderRows(changes, out);
     }
   }
 }
@@ -594,6 +629,17 @@ absl::StatusOr<JobSpec> BuildSpec(const Options& o) {
   if (o.grow_opt->count() > 0) {
     if (absl::Status grow = ParseGrow(o.grow, spec); !grow.ok()) return flag_error("--grow", grow);
   }
+  if (o.restart_policy_opt->count() > 0) {
+    auto policy = ParseRestartPolicy(o.restart_policy);
+    if (!policy.ok()) return flag_error("--restart-policy", policy.status());
+    spec.set_restart_policy(*policy);
+  }
+  if (o.in_place_dim_opt->count() > 0) {
+    if (absl::Status dim = CheckInPlaceDim(o.in_place_dim); !dim.ok()) {
+      return flag_error("--in-place-dim", dim);
+    }
+    spec.set_in_place_dim(o.in_place_dim);
+  }
   if (o.key_opt->count() > 0) spec.set_idempotency_key(o.idempotency_key);
   if (!o.command.empty()) {
     spec.clear_command();
@@ -863,6 +909,14 @@ JobCommands::JobCommands(CLI::App& app) : options_(std::make_unique<Options>()) 
   o.grow_opt = s->add_option("--grow", o.grow,
                              "When a job with --nodes MIN:MAX takes more nodes: never (default), "
                              "on_restart, or after:DURATION at its size (docs/elastic.md)");
+  o.restart_policy_opt = s->add_option(
+      "--restart-policy", o.restart_policy,
+      "What a failed worker does to the others: group (default; the whole job restarts) or "
+      "in_place (it is relaunched alone while the others run on; docs/elastic.md)");
+  o.in_place_dim_opt = s->add_option(
+      "--in-place-dim", o.in_place_dim,
+      "With --restart-policy in_place: the mesh dimension the survivors shrink along while a "
+      "rank is replaced (default dp)");
   o.memory_opt = s->add_option("--memory-per-proc", o.memory_per_proc,
                                "Memory limit of each worker with what it starts, e.g. 8GiB; over "
                                "it the kernel kills the worker (docs/jobs.md)");

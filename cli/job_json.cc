@@ -78,6 +78,33 @@ nlohmann::json ResizeToJson(const mesh::v1::JobResize& resize) {
   };
 }
 
+std::string RestartPolicyText(mesh::v1::RestartPolicy policy) {
+  switch (policy) {
+    case mesh::v1::RESTART_POLICY_UNSPECIFIED:
+    case mesh::v1::RESTART_POLICY_GROUP:
+      return "group";
+    case mesh::v1::RESTART_POLICY_IN_PLACE:
+      return "in_place";
+    default:
+      return absl::StrCat(static_cast<int>(policy));
+  }
+}
+
+std::string MembershipKindName(mesh::v1::MembershipChange::Kind kind) {
+  return EnumName(mesh::v1::MembershipChange::Kind_Name(kind), "KIND_", kind);
+}
+
+nlohmann::json MembershipChangeToJson(const mesh::v1::MembershipChange& change) {
+  return {
+      {"epoch", change.epoch()},
+      {"time", TimeToJson(change.time_unix_ms())},
+      {"rank", change.rank()},
+      {"kind", MembershipKindName(change.kind())},
+      {"incarnation", change.incarnation()},
+      {"reason", change.reason()},
+  };
+}
+
 int64_t HangTimeoutSeconds(const mesh::v1::JobSpec& spec) {
   return spec.hang_timeout_seconds() > 0 ? spec.hang_timeout_seconds() : 300;
 }
@@ -159,6 +186,8 @@ nlohmann::json JobSpecToJson(const mesh::v1::JobSpec& spec) {
       {"memory_per_proc_bytes", spec.memory_per_proc_bytes()},
       {"max_pids", spec.max_pids()},
       {"grow", GrowText(spec)},
+      {"restart_policy", RestartPolicyText(spec.restart_policy())},
+      {"in_place_dim", spec.in_place_dim()},
       {"idempotency_key", spec.idempotency_key()},
   };
 }
@@ -222,6 +251,9 @@ nlohmann::json JobToJson(const mesh::v1::Job& job, bool detail) {
   nlohmann::json resizes = nlohmann::json::array();
   for (const auto& resize : job.resizes()) resizes.push_back(ResizeToJson(resize));
   json["resizes"] = std::move(resizes);
+  nlohmann::json membership = nlohmann::json::array();
+  for (const auto& change : job.membership()) membership.push_back(MembershipChangeToJson(change));
+  json["membership"] = std::move(membership);
   if (detail) {
     json["spec"] = JobSpecToJson(spec);
     nlohmann::json events = nlohmann::json::array();

@@ -45,6 +45,16 @@ absl::StatusOr<mesh::v1::HangPolicy> ParseHangPolicy(absl::string_view text);
 std::string GrowText(const mesh::v1::JobSpec& spec);
 // A resize as JSON: time, generation, from_nodes, to_nodes, reason.
 nlohmann::json ResizeToJson(const mesh::v1::JobResize& resize);
+// spec.restart_policy as ParseRestartPolicy reads it: "group" or "in_place"
+// (UNSPECIFIED, from a server older than the field, reads as group, what
+// the coordinator makes of it); the number for a value this client does not
+// know.
+std::string RestartPolicyText(mesh::v1::RestartPolicy policy);
+// "LOST" for KIND_LOST, "RETURNED" for KIND_RETURNED, as JobStateName.
+std::string MembershipKindName(mesh::v1::MembershipChange::Kind kind);
+// A membership change as JSON: epoch, time, rank, kind, incarnation (0 for
+// LOST), reason ("" for RETURNED).
+nlohmann::json MembershipChangeToJson(const mesh::v1::MembershipChange& change);
 // The spec's hang timeout in seconds; 0 (unset, or a server older than the
 // field) reads as the coordinator's default, 300.
 int64_t HangTimeoutSeconds(const mesh::v1::JobSpec& spec);

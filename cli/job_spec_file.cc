@@ -240,6 +240,23 @@ absl::Status ParseField(const FileErrors& errors, const std::string& key, const 
     if (!parsed.ok()) return errors.At(value.Mark(), key, parsed.message());
     return absl::OkStatus();
   }
+  if (key == "restart_policy") {
+    auto text = String(errors, key, value);
+    if (!text.ok()) return text.status();
+    auto policy = ParseRestartPolicy(*text);
+    if (!policy.ok()) return errors.At(value.Mark(), key, policy.status().message());
+    spec.set_restart_policy(*policy);
+    return absl::OkStatus();
+  }
+  if (key == "in_place_dim") {
+    auto dim = String(errors, key, value);
+    if (!dim.ok()) return dim.status();
+    if (absl::Status checked = CheckInPlaceDim(*dim); !checked.ok()) {
+      return errors.At(value.Mark(), key, checked.message());
+    }
+    spec.set_in_place_dim(*std::move(dim));
+    return absl::OkStatus();
+  }
   if (key == "on_hang") {
     auto text = String(errors, key, value);
     if (!text.ok()) return text.status();
@@ -263,10 +280,27 @@ absl::Status ParseField(const FileErrors& errors, const std::string& key, const 
 }
 
 constexpr const char* kKnownKeys[] = {
-    "name",         "labels",          "command",         "env",          "working_dir",
-    "nodes",        "nproc_per_node",  "gpus_per_proc",   "mesh_shape",   "mesh_dim_names",
-    "max_restarts", "deadline",        "idempotency_key", "hang_timeout", "on_hang",
-    "grow",         "memory_per_proc", "max_pids"};
+    "name",
+    "labels",
+    "command",
+    "env",
+    "working_dir",
+    "nodes",
+    "nproc_per_node",
+    "gpus_per_proc",
+    "mesh_shape",
+    "mesh_dim_names",
+    "max_restarts",
+    "deadline",
+    "idempotency_key",
+    "hang_timeout",
+    "on_hang",
+    "grow",
+    "restart_policy",
+    "in_place_dim",
+    "memory_per_proc",
+    "max_pids",
+};
 
 }  // namespace
 
@@ -344,6 +378,22 @@ absl::Status ParseGrow(absl::string_view text, mesh::v1::JobSpec& spec) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("'", text, "' is not a grow policy: never, on_restart or after:DURATION"));
+}
+
+absl::StatusOr<mesh::v1::RestartPolicy> ParseRestartPolicy(absl::string_view text) {
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  if (lower == "group") return mesh::v1::RESTART_POLICY_GROUP;
+  if (lower == "in_place" || lower == "in-place") return mesh::v1::RESTART_POLICY_IN_PLACE;
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", text, "' is not a restart policy: group or in_place"));
+}
+
+absl::Status CheckInPlaceDim(absl::string_view dim) {
+  if (absl::StripAsciiWhitespace(dim).empty()) {
+    return absl::InvalidArgumentError(
+        "expected the name of a mesh dimension, e.g. dp, got an empty string");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<mesh::v1::NodeCount> ParseNodeCount(absl::string_view text) {

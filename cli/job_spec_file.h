@@ -8,7 +8,9 @@
 //   mesh_shape [..], mesh_dim_names [..], max_restarts,
 //   deadline ("90s" | "10m" | seconds), idempotency_key,
 //   hang_timeout (a duration, > 0), on_hang (restart | fail),
-//   memory_per_proc (a size: "8GiB", ParseByteSize), max_pids (N).
+//   memory_per_proc (a size: "8GiB", ParseByteSize), max_pids (N),
+//   grow (never | on_restart | {after: 10m}),
+//   restart_policy (group | in_place), in_place_dim (a dimension name).
 // Unknown keys are errors (a typo must not silently drop a setting). Only
 // types and syntax are checked here; the coordinator's ValidateJobSpec stays
 // the one authority on values, except env names, which are checked early
@@ -52,6 +54,16 @@ absl::StatusOr<int64_t> ParseDurationSeconds(absl::string_view text);
 // "after:10m" or "after 10m" (case-insensitive; docs/elastic.md).
 // Errors: INVALID_ARGUMENT (without a field name: the caller adds it).
 absl::Status ParseGrow(absl::string_view text, mesh::v1::JobSpec& spec);
+
+// "group" or "in_place" (case-insensitive; "in-place" too) -> the
+// RestartPolicy (docs/elastic.md). Errors: INVALID_ARGUMENT (without a
+// field name: the caller adds it).
+absl::StatusOr<mesh::v1::RestartPolicy> ParseRestartPolicy(absl::string_view text);
+
+// An in_place_dim as given: any non-empty name (whether the mesh has it is
+// the coordinator's to judge). Errors: INVALID_ARGUMENT for an empty one
+// (without a field name: the caller adds it).
+absl::Status CheckInPlaceDim(absl::string_view dim);
 
 // "8GiB", "512MiB", "64M", "8 GiB", "1073741824": a whole number of bytes,
 // with an optional binary unit B, KiB/K, MiB/M, GiB/G or TiB/T

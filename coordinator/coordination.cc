@@ -196,7 +196,9 @@ absl::StatusOr<JobInfo> Coordination::CreateJob(JobLayout layout, int64_t genera
     job->previous_error = std::move(failed->second);
     failed_removed_.erase(failed);
   }
-  JobInfo info{job->layout, generation, false};
+  JobInfo info;
+  info.layout = job->layout;
+  info.generation = generation;
   jobs_.emplace(job->layout.job_id, std::move(job));
   return info;
 }
@@ -206,7 +208,13 @@ absl::StatusOr<JobInfo> Coordination::GetJob(const std::string& job_id) const {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
   const Generation& gen = *it->second->current;
-  return JobInfo{it->second->layout, gen.number, gen.error.has_value()};
+  JobInfo info;
+  info.layout = it->second->layout;
+  info.generation = gen.number;
+  info.failed = gen.error.has_value();
+  info.membership_epoch = gen.epoch;
+  info.membership.assign(gen.membership.begin(), gen.membership.end());
+  return info;
 }
 
 absl::Status Coordination::RemoveJob(const std::string& job_id, const std::string& reason) {
@@ -378,6 +386,8 @@ JoinResult Coordination::JoinResultLocked(const Generation& gen, int rank) const
   r.heartbeat_interval = options_.heartbeat_interval;
   r.heartbeat_timeout = options_.heartbeat_timeout;
   r.membership_epoch = gen.epoch;
+  r.in_place = gen.layout->in_place;
+  r.in_place_dim = gen.layout->in_place_dim;
   return r;
 }
 
@@ -964,6 +974,29 @@ absl::Status Coordination::RankExited(const std::string& job_id, int64_t generat
       gen.scope, [](const Waiter& w) { return w.kind != Waiter::Kind::kWatch; });
   if (waiting) FailIfRankExitedLocked(gen, done);
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Coordination::LoseRankInPlace(const std::string& job_id, int64_t generation,
+                                                   int rank, const std::string& reason) {
+  Completions done;
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return false;
+  Generation& gen = *job->second->current;
+  if (gen.number != generation || gen.error.has_value()) return false;
+  if (rank < 0 || rank >= gen.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(gen.Name(), ": rank ", rank, " is outside the world of ", gen.world_size()));
+  }
+  if (!gen.layout->in_place || !gen.rendezvous.complete()) return false;
+  if (gen.lost.contains(rank)) return true;
+  if (gen.liveness.left(rank)) return false;
+  JobError error;
+  error.rank = rank;
+  error.host = gen.rendezvous.host(rank);
+  error.reason = reason.empty() ? "exited before the job finished" : reason;
+  LoseRankLocked(gen, std::move(error), done);
+  return true;
 }
 
 void Coordination::FailIfRankExitedLocked(Generation& gen, Completions& done) {

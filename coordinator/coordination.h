@@ -123,11 +123,29 @@ struct CoordinationOptions {
 // Possible errors of Validate: INVALID_ARGUMENT naming the bad field.
 absl::Status ValidateOptions(const CoordinationOptions& options);
 
+// A rank lost or back in a generation with in-place recovery, and the
+// membership epoch that began with it.
+struct MembershipEvent {
+  int64_t epoch = 0;
+  absl::Time time;
+  int rank = 0;
+  bool lost = false;         // Else: a new process joined as the rank.
+  uint64_t incarnation = 0;  // When back: the new process's.
+  std::string reason;        // When lost: why.
+};
+
 struct JobInfo {
   JobLayout layout;  // Normalized: shape and names filled in.
   int64_t generation = 0;
   bool failed = false;  // The current generation has failed.
+  // In-place recovery: the current generation's membership epoch and its
+  // changes, oldest first (the latest kMaxMembershipEvents).
+  int64_t membership_epoch = 0;
+  std::vector<MembershipEvent> membership;
 };
+
+// The membership changes a generation keeps for GetJob.
+inline constexpr size_t kMaxMembershipEvents = 1000;
 
 // Identity of a worker process; see RankContext in worker.proto.
 struct Caller {
@@ -162,6 +180,8 @@ struct JoinResult {
   absl::Duration heartbeat_timeout;
   // The membership epoch (in-place recovery; 0 otherwise).
   int64_t membership_epoch = 0;
+  bool in_place = false;
+  std::string in_place_dim;
 };
 
 // Why a generation failed.
@@ -423,6 +443,17 @@ class Coordination {
   absl::Status RankExited(const std::string& job_id, int64_t generation, int rank,
                           const std::string& reason);
 
+  // For the job manager's in-place recovery: like RankExited, but only for
+  // a job whose layout is in_place, at `generation`, after its world has
+  // formed and while it has not failed. Then `rank` is lost (unless it
+  // already is: a ReportError or missed heartbeats may have come first) and
+  // the result is true: the caller may start a new process as the rank.
+  // Otherwise nothing changes and the result is false (the caller fails the
+  // generation as for any exit). A rank that left (Leave) is false too.
+  // Errors: INVALID_ARGUMENT (rank outside the world).
+  absl::StatusOr<bool> LoseRankInPlace(const std::string& job_id, int64_t generation, int rank,
+                                       const std::string& reason);
+
   // Subscribes to the caller's generation. `done` runs once (see
   // WatchCallback); at once if the generation has already failed. Returns a
   // handle for Unwatch. Errors: as for every worker operation, except that a
@@ -524,6 +555,9 @@ class Coordination {
   // A rank failed (error.rank >= 0): with in-place recovery and a formed
   // world it is lost, else the generation fails.
   void RankFailedLocked(Generation& gen, JobError error, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends to gen.membership, dropping the oldest beyond the cap.
+  void RecordMembershipLocked(Generation& gen, MembershipEvent event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoseRankLocked(Generation& gen, JobError error, Completions& done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

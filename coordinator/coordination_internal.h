@@ -130,6 +130,8 @@ struct Coordination::Generation {
   // membership epoch, +1 whenever a rank is lost or comes back.
   std::map<int, JobError> lost;
   int64_t epoch = 0;
+  // Every loss and return, oldest first; at most kMaxMembershipEvents.
+  std::deque<MembershipEvent> membership;
   // The AliveRanks round in progress: each caller's rank and wait.
   struct AliveRound {
     int64_t completed = 0;  // Rounds completed so far.

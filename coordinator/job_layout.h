@@ -35,6 +35,10 @@ struct JobLayout {
   // moves to its next epoch, and the others carry on; a new process may
   // join as that rank again later. False: any death fails the generation.
   bool in_place = false;
+  // With in_place: the mesh dimension whose replicas the survivors may
+  // drop (JobSpec.in_place_dim), handed to every rank in its Join reply;
+  // empty: not named.
+  std::string in_place_dim;
 };
 
 // Whether `id` is 1..128 characters of [A-Za-z0-9._-].

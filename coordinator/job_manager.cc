@@ -114,6 +114,12 @@ JobManager::Metrics::Metrics(metrics::Registry& registry)
                    .AddCounter("mesh_coordinator_job_restarts_total",
                                "Restarts of any job (a worker or node failed with restarts left).")
                    ->Get()),
+      in_place_recoveries(
+          registry
+              .AddCounter("mesh_coordinator_in_place_recoveries_total",
+                          "Failed workers relaunched alone while the others carried on "
+                          "(restart_policy IN_PLACE; docs/elastic.md).")
+              ->Get()),
       shrinks(registry
                   .AddCounter("mesh_coordinator_job_resizes_total",
                               "Changes of an elastic job's node count (docs/elastic.md).",
@@ -362,6 +368,10 @@ void JobManager::SendLaunchLocked(Job& job, Node& node) {
   }
   order.set_memory_per_proc_bytes(job.spec.memory_per_proc_bytes());
   order.set_max_pids(job.spec.max_pids());
+  // Every rank of a RUNNING job was started: a rank to launch now replaces
+  // one that failed (in-place recovery).
+  order.set_replace(job.state() == mesh::v1::JOB_STATE_RUNNING);
+  if (order.replace()) order.set_reason(absl::StrCat("generation ", job.generation(), ": in place"));
   node.sink->Send(order);
 }
 
@@ -391,6 +401,8 @@ void JobManager::LaunchLocked(Job& job, Effects& effects) {
     layout.mesh_shape = placement.mesh_shape;
     layout.mesh_dim_names = placement.mesh_dim_names;
     layout.hang_timeout = HangTimeout(job.spec);
+    layout.in_place = job.spec.restart_policy() == mesh::v1::RESTART_POLICY_IN_PLACE;
+    layout.in_place_dim = layout.in_place ? job.spec.in_place_dim() : std::string();
     if (auto created = coordination_->CreateJob(layout, job.generation()); !created.ok()) {
       spdlog::error("job {}: cannot create its rendezvous: {}", job.id,
                     created.status().ToString());

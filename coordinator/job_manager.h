@@ -328,6 +328,7 @@ class JobManager {
     metrics::Family<metrics::Gauge>* jobs;
     metrics::Family<metrics::Counter>* finished;
     metrics::Counter* restarts;
+    metrics::Counter* in_place_recoveries;
     metrics::Counter* shrinks;
     metrics::Counter* grows;
     metrics::Gauge* nodes_ready;
@@ -374,6 +375,17 @@ class JobManager {
   void FailJobLocked(Job& job, mesh::v1::RootCause cause, Effects& effects,
                      absl::string_view no_restart = "") ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishJobLocked(Job& job, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker of `job` on `node` failed as `cause` says (`launch_error`: it
+  // could not be started). With restart_policy IN_PLACE, the job RUNNING,
+  // restarts left and Coordination agreeing that the others can carry on
+  // (LoseRankInPlace), relaunches the rank alone at the same generation (a
+  // replace LAUNCH), counts a restart and returns true. A report for a rank
+  // being relaunched already, other than a launch error, is a duplicate:
+  // true, and nothing changes. Else changes nothing and returns false: fail
+  // the job as usual.
+  bool RecoverInPlaceLocked(Job& job, Node& node, const mesh::v1::RootCause& cause,
+                            bool launch_error, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The restart of a job whose machine has just entered RESTARTING (its
   // generation bumped): kills the old generation, then relaunches on the
   // same nodes or places the job again (up to NodeCapLocked nodes).

@@ -30,6 +30,21 @@ mesh::v1::Job JobManager::JobProtoLocked(const Job& job, bool with_events) const
     for (const std::string& node : job.placement->nodes) proto.add_nodes(node);
   }
   for (const mesh::v1::JobResize& resize : job.resizes) *proto.add_resizes() = resize;
+  if (with_events && job.spec.restart_policy() == mesh::v1::RESTART_POLICY_IN_PLACE) {
+    absl::StatusOr<JobInfo> info = coordination_->GetJob(job.id);
+    if (info.ok() && info->generation == job.generation()) {
+      for (const MembershipEvent& event : info->membership) {
+        mesh::v1::MembershipChange* change = proto.add_membership();
+        change->set_epoch(event.epoch);
+        change->set_time_unix_ms(absl::ToUnixMillis(event.time));
+        change->set_rank(event.rank);
+        change->set_kind(event.lost ? mesh::v1::MembershipChange::KIND_LOST
+                                    : mesh::v1::MembershipChange::KIND_RETURNED);
+        change->set_incarnation(event.incarnation);
+        change->set_reason(event.reason);
+      }
+    }
+  }
   return proto;
 }
 

@@ -286,6 +286,65 @@ absl::Status ValidateGrow(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// spec.restart_policy and spec.in_place_dim (docs/elastic.md).
+absl::Status ValidateRestartPolicy(const JobSpec& spec) {
+  const mesh::v1::RestartPolicy policy = spec.restart_policy();
+  if (!mesh::v1::RestartPolicy_IsValid(policy)) {
+    return Invalid("spec.restart_policy",
+                   absl::StrCat(static_cast<int>(policy),
+                                " is not a RestartPolicy (GROUP or IN_PLACE)"));
+  }
+  if (policy != mesh::v1::RESTART_POLICY_IN_PLACE) {
+    if (!spec.in_place_dim().empty()) {
+      return Invalid("spec.in_place_dim",
+                     absl::StrCat(Quote(spec.in_place_dim()), " is set, but spec.restart_policy is ",
+                                  RestartPolicyName(policy), "; only IN_PLACE takes a dimension"));
+    }
+    return absl::OkStatus();
+  }
+  const std::string dim = spec.in_place_dim().empty() ? "dp" : spec.in_place_dim();
+  // The dimension names as NormalizeJobSpec fills them in.
+  std::vector<std::string> names(spec.mesh_dim_names().begin(), spec.mesh_dim_names().end());
+  const int ndims = spec.mesh_shape().empty() ? 1 : spec.mesh_shape_size();
+  if (names.empty()) {
+    if (ndims == 1) {
+      names.push_back("world");
+    } else {
+      for (int i = 0; i < ndims; ++i) names.push_back(absl::StrCat("dim", i));
+    }
+  }
+  const auto it = std::find(names.begin(), names.end(), dim);
+  if (it == names.end()) {
+    return Invalid(spec.in_place_dim().empty() ? "spec.restart_policy" : "spec.in_place_dim",
+                   absl::StrCat("IN_PLACE drops the failed replica along mesh dimension ",
+                                Quote(dim), ", but the mesh has no such dimension (its dimensions: ",
+                                absl::StrJoin(names, ", "),
+                                "); name one with in_place_dim"));
+  }
+  // Its size with the most nodes the job may get: a -1 dimension takes what
+  // the others leave (ValidateMesh made that whole).
+  const int index = static_cast<int>(it - names.begin());
+  const int64_t world = int64_t{MaxNodes(spec)} * spec.nproc_per_node();
+  int64_t size = world;
+  if (!spec.mesh_shape().empty()) {
+    size = spec.mesh_shape(index);
+    if (size == -1) {
+      int64_t others = 1;
+      for (int i = 0; i < spec.mesh_shape_size(); ++i) {
+        if (i != index) others *= spec.mesh_shape(i);
+      }
+      size = world / others;
+    }
+  }
+  if (size < 2) {
+    return Invalid(spec.in_place_dim().empty() ? "spec.restart_policy" : "spec.in_place_dim",
+                   absl::StrCat("mesh dimension ", Quote(dim), " has size ", size, " with ",
+                                MaxNodes(spec), MaxNodes(spec) == 1 ? " node" : " nodes",
+                                ": it has no replica to drop"));
+  }
+  return absl::OkStatus();
+}
+
 // Fields 11.. in field-number order.
 absl::Status ValidateRest(const JobSpec& spec, const JobSpecLimits& limits) {
   if (spec.max_restarts() < 0) {
@@ -324,7 +383,8 @@ absl::Status ValidateRest(const JobSpec& spec, const JobSpecLimits& limits) {
     return Invalid("spec.max_pids", absl::StrCat(spec.max_pids(), " is outside 0..", kMaxPidsLimit,
                                                  " (0: no limit)"));
   }
-  return ValidateGrow(spec);
+  if (absl::Status status = ValidateGrow(spec); !status.ok()) return status;
+  return ValidateRestartPolicy(spec);
 }
 
 }  // namespace
@@ -392,6 +452,24 @@ void NormalizeJobSpec(const JobSpecLimits& limits, JobSpec& spec) {
     spec.set_on_hang(mesh::v1::HANG_POLICY_RESTART);
   }
   if (spec.grow() == mesh::v1::GROW_POLICY_UNSPECIFIED) spec.set_grow(mesh::v1::GROW_POLICY_NEVER);
+  if (spec.restart_policy() == mesh::v1::RESTART_POLICY_UNSPECIFIED) {
+    spec.set_restart_policy(mesh::v1::RESTART_POLICY_GROUP);
+  }
+  if (spec.restart_policy() == mesh::v1::RESTART_POLICY_IN_PLACE && spec.in_place_dim().empty()) {
+    spec.set_in_place_dim("dp");
+  }
+}
+
+std::string RestartPolicyName(mesh::v1::RestartPolicy policy) {
+  switch (policy) {
+    case mesh::v1::RESTART_POLICY_UNSPECIFIED:
+    case mesh::v1::RESTART_POLICY_GROUP:
+      return "GROUP";
+    case mesh::v1::RESTART_POLICY_IN_PLACE:
+      return "IN_PLACE";
+    default:
+      return absl::StrCat("UNKNOWN(", static_cast<int>(policy), ")");
+  }
 }
 
 std::string GrowPolicyName(mesh::v1::GrowPolicy policy) {

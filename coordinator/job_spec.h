@@ -88,6 +88,9 @@ inline constexpr int64_t kMaxGrowAfterSeconds = 7 * 24 * 3600;
 // "NEVER", "ON_RESTART", "AFTER" (UNSPECIFIED reads as NEVER, which it
 // normalizes to); "UNKNOWN(n)" otherwise.
 std::string GrowPolicyName(mesh::v1::GrowPolicy policy);
+
+// "GROUP", "IN_PLACE" (UNSPECIFIED reads as GROUP, its default).
+std::string RestartPolicyName(mesh::v1::RestartPolicy policy);
 // The hang timeout in force for `spec` (the default for 0, which a spec
 // stored before the field existed has).
 absl::Duration HangTimeout(const mesh::v1::JobSpec& spec);

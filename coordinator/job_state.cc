@@ -112,8 +112,9 @@ absl::StatusOr<std::unique_ptr<JobStateMachine>> JobStateMachine::Restore(std::s
     return absl::InvalidArgumentError(
         absl::StrCat("job ", job_id, ": cannot restore state ", JobStateName(stored.state)));
   }
-  if (stored.generation < 0 || stored.restarts < 0 || stored.restarts > max_restarts ||
-      stored.restarts > stored.generation) {
+  // restarts may exceed generation: an in-place recovery counts a restart
+  // without a new generation.
+  if (stored.generation < 0 || stored.restarts < 0 || stored.restarts > max_restarts) {
     return absl::InvalidArgumentError(absl::StrCat("job ", job_id, ": cannot restore generation ",
                                                    stored.generation, " with ", stored.restarts,
                                                    " of ", max_restarts, " restarts"));
@@ -226,6 +227,38 @@ absl::Status JobStateMachine::Resize(std::optional<mesh::v1::RootCause> cause, s
     root_cause_ = *std::move(cause);
     has_root_cause_ = true;
   }
+  return absl::OkStatus();
+}
+
+absl::Status JobStateMachine::RecoverInPlace(mesh::v1::RootCause cause) {
+  if (cause.generation() < generation_) {
+    return absl::AbortedError(absl::StrCat("job ", job_id_, ": failure of generation ",
+                                           cause.generation(), " is stale; the job is at ",
+                                           generation_));
+  }
+  if (cause.generation() > generation_) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", job_id_, ": failure of generation ",
+                                                   cause.generation(), ", but the job is only at ",
+                                                   generation_));
+  }
+  if (state_ != JOB_STATE_RUNNING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id_, ": an in-place recovery in state ", JobStateName(state_)));
+  }
+  if (restarts_ >= max_restarts_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id_, ": no restarts left for an in-place recovery (max_restarts ",
+        max_restarts_, ")"));
+  }
+  ++restarts_;
+  update_time_ = clock_.Now();
+  events_.push_back(JobEventRecord{
+      update_time_, state_, state_,
+      absl::StrCat(cause.message(), "; relaunched in place, restart ", restarts_, " of ",
+                   max_restarts_, "; the other ranks carry on"),
+      generation_});
+  root_cause_ = std::move(cause);
+  has_root_cause_ = true;
   return absl::OkStatus();
 }
 

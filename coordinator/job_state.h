@@ -10,6 +10,7 @@
 //                │  └─── SetPending ─ RESTARTING ◀────┘
 //                │       (no nodes)     generation+1, restarts+1
 //                │                      (Resize: restarts unchanged)
+//                │   RUNNING ──RecoverInPlace──▶ RUNNING: restarts+1, same generation
 //                │
 //   from every non-terminal state:
 //     WorkerFailed with no restarts left, Fail, the deadline ──▶ FAILED
@@ -145,6 +146,15 @@ class JobStateMachine {
   // Possible errors: ABORTED when cause->generation() is older (stale);
   // INVALID_ARGUMENT when newer; FAILED_PRECONDITION from any other state.
   absl::Status Resize(std::optional<::mesh::v1::RootCause> cause, std::string reason);
+
+  // A worker of a job with in-place recovery failed (docs/elastic.md) and
+  // is relaunched alone: RUNNING stays RUNNING at the same generation,
+  // restarts+1, and an event RUNNING → RUNNING records `cause.message()`.
+  // root_cause() becomes `cause`.
+  // Possible errors: ABORTED when cause.generation() is older (stale);
+  // INVALID_ARGUMENT when newer; FAILED_PRECONDITION in any state but
+  // RUNNING or with no restarts left (then WorkerFailed decides).
+  absl::Status RecoverInPlace(::mesh::v1::RootCause cause);
 
   // Any non-terminal state → FAILED without a restart (e.g. the job can
   // never be placed). root_cause() becomes `cause`, stamped with the current

@@ -75,6 +75,8 @@ void Coordination::LoseRankLocked(Generation& gen, JobError error, Completions& 
                                         " (membership epoch ", gen.epoch, ")")),
         done);
   }
+  RecordMembershipLocked(gen, MembershipEvent{gen.epoch, clock_->Now(), rank, /*lost=*/true, 0,
+                                              error.reason});
   gen.lost.emplace(rank, std::move(error));
   MaybeCompleteAliveRoundLocked(gen, done);
 }
@@ -84,8 +86,15 @@ void Coordination::ReadmitLocked(Generation& gen, int rank) {
   ++gen.epoch;
   metrics_.ranks_returned->Increment();
   gen.liveness.Return(rank, clock_->Now());
+  RecordMembershipLocked(gen, MembershipEvent{gen.epoch, clock_->Now(), rank, /*lost=*/false,
+                                              gen.rendezvous.incarnation(rank), ""});
   spdlog::info("{}: rank {} is back (incarnation {}) in membership epoch {}", gen.Name(), rank,
                gen.rendezvous.incarnation(rank), gen.epoch);
+}
+
+void Coordination::RecordMembershipLocked(Generation& gen, MembershipEvent event) {
+  gen.membership.push_back(std::move(event));
+  while (gen.membership.size() > kMaxMembershipEvents) gen.membership.pop_front();
 }
 
 void Coordination::WithdrawAliveLocked(Generation& gen, int rank, const absl::Status& status,

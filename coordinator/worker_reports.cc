@@ -1,6 +1,8 @@
 // JobManager's handling of what agents report about their workers:
 // ReportWorkersStarted (SCHEDULED → RUNNING) and ReportWorkerExit (a rank
-// done, the job succeeded, or a failure with its root cause; job_manager.h).
+// done, the job succeeded, or a failure with its root cause: relaunched in
+// place under restart_policy IN_PLACE, else the job restarts or fails;
+// job_manager.h).
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -8,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/job_manager_internal.h"
 #include "coordinator/worker_exit_message.h"
@@ -128,12 +131,45 @@ absl::Status JobManager::ReportWorkerExit(const mesh::v1::ReportWorkerExitReques
       cause.set_oom_killed(request.oom_killed());
       cause.set_message(
           WorkerExitMessage(absl::StrCat("rank ", rank, " (node ", node.name, ")"), request));
-      FailJobLocked(*job, std::move(cause), effects);
+      if (!RecoverInPlaceLocked(*job, node, cause, how == Termination::kLaunchError, effects)) {
+        FailJobLocked(*job, std::move(cause), effects);
+      }
     }
     while (effects.TakeReschedule()) ScheduleLocked(effects);
   }
   effects.Run();
   return absl::OkStatus();
+}
+
+bool JobManager::RecoverInPlaceLocked(Job& job, Node& node, const mesh::v1::RootCause& cause,
+                                      bool launch_error, Effects& effects) {
+  (void)effects;
+  if (job.spec.restart_policy() != mesh::v1::RESTART_POLICY_IN_PLACE ||
+      job.state() != mesh::v1::JOB_STATE_RUNNING) {
+    return false;
+  }
+  // The rank is being relaunched already: this is the replaced process's
+  // exit again (an agent re-sends its exits after a reconnect), not a new
+  // failure. Only the replacement failing to start is one.
+  if (job.ranks[cause.rank()] == Job::Rank::kLaunching && !launch_error) return true;
+  if (job.machine->restarts() >= job.machine->max_restarts()) return false;
+  // Coordination decides whether the others can carry on: only once the
+  // world has formed and while the generation has not failed.
+  absl::StatusOr<bool> lost =
+      coordination_->LoseRankInPlace(job.id, cause.generation(), cause.rank(), cause.message());
+  if (!lost.ok() || !*lost) return false;
+  const int rank = cause.rank();
+  const absl::Status recovered = job.machine->RecoverInPlace(cause);
+  MESH_CHECK(recovered.ok(), "RUNNING with restarts left recovers in place");
+  metrics_.in_place_recoveries->Increment();
+  metrics_.restarts->Increment();
+  ++stats_.restarts;
+  spdlog::warn("job {}: {}", job.id, job.machine->events().back().reason);
+  (void)PersistLocked(job);
+  NotifyWatchersLocked(job);
+  job.ranks[rank] = Job::Rank::kLaunching;
+  SendLaunchLocked(job, node);
+  return true;
 }
 
 }  // namespace mesh::coordinator

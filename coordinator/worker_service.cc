@@ -184,6 +184,8 @@ void FillJoinResponse(const JoinResult& r, JoinResponse* response) {
   response->set_heartbeat_interval_seconds(absl::ToDoubleSeconds(r.heartbeat_interval));
   response->set_heartbeat_timeout_seconds(absl::ToDoubleSeconds(r.heartbeat_timeout));
   response->set_membership_epoch(r.membership_epoch);
+  response->set_in_place(r.in_place);
+  response->set_in_place_dim(r.in_place_dim);
 }
 
 std::vector<GroupProgressReport> GroupsOf(const HeartbeatRequest& request) {

@@ -294,6 +294,8 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     result.heartbeat_interval = absl::Seconds(response.heartbeat_interval_seconds());
     result.heartbeat_timeout = absl::Seconds(response.heartbeat_timeout_seconds());
     result.membership_epoch = response.membership_epoch();
+    result.in_place = response.in_place();
+    result.in_place_dim = response.in_place_dim();
     return result;
   }
 

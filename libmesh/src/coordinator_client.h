@@ -102,6 +102,8 @@ struct JoinResult {
   absl::Duration heartbeat_interval;
   absl::Duration heartbeat_timeout;
   int64_t membership_epoch = 0;
+  bool in_place = false;
+  std::string in_place_dim;
 };
 
 // Why the caller's generation failed (mesh.v1.JobError).

@@ -3,11 +3,12 @@
 // metrics, collective progress). The world group is wrapped once and shared,
 // as ProcessGroupFactory's contract asks; the inner factory's World and
 // NewGroups run without any lock held here (they are collective and may
-// block).
+// block). It remembers the groups it made (weakly) for AbortGroupsWith.
 //
 // Thread safety: thread-safe, as the inner factory.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -32,12 +33,35 @@ class DecoratingProcessGroupFactory : public ProcessGroupFactory {
   }
   absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroups(
       const std::vector<GroupSpec>& specs) final {
-    absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> groups = inner_->NewGroups(specs);
-    if (!groups.ok()) return groups;
-    for (std::shared_ptr<ProcessGroup>& group : *groups) group = Wrap(std::move(group));
-    return groups;
+    return Adopt(inner_->NewGroups(specs));
+  }
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroupsAmongMembers(
+      const std::vector<GroupSpec>& specs) final {
+    return Adopt(inner_->NewGroupsAmongMembers(specs));
   }
   void AbortAll(absl::Status reason) final { inner_->AbortAll(std::move(reason)); }
+
+  // Aborts (ProcessGroup::Abort) every group made here, the world's
+  // included, that is still held and has any of `world_ranks` among its
+  // members; the others and later groups are untouched. In-place recovery
+  // uses it to end, at once, the collectives that wait for a lost rank.
+  void AbortGroupsWith(const std::vector<int>& world_ranks, const absl::Status& reason) {
+    std::vector<std::shared_ptr<ProcessGroup>> held;
+    {
+      absl::MutexLock lock(&mu_);
+      if (world_ != nullptr) held.push_back(world_);
+      for (const std::weak_ptr<ProcessGroup>& weak : made_) {
+        if (std::shared_ptr<ProcessGroup> group = weak.lock()) held.push_back(std::move(group));
+      }
+    }
+    for (const std::shared_ptr<ProcessGroup>& group : held) {
+      const std::vector<int>& members = group->global_ranks();
+      const bool hit = std::any_of(members.begin(), members.end(), [&](int rank) {
+        return std::find(world_ranks.begin(), world_ranks.end(), rank) != world_ranks.end();
+      });
+      if (hit) group->Abort(reason);
+    }
+  }
 
  protected:
   explicit DecoratingProcessGroupFactory(std::shared_ptr<ProcessGroupFactory> inner)
@@ -47,9 +71,26 @@ class DecoratingProcessGroupFactory : public ProcessGroupFactory {
   virtual std::shared_ptr<ProcessGroup> Wrap(std::shared_ptr<ProcessGroup> group) = 0;
 
  private:
+  // Wraps every group the inner factory made and remembers it for
+  // AbortGroupsWith.
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> Adopt(
+      absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> groups) {
+    if (!groups.ok()) return groups;
+    for (std::shared_ptr<ProcessGroup>& group : *groups) group = Wrap(std::move(group));
+    absl::MutexLock lock(&mu_);
+    // Forget groups their users dropped, so rebuilding in a loop does not
+    // grow the list.
+    made_.erase(std::remove_if(made_.begin(), made_.end(),
+                               [](const std::weak_ptr<ProcessGroup>& g) { return g.expired(); }),
+                made_.end());
+    made_.insert(made_.end(), groups->begin(), groups->end());
+    return groups;
+  }
+
   const std::shared_ptr<ProcessGroupFactory> inner_;
   absl::Mutex mu_;
   std::shared_ptr<ProcessGroup> world_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::weak_ptr<ProcessGroup>> made_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mesh::internal

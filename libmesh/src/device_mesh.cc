@@ -14,15 +14,18 @@ namespace mesh {
 // State shared by a root mesh and every sub-mesh and flattened mesh made
 // from it.
 struct DeviceMesh::Root {
-  Root(std::shared_ptr<ProcessGroupFactory> factory, MeshLayout layout, std::string name)
+  Root(std::shared_ptr<ProcessGroupFactory> factory, MeshLayout layout, std::string name,
+       bool members_only)
       : factory(std::move(factory)),
         layout(std::move(layout)),
         name(std::move(name)),
+        members_only(members_only),
         rank(this->factory->world_rank()) {}
 
   const std::shared_ptr<ProcessGroupFactory> factory;
   const MeshLayout layout;
   const std::string name;
+  const bool members_only;  // DeviceMeshOptions::members_only
   const int rank;
   // The calling rank's group along each root dim. Written once by Create
   // before the Root is shared, read-only afterwards.
@@ -75,12 +78,16 @@ absl::Status CheckGroup(const ProcessGroup* group, const GroupSpec& spec, int wo
 absl::StatusOr<std::shared_ptr<ProcessGroup>> MakeGroup(ProcessGroupFactory& factory,
                                                         const MeshLayout& layout,
                                                         absl::Span<const int> dims,
-                                                        const std::string& family, int rank) {
+                                                        const std::string& family, int rank,
+                                                        bool members_only) {
   absl::StatusOr<MeshGroup> members = layout.GroupOf(dims, rank);
   if (!members.ok()) return members.status();
-  if (IsWorldInOrder(members->ranks, factory.world_size())) return factory.World();
+  if (!members_only && IsWorldInOrder(members->ranks, factory.world_size())) {
+    return factory.World();
+  }
   GroupSpec spec{family, members->color, std::move(members->ranks)};
-  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> groups = factory.NewGroups({spec});
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> groups =
+      members_only ? factory.NewGroupsAmongMembers({spec}) : factory.NewGroups({spec});
   if (!groups.ok()) return groups.status();
   if (groups->size() != 1) {
     return absl::InternalError(
@@ -105,7 +112,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(std::shared_ptr<ProcessGroupFactor
   if (options.name.empty()) return absl::InvalidArgumentError("DeviceMesh name must not be empty");
   const int world_size = factory->world_size();
   const int rank = factory->world_rank();
-  if (layout.size() != world_size) {
+  if (!options.members_only && layout.size() != world_size) {
     return absl::InvalidArgumentError(absl::StrCat(layout.DebugString(), " holds ", layout.size(),
                                                    " ranks but the world has ", world_size));
   }
@@ -116,8 +123,13 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(std::shared_ptr<ProcessGroupFactor
                                                      ", outside a world of ", world_size));
     }
   }
+  if (options.members_only && !layout.Contains(rank)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(layout.DebugString(), " does not hold the calling rank ", rank));
+  }
 
-  auto root = std::make_shared<Root>(std::move(factory), std::move(layout), options.name);
+  auto root = std::make_shared<Root>(std::move(factory), std::move(layout), options.name,
+                                     options.members_only);
   const MeshLayout& root_layout = root->layout;
   root->dim_groups.resize(root_layout.ndim());
   // Every dim's group in one NewGroups call (see the header); dims that span
@@ -127,7 +139,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(std::shared_ptr<ProcessGroupFactor
   for (int d = 0; d < root_layout.ndim(); ++d) {
     absl::StatusOr<MeshGroup> members = root_layout.GroupOf({d}, rank);
     if (!members.ok()) return members.status();
-    if (IsWorldInOrder(members->ranks, world_size)) {
+    if (!options.members_only && IsWorldInOrder(members->ranks, world_size)) {
       absl::StatusOr<std::shared_ptr<ProcessGroup>> world = root->factory->World();
       if (!world.ok()) return world.status();
       root->dim_groups[d] = *std::move(world);
@@ -139,7 +151,8 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(std::shared_ptr<ProcessGroupFactor
   }
   if (!specs.empty()) {
     absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> groups =
-        root->factory->NewGroups(specs);
+        options.members_only ? root->factory->NewGroupsAmongMembers(specs)
+                             : root->factory->NewGroups(specs);
     if (!groups.ok()) return groups.status();
     if (groups->size() != specs.size()) {
       return absl::InternalError(absl::StrCat("process group factory returned ", groups->size(),
@@ -363,7 +376,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Flatten(absl::string_view name) const {
     } else {
       absl::StatusOr<std::shared_ptr<ProcessGroup>> made =
           MakeGroup(*root_->factory, root_->layout, root_dims,
-                    absl::StrCat(root_->name, "/", merged), root_->rank);
+                    absl::StrCat(root_->name, "/", merged), root_->rank, root_->members_only);
       if (!made.ok()) return made.status();
       group = *std::move(made);
     }

@@ -126,6 +126,32 @@ absl::StatusOr<MeshLayout> MeshLayout::FromRanks(std::vector<int64_t> shape,
   return MeshLayout(std::move(shape), std::move(dim_names), std::move(ranks));
 }
 
+absl::StatusOr<MeshLayout> MeshLayout::FromMembers(std::vector<int64_t> shape,
+                                                   std::vector<std::string> dim_names,
+                                                   std::vector<int> ranks, int world_size) {
+  absl::StatusOr<int> count = ValidateShapeAndNames(shape, dim_names);
+  if (!count.ok()) return count.status();
+  if (static_cast<size_t>(*count) != ranks.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("mesh shape ", ShapeString(shape), " holds ",
+                                                   *count, " ranks but the rank array has ",
+                                                   ranks.size()));
+  }
+  std::vector<bool> seen(static_cast<size_t>(std::max(world_size, 0)), false);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int r = ranks[i];
+    if (r < 0 || r >= world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("mesh rank array entry ", i, " is ", r,
+                                                     ", outside a world of ", world_size));
+    }
+    if (seen[r]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh rank array holds rank ", r, " more than once"));
+    }
+    seen[r] = true;
+  }
+  return MeshLayout(std::move(shape), std::move(dim_names), std::move(ranks));
+}
+
 int64_t MeshLayout::Size(int dim) const {
   MESH_CHECK(dim >= 0 && dim < ndim(), "mesh dim index out of range");
   return shape_[dim];

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <limits>
 #include <random>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -348,6 +349,37 @@ class Runtime::Monitor {
     return error;
   }
 
+  // In-place recovery: the groups that include a rank lost since the last
+  // beat can never complete another collective; abort them now, naming the
+  // loss, so that nothing waits for the op timeout. A rank that came back
+  // and is lost again counts as new.
+  void AbortGroupsOfNewlyLost(const std::vector<internal::JobErrorInfo>& lost) {
+    std::set<int> now;
+    std::vector<int> fresh;
+    std::string reason;
+    for (const internal::JobErrorInfo& error : lost) {
+      now.insert(error.rank);
+      if (!lost_.contains(error.rank)) {
+        fresh.push_back(error.rank);
+        if (reason.empty()) reason = error.message;
+      }
+    }
+    lost_ = std::move(now);
+    if (fresh.empty()) return;
+    std::shared_ptr<internal::DecoratingProcessGroupFactory> tracked;
+    {
+      absl::MutexLock lock(&mu_);
+      tracked = tracked_;
+    }
+    if (tracked != nullptr) tracked->AbortGroupsWith(fresh, absl::AbortedError(reason));
+  }
+
+  // The factory whose groups AbortGroupsOfNewlyLost aborts.
+  void Track(std::shared_ptr<internal::DecoratingProcessGroupFactory> factory) {
+    absl::MutexLock lock(&mu_);
+    tracked_ = std::move(factory);
+  }
+
   void Fail(const absl::Status& error) {
     MESH_CHECK(!error.ok(), "Runtime failure needs an error");
     std::shared_ptr<ProcessGroupFactory> factory;
@@ -418,6 +450,7 @@ class Runtime::Monitor {
       if (reply.ok()) {
         if (reply->error.has_value()) return Fail(absl::AbortedError(reply->error->message));
         membership_epoch_.store(reply->membership_epoch, std::memory_order_relaxed);
+        AbortGroupsOfNewlyLost(reply->lost);
         // The names of this beat only: a group that went away and came
         // back under its name (with other members) is announced again.
         announced_.clear();
@@ -502,6 +535,9 @@ class Runtime::Monitor {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> membership_epoch_{0};
+  // The lost ranks of the latest beat (heartbeat thread only).
+  std::set<int> lost_;
+  std::shared_ptr<internal::DecoratingProcessGroupFactory> tracked_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<ProcessGroupFactory> factory_ ABSL_GUARDED_BY(mu_);
   // Set by Arm: Init has succeeded, so failures go to on_failure.
   bool armed_ ABSL_GUARDED_BY(mu_) = false;
@@ -627,6 +663,8 @@ absl::Status Runtime::Start() {
   info_.heartbeat_interval = joined->heartbeat_interval;
   info_.heartbeat_timeout = joined->heartbeat_timeout;
   info_.membership_epoch = joined->membership_epoch;
+  info_.in_place = joined->in_place;
+  info_.in_place_dim = joined->in_place_dim;
   info_.world_unique_id = joined->nccl_unique_id;
 
   // The coordinator is the authority, but a disagreement means the agent and
@@ -677,7 +715,9 @@ absl::Status Runtime::Start() {
                  s.ToString().c_str());
   }
   // Outermost, so that an op counts as entered before anything else runs.
-  factory_ = std::make_shared<internal::ProgressProcessGroupFactory>(factory_, progress_);
+  auto outermost = std::make_shared<internal::ProgressProcessGroupFactory>(factory_, progress_);
+  monitor_->Track(outermost);
+  factory_ = std::move(outermost);
   // A failure that arrived during Init fails Init.
   return monitor_->Arm(factory_);
 }

@@ -301,6 +301,13 @@ class Job:
     """"never", "on_restart" or "after 10m" (docs/elastic.md)."""
     resizes: list[dict[str, Any]]
     """Each change of the node count: time, generation, from_nodes, to_nodes, reason."""
+    restart_policy: str
+    """"group" or "in_place" (docs/elastic.md)."""
+    in_place_dim: str
+    """in_place: the mesh dimension the survivors shrink along, e.g. "dp"; "" for group."""
+    membership: list[dict[str, Any]]
+    """in_place: each rank lost or returned in the current generation, oldest first:
+    epoch, time, rank, kind ("LOST" or "RETURNED"), incarnation, reason."""
     create_time: float
     update_time: float
     root_cause: Optional[dict[str, Any]]
@@ -328,6 +335,8 @@ class JobClient:
         hang_timeout: _Seconds = None,
         on_hang: Optional[str] = None,
         grow: Optional[str] = None,
+        restart_policy: Optional[str] = None,
+        in_place_dim: Optional[str] = None,
     ) -> str: ...
     def get(self, job_id: str) -> Job: ...
     def list(self, states: Optional[Sequence[str]] = None) -> builtins.list[Job]: ...

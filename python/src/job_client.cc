@@ -10,8 +10,9 @@
 // Errors: the coordinator's status, mapped as everywhere in meshrt
 // (UNAVAILABLE -> UnavailableError, NOT_FOUND -> NotFoundError, ...); wait()
 // raises meshrt.TimeoutError when its timeout passes first. submit's
-// hang_timeout and on_hang are meshctl submit's --hang-timeout and --on-hang
-// (on_hang parsed as meshctl does); a Job shows them as in force.
+// hang_timeout, on_hang, grow, restart_policy and in_place_dim are meshctl
+// submit's --hang-timeout, --on-hang, --grow, --restart-policy and
+// --in-place-dim (parsed as meshctl does); a Job shows them as in force.
 //
 // Thread safety: a JobClient may be shared by threads; every RPC releases
 // the GIL. wait() checks for signals (Ctrl-C) at least once a second.
@@ -52,11 +53,14 @@ struct PyJob {
   std::vector<std::string> command;
   std::vector<std::string> nodes;
   int nproc_per_node = 0;
-  double hang_timeout = 0;  // Seconds, as in force (300 when not given).
-  std::string on_hang;      // "restart" or "fail".
-  std::string grow;         // "never", "on_restart", "after 10m" (docs/elastic.md).
-  py::list resizes;         // One dict per change of the node count.
-  double create_time = 0;   // Unix seconds.
+  double hang_timeout = 0;     // Seconds, as in force (300 when not given).
+  std::string on_hang;         // "restart" or "fail".
+  std::string grow;            // "never", "on_restart", "after 10m" (docs/elastic.md).
+  py::list resizes;            // One dict per change of the node count.
+  std::string restart_policy;  // "group" or "in_place" (docs/elastic.md).
+  std::string in_place_dim;    // in_place: the dimension, e.g. "dp"; "" for group.
+  py::list membership;         // in_place: one dict per rank lost or returned.
+  double create_time = 0;      // Unix seconds.
   double update_time = 0;
   py::object root_cause;  // dict or None.
 
@@ -94,6 +98,18 @@ PyJob ToPy(const mesh::v1::Job& job) {
     r["to_nodes"] = resize.to_nodes();
     r["reason"] = resize.reason();
     out.resizes.append(std::move(r));
+  }
+  out.restart_policy = mesh::cli::RestartPolicyText(job.spec().restart_policy());
+  out.in_place_dim = job.spec().in_place_dim();
+  for (const mesh::v1::MembershipChange& change : job.membership()) {
+    py::dict m;
+    m["epoch"] = change.epoch();
+    m["time"] = static_cast<double>(change.time_unix_ms()) / 1000.0;
+    m["rank"] = change.rank();
+    m["kind"] = mesh::cli::MembershipKindName(change.kind());
+    m["incarnation"] = change.incarnation();
+    m["reason"] = change.reason();
+    out.membership.append(std::move(m));
   }
   out.create_time = static_cast<double>(job.create_time_unix_ms()) / 1000.0;
   out.update_time = static_cast<double>(job.update_time_unix_ms()) / 1000.0;
@@ -160,7 +176,8 @@ class PyJobClient {
                      const std::string& name, int gpus_per_proc, const std::string& working_dir,
                      std::optional<std::map<std::string, std::string>> labels,
                      const py::handle& hang_timeout, const py::handle& on_hang,
-                     std::optional<std::string> grow) {
+                     std::optional<std::string> grow, std::optional<std::string> restart_policy,
+                     std::optional<std::string> in_place_dim) {
     if (PyUnicode_Check(command.ptr()) || !PySequence_Check(command.ptr())) {
       throw py::type_error(
           "JobClient.submit: command must be a list of str (argv; no shell is involved), "
@@ -217,6 +234,22 @@ class PyJobClient {
         ThrowStatus(
             absl::InvalidArgumentError(absl::StrCat("JobClient.submit: grow: ", parsed.message())));
       }
+    }
+    if (restart_policy.has_value()) {
+      absl::StatusOr<mesh::v1::RestartPolicy> policy =
+          mesh::cli::ParseRestartPolicy(*restart_policy);
+      if (!policy.ok()) {
+        ThrowStatus(absl::InvalidArgumentError(
+            absl::StrCat("JobClient.submit: restart_policy: ", policy.status().message())));
+      }
+      spec.set_restart_policy(*policy);
+    }
+    if (in_place_dim.has_value()) {
+      if (absl::Status checked = mesh::cli::CheckInPlaceDim(*in_place_dim); !checked.ok()) {
+        ThrowStatus(absl::InvalidArgumentError(
+            absl::StrCat("JobClient.submit: in_place_dim: ", checked.message())));
+      }
+      spec.set_in_place_dim(*in_place_dim);
     }
     spec.set_nproc_per_node(nproc_per_node);
     spec.set_gpus_per_proc(gpus_per_proc);
@@ -397,6 +430,9 @@ void RegisterJobClient(py::module_& m) {
       .def_readonly("on_hang", &PyJob::on_hang)
       .def_readonly("grow", &PyJob::grow)
       .def_readonly("resizes", &PyJob::resizes)
+      .def_readonly("restart_policy", &PyJob::restart_policy)
+      .def_readonly("in_place_dim", &PyJob::in_place_dim)
+      .def_readonly("membership", &PyJob::membership)
       .def_readonly("create_time", &PyJob::create_time)
       .def_readonly("update_time", &PyJob::update_time)
       .def_readonly("root_cause", &PyJob::root_cause)
@@ -417,9 +453,11 @@ void RegisterJobClient(py::module_& m) {
            py::arg("max_restarts") = 0, py::arg("name") = "", py::arg("gpus_per_proc") = 0,
            py::arg("working_dir") = "", py::arg("labels") = py::none(),
            py::arg("hang_timeout") = py::none(), py::arg("on_hang") = py::none(),
-           py::arg("grow") = py::none(),
+           py::arg("grow") = py::none(), py::arg("restart_policy") = py::none(),
+           py::arg("in_place_dim") = py::none(),
            "Submits a job; returns its id. nodes=(min, max) with grow=\"on_restart\" or "
-           "\"after:10m\" makes an elastic job (docs/elastic.md).")
+           "\"after:10m\" makes an elastic job; restart_policy=\"in_place\" relaunches a "
+           "failed rank alone while the others run on (docs/elastic.md).")
       .def("get", &PyJobClient::Get, py::arg("job_id"))
       .def("list", &PyJobClient::List, py::arg("states") = py::none())
       .def("wait", &PyJobClient::Wait, py::arg("job_id"), py::arg("timeout") = py::none(),

@@ -283,6 +283,28 @@ TEST_F(ProcessLauncherTest, LogCapRotatesAndKeepsTheNewestOutput) {
   EXPECT_THAT(tail, EndsWith("0123456789012345678901234567890123456789\nLAST\n"));
 }
 
+TEST_F(ProcessLauncherTest, AppendLogKeepsTheEarlierOutputAndCountsItAgainstTheCap) {
+  LaunchSpec first = Spec({"sh", "-c", "echo first"});
+  ASSERT_TRUE(RunToExit(first).ok());
+  // Without append_log a launch starts its log afresh ...
+  ASSERT_TRUE(RunToExit(Spec({"sh", "-c", "echo second"})).ok());
+  EXPECT_EQ(ReadFile(first.stdout_log), "second\n");
+  // ... with it the new output follows what is there.
+  LaunchSpec again = Spec({"sh", "-c", "echo third"});
+  again.append_log = true;
+  ASSERT_TRUE(RunToExit(again).ok());
+  EXPECT_EQ(ReadFile(again.stdout_log), "second\nthird\n");
+
+  // The 13 bytes already there count against the cap: of "fourth\n" only
+  // 3 bytes fit under 16, then the file rotates.
+  LaunchSpec capped = Spec({"sh", "-c", "echo fourth"});
+  capped.append_log = true;
+  capped.max_log_bytes = 16;
+  ASSERT_TRUE(RunToExit(capped).ok());
+  EXPECT_EQ(ReadFile(capped.stdout_log + ".1"), "second\nthird\nfou");
+  EXPECT_EQ(ReadFile(capped.stdout_log), "rth\n");
+}
+
 TEST_F(ProcessLauncherTest, TerminateSendsSigtermFirst) {
   auto pid = Launch(Spec({"/bin/sleep", "60"}));
   ASSERT_TRUE(pid.ok()) << pid.status();

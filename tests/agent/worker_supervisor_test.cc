@@ -5,6 +5,8 @@
 
 #include <map>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -237,6 +239,122 @@ TEST_F(WorkerSupervisorTest, DestructionStopsWorkersAndSilencesLaterExits) {
   EXPECT_EQ(launcher_.terminated()[0].pid, pid);
   launcher_.Exit(pid, 0, SIGTERM);  // arrives after the supervisor is gone
   EXPECT_THAT(exits(), IsEmpty());
+}
+
+// --- Relaunch: one rank started again inside a running supervisor. ---
+
+RankLaunch OneRank(int rank, std::string program = "/bin/worker") {
+  RankLaunch r;
+  r.rank = rank;
+  r.spec.argv = {std::move(program), "again"};
+  return r;
+}
+
+TEST_F(WorkerSupervisorTest, RelaunchStartsAnExitedRankAgainAndReportsItsExit) {
+  auto supervisor = MakeSupervisor();
+  ASSERT_TRUE(supervisor->Start(Ranks({0, 1})).ok());
+  const std::vector<pid_t> first = launcher_.launched();
+  launcher_.Exit(first[1], 1);
+  EXPECT_EQ(supervisor->running(), 1);
+
+  absl::StatusOr<pid_t> pid = supervisor->Relaunch(OneRank(1));
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  EXPECT_THAT(launcher_.launched(), ElementsAre(first[0], first[1], *pid));
+  EXPECT_THAT(launcher_.spec(*pid).argv, ElementsAre("/bin/worker", "again"));
+  EXPECT_EQ(supervisor->running(), 2);
+
+  launcher_.Exit(*pid, 3);
+  const std::vector<RankExit> got = exits();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].rank, 1);
+  EXPECT_EQ(got[1].exit.pid, *pid);
+  EXPECT_EQ(got[1].exit.exit_code, 3);
+  EXPECT_EQ(got[1].generation, 4);
+  EXPECT_FALSE(got[1].stopped);
+  EXPECT_EQ(supervisor->running(), 1);
+  // And again, as often as the rank exits.
+  ASSERT_TRUE(supervisor->Relaunch(OneRank(1)).ok());
+  EXPECT_EQ(supervisor->running(), 2);
+}
+
+TEST_F(WorkerSupervisorTest, RelaunchAfterEveryWorkerExitedRunsAgainAndIsWaitedFor) {
+  auto supervisor = MakeSupervisor();
+  ASSERT_TRUE(supervisor->Start(Ranks({0, 1})).ok());
+  for (pid_t pid : launcher_.launched()) launcher_.Exit(pid, 1);
+  ASSERT_TRUE(supervisor->WaitAllExited(absl::ZeroDuration()).ok());
+
+  absl::StatusOr<pid_t> pid = supervisor->Relaunch(OneRank(0));
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  const absl::Status wait = supervisor->WaitAllExited(absl::Milliseconds(10));
+  EXPECT_EQ(wait.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(wait.message(), HasSubstr("1 worker(s) still running"));
+  EXPECT_THAT(wait.message(), HasSubstr("ranks 0"));
+  launcher_.Exit(*pid, 0);
+  EXPECT_TRUE(supervisor->WaitAllExited(absl::ZeroDuration()).ok());
+  EXPECT_EQ(exits().size(), 3u);
+}
+
+TEST_F(WorkerSupervisorTest, StopTerminatesARelaunchedRank) {
+  auto supervisor = MakeSupervisor();
+  ASSERT_TRUE(supervisor->Start(Ranks({0, 1})).ok());
+  const std::vector<pid_t> first = launcher_.launched();
+  launcher_.Exit(first[0], 1);
+  absl::StatusOr<pid_t> pid = supervisor->Relaunch(OneRank(0));
+  ASSERT_TRUE(pid.ok()) << pid.status();
+
+  supervisor->Stop();
+  const auto terminated = launcher_.terminated();
+  ASSERT_EQ(terminated.size(), 2u);
+  EXPECT_EQ(terminated[0].pid, *pid);  // rank 0's new process
+  EXPECT_EQ(terminated[0].grace, absl::Seconds(3));
+  EXPECT_EQ(terminated[1].pid, first[1]);
+  launcher_.Exit(*pid, 0, SIGTERM);
+  launcher_.Exit(first[1], 0, SIGTERM);
+  const std::vector<RankExit> got = exits();
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[1].rank, 0);
+  EXPECT_TRUE(got[1].stopped);
+  EXPECT_TRUE(supervisor->WaitAllExited(absl::ZeroDuration()).ok());
+}
+
+TEST_F(WorkerSupervisorTest, RelaunchIsRefusedAfterStopForARunningRankAndForAnUnknownRank) {
+  auto supervisor = MakeSupervisor();
+  // Before Start every rank is unknown.
+  EXPECT_EQ(supervisor->Relaunch(OneRank(0)).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(supervisor->Start(Ranks({0, 1})).ok());
+  const std::vector<pid_t> first = launcher_.launched();
+
+  const absl::Status running = supervisor->Relaunch(OneRank(1)).status();
+  EXPECT_EQ(running.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(running.message(), HasSubstr("job job-7 generation 4 rank 1 still runs"));
+
+  const absl::Status unknown = supervisor->Relaunch(OneRank(7)).status();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.message(), HasSubstr("rank 7 was never launched"));
+
+  launcher_.Exit(first[1], 1);
+  supervisor->Stop();
+  const absl::Status stopped = supervisor->Relaunch(OneRank(1)).status();
+  EXPECT_EQ(stopped.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(stopped.message(), HasSubstr("supervisor already stopped"));
+  // Nothing was launched by the refused calls.
+  EXPECT_EQ(launcher_.launched().size(), 2u);
+}
+
+TEST_F(WorkerSupervisorTest, ARelaunchThatCannotStartLeavesTheRankExitedAndTheOthersAlone) {
+  auto supervisor = MakeSupervisor();
+  ASSERT_TRUE(supervisor->Start(Ranks({0, 1})).ok());
+  const std::vector<pid_t> first = launcher_.launched();
+  launcher_.Exit(first[1], 1);
+
+  const absl::Status failed = supervisor->Relaunch(OneRank(1, "missing")).status();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(failed.message(), HasSubstr("job job-7 generation 4 rank 1: cannot execute"));
+  EXPECT_EQ(supervisor->running(), 1);
+  EXPECT_THAT(launcher_.terminated(), IsEmpty());  // rank 0 keeps running
+  // The rank may be tried again.
+  EXPECT_TRUE(supervisor->Relaunch(OneRank(1)).ok());
+  EXPECT_EQ(supervisor->running(), 2);
 }
 
 }  // namespace worker_supervisor_test

@@ -584,6 +584,120 @@ TEST_F(JobCommandsTest, SubmitTakesAGrowPolicy) {
   EXPECT_EQ(Run({"submit", "--grow", "after:0s", "--", "x"}).code, kExitUsage);
 }
 
+// In-place recovery: describe shows the restart policy beside the restarts
+// and every membership change of the generation; JSON carries both.
+TEST_F(JobCommandsTest, DescribeShowsTheRestartPolicyAndEachMembershipChange) {
+  Job job = MakeJob("job-1", mesh::v1::JOB_STATE_RUNNING, 0);
+  job.mutable_spec()->set_restart_policy(mesh::v1::RESTART_POLICY_IN_PLACE);
+  job.mutable_spec()->set_in_place_dim("dp");
+  mesh::v1::MembershipChange* lost = job.add_membership();
+  lost->set_epoch(1);
+  lost->set_time_unix_ms(1700000001000);
+  lost->set_rank(5);
+  lost->set_kind(mesh::v1::MembershipChange::KIND_LOST);
+  lost->set_reason("rank 5 (node node-b) exited with code 1");
+  mesh::v1::MembershipChange* returned = job.add_membership();
+  returned->set_epoch(2);
+  returned->set_time_unix_ms(1700000004000);
+  returned->set_rank(5);
+  returned->set_kind(mesh::v1::MembershipChange::KIND_RETURNED);
+  returned->set_incarnation(7);
+  Rescript(job);
+  const Result r = Run({"describe", "job-1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("Generation: +0 \\(restarts 0/2\\)\n"
+                                              "Restart policy: +in_place \\(dim dp\\)\n"));
+  EXPECT_THAT(r.out, HasSubstr("Membership:"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("  TIME +EPOCH +RANK +CHANGE +DETAIL"));
+  EXPECT_THAT(r.out,
+              ::testing::ContainsRegex("2023-11-14T22:13:21.000Z +1 +5 +LOST +rank 5 \\(node "
+                                       "node-b\\) exited with code 1"));
+  EXPECT_THAT(r.out,
+              ::testing::ContainsRegex("2023-11-14T22:13:24.000Z +2 +5 +RETURNED +incarnation 7"));
+  // The table follows the events, in the order the coordinator gave.
+  EXPECT_LT(r.out.find("Events:"), r.out.find("Membership:"));
+  EXPECT_LT(r.out.find("LOST"), r.out.find("RETURNED"));
+
+  const auto json = nlohmann::json::parse(Run({"-o", "json", "describe", "job-1"}).out);
+  EXPECT_EQ(json["spec"]["restart_policy"], "in_place");
+  EXPECT_EQ(json["spec"]["in_place_dim"], "dp");
+  ASSERT_EQ(json["membership"].size(), 2u);
+  EXPECT_EQ(json["membership"][0],
+            nlohmann::json({{"epoch", 1},
+                            {"time", "2023-11-14T22:13:21.000Z"},
+                            {"rank", 5},
+                            {"kind", "LOST"},
+                            {"incarnation", 0},
+                            {"reason", "rank 5 (node node-b) exited with code 1"}}));
+  EXPECT_EQ(json["membership"][1]["kind"], "RETURNED");
+  EXPECT_EQ(json["membership"][1]["incarnation"], 7);
+  EXPECT_EQ(json["membership"][1]["epoch"], 2);
+  // status carries the list too, as it does resizes.
+  EXPECT_EQ(nlohmann::json::parse(Run({"-o", "json", "status", "job-1"}).out)["membership"].size(),
+            2u);
+  // status (the short view) has no policy line and no table.
+  const Result status = Run({"status", "job-1"});
+  EXPECT_THAT(status.out, Not(HasSubstr("Restart policy:")));
+  EXPECT_THAT(status.out, Not(HasSubstr("Membership:")));
+
+  // A group job (or one from a server older than the field): "group", no
+  // dimension, no section, and an empty list in JSON.
+  Rescript(MakeJob("job-1", mesh::v1::JOB_STATE_RUNNING));
+  const Result group = Run({"describe", "job-1"});
+  EXPECT_THAT(group.out, ::testing::ContainsRegex("Restart policy: +group\n"));
+  EXPECT_THAT(group.out, Not(HasSubstr("Membership:")));
+  const auto group_json = nlohmann::json::parse(Run({"-o", "json", "describe", "job-1"}).out);
+  EXPECT_EQ(group_json["spec"]["restart_policy"], "group");
+  EXPECT_EQ(group_json["spec"]["in_place_dim"], "");
+  EXPECT_TRUE(group_json["membership"].empty());
+  EXPECT_TRUE(group_json["membership"].is_array());
+}
+
+TEST_F(JobCommandsTest, SubmitTakesARestartPolicyAndDimension) {
+  server_.service().Lock()->submit_response.emplace();
+  *server_.service().Lock()->submit_response->mutable_job() =
+      MakeJob("job-1", mesh::v1::JOB_STATE_PENDING);
+  const std::string path = ::testing::TempDir() + "/in_place_job.yaml";
+  {
+    std::ofstream file(path);
+    file << "command: [x]\nrestart_policy: in_place\nin_place_dim: replica\n";
+  }
+  ASSERT_EQ(Run({"submit", "--no-wait", "--restart-policy", "in_place", "--in-place-dim", "dp",
+                 "--", "x"})
+                .code,
+            kExitOk);
+  ASSERT_EQ(Run({"submit", "--no-wait", "--restart-policy", "GROUP", "--", "x"}).code, kExitOk);
+  ASSERT_EQ(Run({"submit", "--no-wait", "--", "x"}).code, kExitOk);
+  ASSERT_EQ(Run({"submit", "--no-wait", "-f", path}).code, kExitOk);
+  // Flags override the file's keys.
+  ASSERT_EQ(
+      Run({"submit", "--no-wait", "-f", path, "--restart-policy", "group", "--in-place-dim", "dp"})
+          .code,
+      kExitOk);
+  const auto submits = server_.service().Lock()->submits;
+  ASSERT_EQ(submits.size(), 5u);
+  EXPECT_EQ(submits[0].spec().restart_policy(), mesh::v1::RESTART_POLICY_IN_PLACE);
+  EXPECT_EQ(submits[0].spec().in_place_dim(), "dp");
+  EXPECT_EQ(submits[1].spec().restart_policy(), mesh::v1::RESTART_POLICY_GROUP);
+  EXPECT_EQ(submits[1].spec().in_place_dim(), "");
+  // Neither given: left to the coordinator's default.
+  EXPECT_EQ(submits[2].spec().restart_policy(), mesh::v1::RESTART_POLICY_UNSPECIFIED);
+  EXPECT_EQ(submits[3].spec().restart_policy(), mesh::v1::RESTART_POLICY_IN_PLACE);
+  EXPECT_EQ(submits[3].spec().in_place_dim(), "replica");
+  EXPECT_EQ(submits[4].spec().restart_policy(), mesh::v1::RESTART_POLICY_GROUP);
+  EXPECT_EQ(submits[4].spec().in_place_dim(), "dp");
+
+  const Result bad = Run({"submit", "--restart-policy", "solo", "--", "x"});
+  EXPECT_EQ(bad.code, kExitUsage);
+  EXPECT_THAT(bad.err,
+              HasSubstr("--restart-policy: 'solo' is not a restart policy: group or in_place"));
+  const Result empty_dim =
+      Run({"submit", "--restart-policy", "in_place", "--in-place-dim", "", "--", "x"});
+  EXPECT_EQ(empty_dim.code, kExitUsage);
+  EXPECT_THAT(empty_dim.err, HasSubstr("--in-place-dim: expected the name of a mesh dimension"));
+  EXPECT_EQ(server_.service().Lock()->submits.size(), 5u);  // Nothing was sent.
+}
+
 // An OOM kill: the coordinator's message says it, and JSON has oom_killed.
 TEST_F(JobCommandsTest, AnOomKillIsShownAsTheRootCause) {
   Job job = MakeJob("job-1", mesh::v1::JOB_STATE_FAILED, 1);

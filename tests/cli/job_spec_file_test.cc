@@ -39,6 +39,8 @@ on_hang: fail
 idempotency_key: nightly-2024-05-01
 memory_per_proc: 8GiB
 max_pids: 4096
+restart_policy: in_place
+in_place_dim: dp
 )";
 
 void ExpectFullSpec(const mesh::v1::JobSpec& spec) {
@@ -60,6 +62,8 @@ void ExpectFullSpec(const mesh::v1::JobSpec& spec) {
   EXPECT_EQ(spec.idempotency_key(), "nightly-2024-05-01");
   EXPECT_EQ(spec.memory_per_proc_bytes(), int64_t{8} << 30);
   EXPECT_EQ(spec.max_pids(), 4096);
+  EXPECT_EQ(spec.restart_policy(), mesh::v1::RESTART_POLICY_IN_PLACE);
+  EXPECT_EQ(spec.in_place_dim(), "dp");
 }
 
 TEST(JobSpecFileTest, ByteSizesTakeBinaryUnits) {
@@ -109,6 +113,7 @@ TEST(JobSpecFileTest, ParsesEveryFieldFromJsonIncludingTabs) {
       "\t\"mesh_dim_names\": [\"dp\", \"tp\"], \"max_restarts\": 3, \"deadline\": 600,\n"
       "\t\"hang_timeout\": 900, \"on_hang\": \"FAIL\",\n"
       "\t\"memory_per_proc\": \"8GiB\", \"max_pids\": 4096,\n"
+      "\t\"restart_policy\": \"IN_PLACE\", \"in_place_dim\": \"dp\",\n"
       "\t\"idempotency_key\": \"nightly-2024-05-01\"\n}\n";
   auto spec = ParseJobSpec(json, "job.json");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -173,6 +178,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"grow: later\n", "job.yaml:1:7: grow", "never, on_restart or after:DURATION"},
         BadCase{"grow: [after]\n", "job.yaml:1:7: grow", "expected never, on_restart or"},
         BadCase{"grow: {after: soon}\n", "job.yaml:1:7: grow", "positive delay"},
+        BadCase{"restart_policy: solo\n", "job.yaml:1:17: restart_policy",
+                "'solo' is not a restart policy: group or in_place"},
+        BadCase{"restart_policy: [in_place]\n", "job.yaml:1:17: restart_policy",
+                "expected a string, got a list"},
+        BadCase{"in_place_dim: [dp]\n", "job.yaml:1:15: in_place_dim",
+                "expected a string, got a list"},
+        BadCase{"in_place_dim: \"\"\n", "job.yaml:1:15: in_place_dim", "name of a mesh dimension"},
         BadCase{"memory_per_proc: lots\n", "job.yaml:1:18: memory_per_proc", "512MiB"},
         BadCase{"memory_per_proc: [1]\n", "job.yaml:1:18: memory_per_proc", "expected a size"},
         BadCase{"max_pids: many\n", "job.yaml:1:11: max_pids", "number of processes"},
@@ -195,6 +207,46 @@ TEST(JobSpecFileTest, GrowIsAWordOrADelayAfter) {
     EXPECT_EQ(after->grow(), mesh::v1::GROW_POLICY_AFTER) << text;
     EXPECT_EQ(after->grow_after_seconds(), 600) << text;
   }
+}
+
+TEST(JobSpecFileTest, RestartPolicyIsGroupOrInPlaceWithADimension) {
+  auto in_place = ParseJobSpec("restart_policy: in_place\nin_place_dim: dp\n", "job.yaml");
+  ASSERT_TRUE(in_place.ok()) << in_place.status();
+  EXPECT_EQ(in_place->restart_policy(), mesh::v1::RESTART_POLICY_IN_PLACE);
+  EXPECT_EQ(in_place->in_place_dim(), "dp");
+  // Case-insensitive, and the dimension is optional (the coordinator's
+  // default is dp).
+  for (const char* text : {"restart_policy: IN_PLACE\n", "restart_policy: In-Place\n",
+                           "{\"restart_policy\": \"in_place\"}\n"}) {
+    auto spec = ParseJobSpec(text, "job.yaml");
+    ASSERT_TRUE(spec.ok()) << text << spec.status();
+    EXPECT_EQ(spec->restart_policy(), mesh::v1::RESTART_POLICY_IN_PLACE) << text;
+    EXPECT_EQ(spec->in_place_dim(), "") << text;
+  }
+  auto group = ParseJobSpec("restart_policy: Group\n", "job.yaml");
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ(group->restart_policy(), mesh::v1::RESTART_POLICY_GROUP);
+  // Unset stays UNSPECIFIED: the coordinator's default applies.
+  auto neither = ParseJobSpec("name: a\n", "job.yaml");
+  ASSERT_TRUE(neither.ok()) << neither.status();
+  EXPECT_EQ(neither->restart_policy(), mesh::v1::RESTART_POLICY_UNSPECIFIED);
+  // Whether the mesh has the dimension is the coordinator's to judge.
+  auto other_dim = ParseJobSpec("restart_policy: in_place\nin_place_dim: replica\n", "job.yaml");
+  ASSERT_TRUE(other_dim.ok()) << other_dim.status();
+  EXPECT_EQ(other_dim->in_place_dim(), "replica");
+
+  EXPECT_EQ(ParseRestartPolicy(" group ").value(), mesh::v1::RESTART_POLICY_GROUP);
+  for (const char* bad : {"", "inplace", "RESTART_POLICY_GROUP", "unspecified"}) {
+    EXPECT_EQ(ParseRestartPolicy(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(RestartPolicyText(mesh::v1::RESTART_POLICY_UNSPECIFIED), "group");
+  EXPECT_EQ(RestartPolicyText(mesh::v1::RESTART_POLICY_IN_PLACE), "in_place");
+}
+
+TEST(JobSpecFileTest, UnknownKeyListsTheRestartPolicyKeys) {
+  auto spec = ParseJobSpec("restart: in_place\n", "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(spec.status().message(), HasSubstr("restart_policy, in_place_dim"));
 }
 
 TEST(JobSpecFileTest, MissingFileIsNotFoundNamingIt) {

@@ -2180,7 +2180,10 @@ TEST_F(CoordinationTest, CreateJobAtAStoredGenerationFencesOlderCallers) {
   ASSERT_THAT(info, IsOk());
   EXPECT_EQ(info->generation, 3);
   EXPECT_EQ(coord().GetJob("job")->generation, 3);
-  EXPECT_THAT(coord().CreateJob(JobLayout{"neg", 1, {}, {}}, -1),
+  JobLayout negative;
+  negative.job_id = "neg";
+  negative.world_size = 1;
+  EXPECT_THAT(coord().CreateJob(negative, -1),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative")));
 }
 

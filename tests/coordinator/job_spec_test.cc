@@ -577,6 +577,141 @@ TEST(JobSpecTest, GrowNeedsAnElasticJobAndAfterNeedsADelay) {
   EXPECT_EQ(spec.grow(), mesh::v1::GROW_POLICY_ON_RESTART);
 }
 
+TEST(JobSpecTest, RestartPolicyIsGroupOrInPlaceAndOnlyInPlaceTakesADim) {
+  JobSpec spec = Valid();
+  for (mesh::v1::RestartPolicy ok :
+       {mesh::v1::RESTART_POLICY_UNSPECIFIED, mesh::v1::RESTART_POLICY_GROUP}) {
+    spec.set_restart_policy(ok);
+    EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk()) << RestartPolicyName(ok);
+  }
+  spec.set_restart_policy(static_cast<mesh::v1::RestartPolicy>(7));
+  EXPECT_THAT(ValidateJobSpec(spec, {}),
+              StatusIs(Code::kInvalidArgument,
+                       "spec.restart_policy: 7 is not a RestartPolicy (GROUP or IN_PLACE)"));
+  spec.set_restart_policy(static_cast<mesh::v1::RestartPolicy>(-1));
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.restart_policy"));
+
+  for (mesh::v1::RestartPolicy group :
+       {mesh::v1::RESTART_POLICY_UNSPECIFIED, mesh::v1::RESTART_POLICY_GROUP}) {
+    spec.set_restart_policy(group);
+    spec.set_in_place_dim("dp");
+    EXPECT_THAT(ValidateJobSpec(spec, {}),
+                StatusIs(Code::kInvalidArgument,
+                         "spec.in_place_dim: \"dp\" is set, but spec.restart_policy is GROUP; "
+                         "only IN_PLACE takes a dimension"))
+        << RestartPolicyName(group);
+  }
+  EXPECT_EQ(RestartPolicyName(mesh::v1::RESTART_POLICY_IN_PLACE), "IN_PLACE");
+  EXPECT_EQ(RestartPolicyName(static_cast<mesh::v1::RestartPolicy>(7)), "UNKNOWN(7)");
+}
+
+TEST(JobSpecTest, InPlaceNeedsAMeshDimensionToDropReplicasAlong) {
+  // Mesh (2, 4) named dp, tp.
+  JobSpec named = Valid();
+  named.add_mesh_shape(2);
+  named.add_mesh_shape(4);
+  named.add_mesh_dim_names("dp");
+  named.add_mesh_dim_names("tp");
+  named.set_restart_policy(mesh::v1::RESTART_POLICY_IN_PLACE);
+  EXPECT_THAT(ValidateJobSpec(named, {}), IsOk());  // Along "dp", the default.
+  JobSpec spec = named;
+  spec.set_in_place_dim("dp");
+  EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk());
+  spec.set_in_place_dim("tp");
+  EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk());
+  spec.set_in_place_dim("pp");
+  EXPECT_THAT(
+      ValidateJobSpec(spec, {}),
+      StatusIs(Code::kInvalidArgument, AllOf(StartsWith("spec.in_place_dim: "), HasSubstr("\"pp\""),
+                                             HasSubstr("its dimensions: dp, tp"))));
+
+  // Default names dim0, dim1 and no in_place_dim: the policy is at fault,
+  // and the message lists what there is.
+  spec = Valid();
+  spec.add_mesh_shape(2);
+  spec.add_mesh_shape(4);
+  spec.set_restart_policy(mesh::v1::RESTART_POLICY_IN_PLACE);
+  EXPECT_THAT(ValidateJobSpec(spec, {}),
+              StatusIs(Code::kInvalidArgument,
+                       AllOf(StartsWith("spec.restart_policy: "), HasSubstr("\"dp\""),
+                             HasSubstr("its dimensions: dim0, dim1"), HasSubstr("in_place_dim"))));
+  spec.set_in_place_dim("dim0");
+  EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk());
+  spec.set_in_place_dim("dim2");
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.in_place_dim"));
+
+  // The default 1-d mesh is named "world".
+  spec = Valid();
+  spec.set_restart_policy(mesh::v1::RESTART_POLICY_IN_PLACE);
+  EXPECT_THAT(ValidateJobSpec(spec, {}),
+              StatusIs(Code::kInvalidArgument, AllOf(StartsWith("spec.restart_policy: "),
+                                                     HasSubstr("its dimensions: world"))));
+  spec.set_in_place_dim("world");
+  EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk());
+
+  // A dimension of size 1 has no replica to drop, named or defaulted.
+  spec = named;
+  spec.set_mesh_shape(0, 1);
+  spec.set_mesh_shape(1, 8);
+  EXPECT_THAT(ValidateJobSpec(spec, {}),
+              StatusIs(Code::kInvalidArgument,
+                       "spec.restart_policy: mesh dimension \"dp\" has size 1 with 2 nodes: it "
+                       "has no replica to drop"));
+  spec.set_in_place_dim("dp");
+  EXPECT_THAT(ValidateJobSpec(spec, {}), RejectsField("spec.in_place_dim"));
+  spec.set_in_place_dim("tp");
+  EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk());
+
+  // A wildcard dimension takes what the nodes give it.
+  spec = named;
+  spec.mutable_nodes()->set_max(4);
+  spec.set_mesh_shape(0, -1);
+  EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk());
+  // ... which may be 1 even at the most nodes: (-1, 8) on 2 nodes of 4.
+  spec = named;
+  spec.set_mesh_shape(0, -1);
+  spec.set_mesh_shape(1, 8);
+  EXPECT_THAT(ValidateJobSpec(spec, {}),
+              StatusIs(Code::kInvalidArgument, HasSubstr("\"dp\" has size 1 with 2 nodes")));
+  // A world of one has no replica to drop either.
+  spec = Valid();
+  spec.mutable_nodes()->set_min(1);
+  spec.set_nproc_per_node(1);
+  spec.set_restart_policy(mesh::v1::RESTART_POLICY_IN_PLACE);
+  spec.set_in_place_dim("world");
+  EXPECT_THAT(ValidateJobSpec(spec, {}),
+              StatusIs(Code::kInvalidArgument,
+                       AllOf(StartsWith("spec.in_place_dim: "), HasSubstr("size 1 with 1 node"))));
+}
+
+TEST(JobSpecTest, NormalizeFillsTheRestartPolicyAndTheInPlaceDim) {
+  JobSpec spec = Valid();
+  NormalizeJobSpec({}, spec);
+  EXPECT_EQ(spec.restart_policy(), mesh::v1::RESTART_POLICY_GROUP);
+  EXPECT_EQ(spec.in_place_dim(), "");
+  EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk());
+
+  spec = Valid();
+  spec.add_mesh_shape(2);
+  spec.add_mesh_shape(4);
+  spec.add_mesh_dim_names("dp");
+  spec.add_mesh_dim_names("tp");
+  spec.set_restart_policy(mesh::v1::RESTART_POLICY_IN_PLACE);
+  NormalizeJobSpec({}, spec);
+  EXPECT_EQ(spec.restart_policy(), mesh::v1::RESTART_POLICY_IN_PLACE);
+  EXPECT_EQ(spec.in_place_dim(), "dp");
+  // Idempotent, and the result still validates.
+  const std::string once = spec.SerializeAsString();
+  NormalizeJobSpec({}, spec);
+  EXPECT_EQ(spec.SerializeAsString(), once);
+  EXPECT_THAT(ValidateJobSpec(spec, {}), IsOk());
+
+  // A named dimension stays.
+  spec.set_in_place_dim("tp");
+  NormalizeJobSpec({}, spec);
+  EXPECT_EQ(spec.in_place_dim(), "tp");
+}
+
 TEST(JobSpecTest, TheOperatorMayAllowDeniedEnvNamesOnly) {
   JobSpec spec = Valid();
   (*spec.mutable_env())["LD_LIBRARY_PATH"] = "/opt/conda/lib";

@@ -300,6 +300,85 @@ TEST_F(JobStateMachineTest, CancelFromEveryNonTerminalState) {
   }
 }
 
+TEST_F(JobStateMachineTest, RecoverInPlaceCountsARestartAndStaysRunning) {
+  JobStateMachine job("j1", 2, absl::ZeroDuration(), "", clock_);
+  ASSERT_THAT(job.Schedule(""), IsOk());
+  ASSERT_THAT(job.Start(""), IsOk());
+  const size_t events = job.events().size();
+  clock_.Advance(absl::Seconds(4));
+
+  ASSERT_THAT(job.RecoverInPlace(Exit(1, 1, 0)), IsOk());
+  EXPECT_EQ(job.state(), JOB_STATE_RUNNING);
+  EXPECT_EQ(job.generation(), 0);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_EQ(job.update_time(), clock_.Now());
+  ASSERT_EQ(job.events().size(), events + 1);
+  const JobEventRecord& event = job.events().back();
+  EXPECT_EQ(event.from, JOB_STATE_RUNNING);
+  EXPECT_EQ(event.to, JOB_STATE_RUNNING);
+  EXPECT_EQ(event.generation, 0);
+  EXPECT_EQ(event.time, clock_.Now());
+  EXPECT_THAT(event.reason, HasSubstr("rank 1 (node node-b) exited with code 1; relaunched in "
+                                      "place, restart 1 of 2"));
+  ASSERT_TRUE(job.has_root_cause());
+  EXPECT_EQ(job.root_cause().rank(), 1);
+  EXPECT_EQ(job.root_cause().generation(), 0);
+
+  // The second uses the last restart; then none is left, nothing changes,
+  // and WorkerFailed fails the job.
+  ASSERT_THAT(job.RecoverInPlace(Exit(3, 9, 0)), IsOk());
+  EXPECT_EQ(job.restarts(), 2);
+  EXPECT_THAT(job.events().back().reason, HasSubstr("restart 2 of 2"));
+  EXPECT_THAT(job.RecoverInPlace(Exit(2, 1, 0)),
+              StatusIs(Code::kFailedPrecondition, HasSubstr("no restarts left")));
+  EXPECT_EQ(job.state(), JOB_STATE_RUNNING);
+  EXPECT_EQ(job.restarts(), 2);
+  EXPECT_EQ(job.events().size(), events + 2);
+  EXPECT_EQ(job.root_cause().rank(), 3);
+  EXPECT_EQ(job.WorkerFailed(Exit(2, 1, 0)).value(), JOB_STATE_FAILED);
+  EXPECT_EQ(job.generation(), 0);
+
+  mesh::v1::Job proto;
+  job.ToProto(proto);
+  EXPECT_EQ(proto.restarts(), 2);
+  EXPECT_EQ(proto.generation(), 0);
+}
+
+TEST_F(JobStateMachineTest, RecoverInPlaceOnlyForTheCurrentGenerationWhileRunning) {
+  JobStateMachine job("j1", 3, absl::ZeroDuration(), "", clock_);
+  // Not running yet.
+  EXPECT_THAT(job.RecoverInPlace(Exit(1, 1, 0)), StatusIs(Code::kFailedPrecondition));
+  ASSERT_THAT(job.Schedule(""), IsOk());
+  EXPECT_THAT(job.RecoverInPlace(Exit(1, 1, 0)),
+              StatusIs(Code::kFailedPrecondition, HasSubstr("SCHEDULED")));
+  EXPECT_EQ(job.state(), JOB_STATE_SCHEDULED);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_FALSE(job.has_root_cause());
+
+  // Generation 1, RUNNING.
+  ASSERT_THAT(job.Start(""), IsOk());
+  ASSERT_THAT(job.WorkerFailed(Exit(0, 1, 0)), IsOk());
+  EXPECT_THAT(job.RecoverInPlace(Exit(1, 1, 1)),
+              StatusIs(Code::kFailedPrecondition, HasSubstr("RESTARTING")));
+  ASSERT_THAT(job.Schedule(""), IsOk());
+  ASSERT_THAT(job.Start(""), IsOk());
+  const size_t events = job.events().size();
+
+  EXPECT_THAT(job.RecoverInPlace(Exit(1, 1, 0)),
+              StatusIs(Code::kAborted, HasSubstr("failure of generation 0 is stale")));
+  EXPECT_THAT(job.RecoverInPlace(Exit(1, 1, 2)), StatusIs(Code::kInvalidArgument));
+  EXPECT_EQ(job.state(), JOB_STATE_RUNNING);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_EQ(job.events().size(), events);
+  EXPECT_EQ(job.root_cause().generation(), 0);
+
+  // Terminal: never.
+  ASSERT_THAT(job.Cancel("by user"), IsOk());
+  EXPECT_THAT(job.RecoverInPlace(Exit(1, 1, 1)), StatusIs(Code::kFailedPrecondition));
+  EXPECT_EQ(job.restarts(), 1);
+}
+
 TEST_F(JobStateMachineTest, FailWithoutRestart) {
   JobStateMachine job("j1", 5, absl::ZeroDuration(), "", clock_);
   RootCause lost;
@@ -391,11 +470,45 @@ TEST(JobStateRestoreTest, RejectsImpossibleRecords) {
   too_many.restarts = 2;
   EXPECT_EQ(JobStateMachine::Restore("j", 1, absl::ZeroDuration(), too_many, clock).status().code(),
             absl::StatusCode::kInvalidArgument);
-  RestoredJobState ahead;
-  ahead.generation = 0;
-  ahead.restarts = 1;
-  EXPECT_EQ(JobStateMachine::Restore("j", 1, absl::ZeroDuration(), ahead, clock).status().code(),
+  RestoredJobState negative;
+  negative.generation = -1;
+  EXPECT_EQ(JobStateMachine::Restore("j", 1, absl::ZeroDuration(), negative, clock).status().code(),
             absl::StatusCode::kInvalidArgument);
+  negative.generation = 0;
+  negative.restarts = -1;
+  EXPECT_EQ(JobStateMachine::Restore("j", 1, absl::ZeroDuration(), negative, clock).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// In-place recoveries count restarts without a new generation.
+TEST(JobStateRestoreTest, AcceptsMoreRestartsThanGenerations) {
+  FakeClock clock;
+  RestoredJobState stored;
+  stored.state = ::mesh::v1::JOB_STATE_RUNNING;
+  stored.generation = 0;
+  stored.restarts = 1;
+  auto machine = JobStateMachine::Restore("j", 2, absl::ZeroDuration(), std::move(stored), clock);
+  ASSERT_TRUE(machine.ok()) << machine.status();
+  JobStateMachine& job = **machine;
+  EXPECT_EQ(job.generation(), 0);
+  EXPECT_EQ(job.restarts(), 1);
+
+  // It goes on: the last restart in place, then none.
+  ::mesh::v1::RootCause cause;
+  cause.set_rank(2);
+  cause.set_generation(0);
+  ASSERT_THAT(job.RecoverInPlace(cause), IsOk());
+  EXPECT_EQ(job.restarts(), 2);
+  EXPECT_EQ(job.generation(), 0);
+  EXPECT_THAT(job.RecoverInPlace(cause), StatusIs(absl::StatusCode::kFailedPrecondition));
+
+  // Still bounded by max_restarts.
+  RestoredJobState too_many;
+  too_many.state = ::mesh::v1::JOB_STATE_RUNNING;
+  too_many.generation = 0;
+  too_many.restarts = 3;
+  EXPECT_THAT(JobStateMachine::Restore("j", 2, absl::ZeroDuration(), too_many, clock).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("3 of 2 restarts")));
 }
 
 }  // namespace job_state_test

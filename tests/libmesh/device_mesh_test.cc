@@ -15,12 +15,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "tests/util/status_matchers.h"
 
 namespace mesh {
 namespace device_mesh_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::mesh::testing::StatusIs;
 
 class FakeGroup final : public ProcessGroup {
  public:
@@ -77,6 +79,19 @@ class FakeFactory final : public ProcessGroupFactory {
     return world_;
   }
 
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroupsAmongMembers(
+      const std::vector<GroupSpec>& specs) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++members_only_calls_;
+    }
+    return NewGroups(specs);
+  }
+  int members_only_calls() const {
+    absl::MutexLock lock(&mu_);
+    return members_only_calls_;
+  }
+
   absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroups(
       const std::vector<GroupSpec>& specs) override {
     absl::MutexLock lock(&mu_);
@@ -124,6 +139,7 @@ class FakeFactory final : public ProcessGroupFactory {
   std::shared_ptr<ProcessGroup> world_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<GroupSpec>> calls_ ABSL_GUARDED_BY(mu_);
   int world_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int members_only_calls_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status fail_with_ ABSL_GUARDED_BY(mu_);
   bool corrupt_members_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -303,6 +319,60 @@ TEST(DeviceMeshTest, CustomLayoutGroupsFollowTheRankArray) {
   EXPECT_THAT(Members(mesh->GetGroup("tp")), ElementsAre(0, 2));
   EXPECT_THAT(Members(mesh->GetGroup("dp")), ElementsAre(2, 3));
   EXPECT_THAT(mesh->GetCoordinate(), ElementsAre(0, 1));
+}
+
+TEST(DeviceMeshTest, MembersOnlyMeshOverLiveRanksNeverUsesTheWorldGroup) {
+  // World of 8 as (4, 2) dp x tp; replica dp=1 (ranks 2, 3) is gone.
+  auto factory = std::make_shared<FakeFactory>(5, 8);
+  absl::StatusOr<MeshLayout> layout =
+      MeshLayout::FromMembers({3, 2}, {"dp", "tp"}, {0, 1, 4, 5, 6, 7}, 8);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  DeviceMeshOptions options;
+  options.name = "elastic1";
+  options.members_only = true;
+  absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(factory, *layout, options);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  EXPECT_THAT(Members(mesh->GetGroup("dp")), ElementsAre(1, 5, 7));
+  EXPECT_THAT(Members(mesh->GetGroup("tp")), ElementsAre(4, 5));
+  EXPECT_THAT(mesh->GetCoordinate(), ElementsAre(1, 1));
+  EXPECT_EQ(factory->world_calls(), 0);
+  EXPECT_EQ(factory->members_only_calls(), 1);
+  // Flattening stays among the members too.
+  absl::StatusOr<DeviceMesh> flat = mesh->Flatten();
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  EXPECT_THAT(Members(flat->GetGroup()), ElementsAre(0, 1, 4, 5, 6, 7));
+  EXPECT_EQ(factory->members_only_calls(), 2);
+  EXPECT_EQ(factory->world_calls(), 0);
+
+  // A members-only layout over every rank in order still builds its own
+  // groups: the world group is collective over ranks that may be gone.
+  auto whole = std::make_shared<FakeFactory>(1, 2);
+  absl::StatusOr<MeshLayout> all = MeshLayout::FromMembers({2}, {"dp"}, {0, 1}, 2);
+  ASSERT_TRUE(all.ok());
+  ASSERT_TRUE(DeviceMesh::Create(whole, *all, options).ok());
+  EXPECT_EQ(whole->world_calls(), 0);
+  EXPECT_EQ(whole->members_only_calls(), 1);
+}
+
+TEST(DeviceMeshTest, MembersOnlyErrors) {
+  auto factory = std::make_shared<FakeFactory>(2, 8);
+  DeviceMeshOptions options;
+  options.members_only = true;
+  absl::StatusOr<MeshLayout> without_caller = MeshLayout::FromMembers({2}, {"dp"}, {0, 1}, 8);
+  ASSERT_TRUE(without_caller.ok());
+  EXPECT_THAT(DeviceMesh::Create(factory, *without_caller, options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("calling rank 2")));
+  // Without members_only a partial layout is still an error.
+  absl::StatusOr<MeshLayout> partial = MeshLayout::FromMembers({2}, {"dp"}, {1, 2}, 8);
+  ASSERT_TRUE(partial.ok());
+  EXPECT_THAT(DeviceMesh::Create(factory, *partial).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the world has 8")));
+  EXPECT_THAT(MeshLayout::FromMembers({2}, {"dp"}, {1, 8}, 8).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside a world of 8")));
+  EXPECT_THAT(MeshLayout::FromMembers({2}, {"dp"}, {3, 3}, 8).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 3 more than once")));
+  EXPECT_THAT(MeshLayout::FromMembers({3}, {"dp"}, {3, 4}, 8).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds 3 ranks")));
 }
 
 TEST(DeviceMeshTest, FactoryErrorsPropagateAndBadGroupsAreCaught) {

@@ -252,6 +252,10 @@ class RecordingFactory final : public ProcessGroupFactory {
       const std::vector<GroupSpec>&) override {
     return absl::UnimplementedError("recording factory");
   }
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroupsAmongMembers(
+      const std::vector<GroupSpec>&) override {
+    return absl::UnimplementedError("recording factory");
+  }
   void AbortAll(absl::Status reason) override {
     absl::MutexLock lock(&mu_);
     aborts_.push_back(std::move(reason));

@@ -2,6 +2,7 @@
 
 import os
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -105,6 +106,85 @@ class JobClientTest(unittest.TestCase):
             self.client.submit(["/bin/true"], nodes=(1, 2), grow="sometimes")
         with self.assertRaisesRegex(meshrt.InvalidArgumentError, "spec.grow"):
             self.client.submit(["/bin/true"], nodes=1, grow="on_restart")  # a fixed size
+
+    def test_restart_policy_and_membership(self):
+        job_id = self.client.submit(["/bin/true"], nproc_per_node=2, mesh_shape=[2],
+                                    mesh_dim_names=["dp"], restart_policy="in_place")
+        job = self.client.wait(job_id, timeout=30)
+        self.assertEqual(job.state, "SUCCEEDED", job)
+        # The coordinator's default dimension.
+        self.assertEqual((job.restart_policy, job.in_place_dim), ("in_place", "dp"))
+        self.assertEqual(job.membership, [])  # No rank was lost.
+        job = self.client.wait(self.client.submit(
+            ["/bin/true"], nproc_per_node=2, mesh_shape=[2, 1], mesh_dim_names=["replica", "tp"],
+            restart_policy="IN_PLACE", in_place_dim="replica"), timeout=30)
+        self.assertEqual((job.restart_policy, job.in_place_dim), ("in_place", "replica"))
+        job = self.client.wait(self.client.submit(["/bin/true"], nproc_per_node=1), timeout=30)
+        self.assertEqual((job.restart_policy, job.in_place_dim), ("group", ""))  # the default
+        self.assertEqual(job.membership, [])
+        job = self.client.wait(self.client.submit(["/bin/true"], restart_policy="group"),
+                               timeout=30)
+        self.assertEqual(job.restart_policy, "group")
+        # Checked here, before anything is sent; a ValueError.
+        with self.assertRaisesRegex(meshrt.InvalidArgumentError,
+                                    "restart_policy: 'solo' is not a restart policy"):
+            self.client.submit(["/bin/true"], restart_policy="solo")
+        with self.assertRaises(ValueError):
+            self.client.submit(["/bin/true"], restart_policy="")
+        with self.assertRaisesRegex(meshrt.InvalidArgumentError, "in_place_dim: expected the name"):
+            self.client.submit(["/bin/true"], restart_policy="in_place", in_place_dim="")
+        with self.assertRaises(TypeError):
+            self.client.submit(["/bin/true"], restart_policy=1)
+        # The coordinator judges the dimension against the mesh.
+        with self.assertRaisesRegex(meshrt.InvalidArgumentError, "spec.in_place_dim"):
+            self.client.submit(["/bin/true"], nproc_per_node=2, mesh_shape=[2],
+                               mesh_dim_names=["dp"], restart_policy="in_place",
+                               in_place_dim="tp")
+        with self.assertRaisesRegex(meshrt.InvalidArgumentError, "spec.in_place_dim"):
+            self.client.submit(["/bin/true"], in_place_dim="dp")  # group takes no dimension
+
+    def test_in_place_job_reports_each_membership_change(self):
+        # Rank 1 fails once the world has formed; the agent relaunches it
+        # alone while rank 0 runs on. Both then wait for `done`, so the job
+        # is still RUNNING (and its membership kept) while it is read.
+        worker = "\n".join([
+            "import os, sys, time, meshrt",
+            "rt = meshrt.init(timeout=30)",
+            "lost = os.path.join(sys.argv[1], 'lost')",
+            "if rt.rank == 1 and not os.path.exists(lost):",
+            "    open(lost, 'w').close()",
+            "    os._exit(1)",
+            "while not os.path.exists(os.path.join(sys.argv[1], 'done')):",
+            "    time.sleep(0.05)",
+            "rt.shutdown()",
+        ])
+        scratch = tempfile.mkdtemp(dir=self.cluster.dir)
+        job_id = self.client.submit(
+            [sys.executable, "-c", worker, scratch], nproc_per_node=2, mesh_shape=[2],
+            mesh_dim_names=["dp"], restart_policy="in_place", max_restarts=1,
+            env={"PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+        try:
+            deadline = time.monotonic() + 30
+            job = self.client.get(job_id)
+            while len(job.membership) < 2 and not job.terminal:
+                self.assertLess(time.monotonic(), deadline, job.membership)
+                time.sleep(0.1)
+                job = self.client.get(job_id)
+        finally:
+            open(os.path.join(scratch, "done"), "w").close()
+        self.assertEqual(job.state, "RUNNING", self.client.logs(job_id))
+        self.assertEqual((job.generation, job.restarts), (0, 1))  # In place: same generation.
+        lost, returned = job.membership
+        self.assertEqual((lost["epoch"], lost["rank"], lost["kind"], lost["incarnation"]),
+                         (1, 1, "LOST", 0))
+        self.assertIn("rank 1", lost["reason"])
+        self.assertIn("exited with code 1", lost["reason"])
+        self.assertEqual((returned["epoch"], returned["rank"], returned["kind"], returned["reason"]),
+                         (2, 1, "RETURNED", ""))
+        self.assertGreater(returned["incarnation"], 0)
+        self.assertLessEqual(abs(lost["time"] - time.time()), 60)  # Unix seconds.
+        self.assertLessEqual(lost["time"], returned["time"])
+        self.assertEqual(self.client.wait(job_id, timeout=30).state, "SUCCEEDED")
 
     def test_create_job_hang_timeout_reaches_the_coordinator(self):
         # Two ranks of a bare job in this process; rank 0 waits in op #1 of

@@ -60,6 +60,13 @@ struct DeviceMeshOptions {
   // Prefix of the group families this mesh creates; unique among the meshes
   // made with one factory.
   std::string name = "mesh";
+  // The layout may hold only some of the factory's world ranks
+  // (MeshLayout::FromMembers), and Create and Flatten are collective among
+  // the layout's ranks alone: groups come from
+  // ProcessGroupFactory::NewGroupsAmongMembers, and no dim reuses the world
+  // group. In-place recovery builds its mesh of the live ranks this way
+  // (mesh/elastic_mesh.h); `name` must then be new to every caller.
+  bool members_only = false;
 };
 
 class DeviceMesh {
@@ -67,8 +74,9 @@ class DeviceMesh {
   // Collective. Creates the groups of `layout` for the calling rank
   // (factory->world_rank()).
   // Possible errors: INVALID_ARGUMENT when the layout's size is not the
-  // factory's world size or the name is empty; the factory's NewGroups and
-  // World errors.
+  // factory's world size (with members_only: when it holds a rank outside
+  // the world, or not the calling rank) or the name is empty; the
+  // factory's NewGroups (NewGroupsAmongMembers) and World errors.
   static absl::StatusOr<DeviceMesh> Create(std::shared_ptr<ProcessGroupFactory> factory,
                                            MeshLayout layout, DeviceMeshOptions options = {});
 

@@ -12,6 +12,7 @@
 #include "mesh/dlpack.h"              // IWYU pragma: export
 #include "mesh/dtensor.h"             // IWYU pragma: export
 #include "mesh/dtype.h"               // IWYU pragma: export
+#include "mesh/elastic_mesh.h"        // IWYU pragma: export
 #include "mesh/float16.h"             // IWYU pragma: export
 #include "mesh/in_memory_store.h"     // IWYU pragma: export
 #include "mesh/mesh_layout.h"         // IWYU pragma: export

@@ -76,6 +76,15 @@ class MeshLayout {
                                               std::vector<std::string> dim_names,
                                               std::vector<int> ranks);
 
+  // A layout over some of the ranks of a world of `world_size` (in-place
+  // recovery's mesh of the live ranks): `ranks` (row-major) must be
+  // distinct ranks in [0, world_size), as many as the shape holds.
+  // Possible errors: those of Create, plus INVALID_ARGUMENT for a rank array
+  // of the wrong length, a rank outside the world or one given twice.
+  static absl::StatusOr<MeshLayout> FromMembers(std::vector<int64_t> shape,
+                                                std::vector<std::string> dim_names,
+                                                std::vector<int> ranks, int world_size);
+
   // "dim0", "dim1", ..., "dim<ndim-1>".
   static std::vector<std::string> DefaultDimNames(int ndim);
 

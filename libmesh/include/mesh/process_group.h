@@ -193,6 +193,19 @@ class ProcessGroupFactory {
   // One group per spec, in spec order.
   virtual absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroups(
       const std::vector<GroupSpec>& specs) = 0;
+  // As NewGroups, but collective only among the ranks the specs list: the
+  // other world ranks do not call it (in-place recovery rebuilds groups
+  // over the live ranks with it; mesh/elastic_mesh.h). Every listed rank
+  // passes, per family, its own group, with the same families in the same
+  // order; the families must be new to every caller (a rebuild names its
+  // families after its round), since a process that replaced a lost rank
+  // has made none of the earlier ones. Gloo connects each group among its
+  // own members; NCCL initializes each from a unique ID its first member
+  // publishes through the factory's store (never a split of the world
+  // communicator, which needs every world rank).
+  // Errors: NewGroups'; UNIMPLEMENTED for a backend that cannot.
+  virtual absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroupsAmongMembers(
+      const std::vector<GroupSpec>& specs) = 0;
   // Aborts every group this factory made (see ProcessGroup::Abort) and every
   // group it makes later.
   virtual void AbortAll(absl::Status reason) = 0;

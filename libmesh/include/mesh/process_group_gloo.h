@@ -252,6 +252,11 @@ class GlooProcessGroupFactory final : public ProcessGroupFactory {
       const std::vector<GroupSpec>& specs) override;
   // A rendezvous in progress is not interrupted (it ends with its timeout);
   // the groups it makes are aborted before they are returned.
+  // NewGroups: each group already connects among its own members alone.
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroupsAmongMembers(
+      const std::vector<GroupSpec>& specs) override {
+    return NewGroups(specs);
+  }
   void AbortAll(absl::Status reason) override;
 
   class Device;

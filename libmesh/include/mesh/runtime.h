@@ -63,6 +63,12 @@
 // failure could be propagated. health() then reports the error, and
 // options.on_failure (if set) is called once.
 //
+// In-place recovery (JoinInfo::in_place, docs/elastic.md): a peer's loss is
+// not the job's failure. The Runtime stays healthy; when a heartbeat reply
+// first names a lost rank, it aborts every group made through it that
+// includes that rank (ABORTED, naming the loss), and no other.
+// mesh::ElasticMesh (mesh/elastic_mesh.h) rebuilds the mesh without it.
+//
 // Thread safety: all methods are thread-safe. InitDeviceMesh, World() (the
 // first call) and DeviceMesh::Flatten are collective: every rank makes them
 // in the same order.
@@ -148,6 +154,12 @@ struct JoinInfo {
   // The membership epoch at the join (in-place recovery, docs/elastic.md;
   // 0 otherwise).
   int64_t membership_epoch = 0;
+  // The job recovers in place (docs/elastic.md): a rank that dies after
+  // the world formed is lost, and the others carry on (mesh/elastic_mesh.h).
+  bool in_place = false;
+  // With in_place: the mesh dimension the job names for dropping replicas
+  // (JobSpec.in_place_dim); empty when not named.
+  std::string in_place_dim;
 };
 
 // One agreement on the live ranks of the generation (Runtime::AliveRanks).

@@ -89,11 +89,22 @@ class NcclFactory final : public NcclProcessGroupFactory {
   absl::StatusOr<std::shared_ptr<ProcessGroup>> World() override { return world_; }
 
   absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroups(
-      const std::vector<GroupSpec>& specs) override;
+      const std::vector<GroupSpec>& specs) override {
+    return MakeGroups(specs, /*members_only=*/false);
+  }
+  // Brokered initialization of every group, never a split: the world
+  // communicator's other ranks do not take part.
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroupsAmongMembers(
+      const std::vector<GroupSpec>& specs) override {
+    return MakeGroups(specs, /*members_only=*/true);
+  }
 
   void AbortAll(absl::Status reason) override;
 
  private:
+  // NewGroups, or with `members_only` NewGroupsAmongMembers.
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> MakeGroups(
+      const std::vector<GroupSpec>& specs, bool members_only);
   // The AbortAll reason, else OK.
   absl::Status Cancelled() const;
   // Wraps `comm` in a group and registers it for AbortAll (aborting it at
@@ -155,24 +166,30 @@ absl::StatusOr<std::shared_ptr<NcclGroup>> NcclFactory::Adopt(const GroupSpec& s
   return group;
 }
 
-absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::NewGroups(
-    const std::vector<GroupSpec>& specs) {
+absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::MakeGroups(
+    const std::vector<GroupSpec>& specs, bool members_only) {
   absl::MutexLock lock(&new_groups_mu_);
   if (absl::Status s = Cancelled(); !s.ok()) return s;
   absl::StatusOr<std::vector<int>> group_ranks =
       CheckGroupSpecs(specs, options_.world_rank, options_.world_size);
   if (!group_ranks.ok()) return group_ranks.status();
-  const uint64_t call = calls_++;
+  // Members-only calls are not numbered: their callers may have made
+  // different numbers of calls before.
+  const uint64_t call = members_only ? kMembersOnlyCall : calls_++;
+  const bool split = split_ && !members_only;
   const absl::Time deadline = absl::Now() + options_.init_timeout;
   const int device = options_.device.index();
   auto cancelled = [this] { return Cancelled(); };
 
   std::vector<std::string> ids;
-  if (!split_) {
+  if (!split) {
     if (broker_ == nullptr) {
       return absl::FailedPreconditionError(
-          "NCCL NewGroups: building groups from unique ids (ncclCommSplit is unavailable or "
-          "disabled) needs a store in NcclProcessGroupFactoryOptions");
+          members_only
+              ? "NCCL NewGroupsAmongMembers: building groups from unique ids needs a store in "
+                "NcclProcessGroupFactoryOptions"
+              : "NCCL NewGroups: building groups from unique ids (ncclCommSplit is unavailable or "
+                "disabled) needs a store in NcclProcessGroupFactoryOptions");
     }
     absl::StatusOr<std::vector<std::string>> exchanged = ExchangeUniqueIds(
         specs, options_.world_rank, call, *broker_, [this] { return GenerateIdBytes(api_); },
@@ -191,7 +208,7 @@ absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::NewGroup
     const std::string what = GroupWhat(name, group_rank, size, device);
     const char* comm_name = PersistentName(name);  // NCCL keeps the pointer.
     absl::StatusOr<ncclComm_t> comm =
-        split_ ? world_->core()->Split(spec.color, group_rank, comm_name, what, deadline, cancelled)
+        split ? world_->core()->Split(spec.color, group_rank, comm_name, what, deadline, cancelled)
                : InitComm(api_, ToUniqueId(ids[i]), size, group_rank, device, comm_name, what,
                           deadline, cancelled);
     if (!comm.ok()) return comm.status();

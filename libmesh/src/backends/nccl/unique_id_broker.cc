@@ -93,6 +93,9 @@ absl::StatusOr<std::vector<std::string>> CallbackUniqueIdBroker::Get(
 }
 
 std::string UniqueIdKey(uint64_t call, const GroupSpec& spec) {
+  if (call == kMembersOnlyCall) {
+    return absl::StrCat("nccl/uid/members/", spec.family, "/", spec.color);
+  }
   return absl::StrCat("nccl/uid/", call, "/", spec.family, "/", spec.color);
 }
 

@@ -109,6 +109,11 @@ class CallbackUniqueIdBroker final : public NcclUniqueIdBroker {
 // factory: "nccl/uid/<call>/<family>/<color>". The call number keeps keys of
 // a family that is created twice apart, since every rank makes the same
 // NewGroups calls in the same order.
+// For NewGroupsAmongMembers, whose callers may have made different numbers
+// of calls before, `call` is kMembersOnlyCall and the key is
+// "nccl/uid/members/<family>/<color>": such families are new to every
+// caller (process_group.h).
+inline constexpr uint64_t kMembersOnlyCall = ~uint64_t{0};
 std::string UniqueIdKey(uint64_t call, const GroupSpec& spec);
 
 // Returns one ncclUniqueId per spec (in spec order) for the calling rank:

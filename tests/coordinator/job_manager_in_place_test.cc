@@ -1,0 +1,555 @@
+// JobManager's in-place recovery (spec.restart_policy IN_PLACE;
+// docs/elastic.md, "In-place recovery"), on the fixture of
+// job_manager_fixture.h: once every rank has joined its generation in
+// Coordination, a failed worker is relaunched alone at the same generation
+// (a LAUNCH with replace for that rank only), the restart is counted, and
+// the generation's membership moves to its next epoch. Before the world has
+// formed, outside RUNNING, after an exit 0, or with no restarts left, the
+// job restarts or fails as under GROUP.
+#include <csignal>
+#include <ostream>
+
+#include "tests/common/test_metrics.h"
+#include "tests/coordinator/job_manager_fixture.h"
+
+namespace mesh::coordinator {
+namespace job_manager_test {
+namespace {
+
+using ::testing::Not;
+
+constexpr char kInPlaceRecoveries[] = "mesh_coordinator_in_place_recoveries_total";
+constexpr char kJobRestarts[] = "mesh_coordinator_job_restarts_total";
+
+// Spec() (2 nodes × 2 processes, mesh (2, 2) named dp, tp) whose failed
+// workers are relaunched in place; in_place_dim is left for Submit to
+// normalize to "dp".
+v1::JobSpec InPlaceSpec(int max_restarts = 2) {
+  v1::JobSpec spec = SpecWithRestarts(max_restarts);
+  spec.set_restart_policy(v1::RESTART_POLICY_IN_PLACE);
+  return spec;
+}
+
+// What a Join callback was called with. The state is shared with the
+// callback so that a late call never writes into a dead frame.
+class JoinReply {
+ public:
+  Callback<JoinResult> Done() {
+    return [state = state_](absl::StatusOr<JoinResult> result) {
+      ++state->calls;
+      state->result = std::move(result);
+    };
+  }
+  bool fired() const { return state_->calls > 0; }
+  const absl::StatusOr<JoinResult>& get() const { return *state_->result; }
+
+ private:
+  struct State {
+    int calls = 0;
+    std::optional<absl::StatusOr<JoinResult>> result;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+// The first process of each rank: incarnation 100 + rank.
+uint64_t FirstIncarnation(int rank) { return 100u + static_cast<uint64_t>(rank); }
+
+// (rank, kind, epoch, incarnation) of each membership change, oldest first.
+struct Change {
+  int rank;
+  v1::MembershipChange::Kind kind;
+  int64_t epoch;
+  uint64_t incarnation;
+  bool operator==(const Change&) const = default;
+  friend std::ostream& operator<<(std::ostream& os, const Change& c) {
+    return os << "{rank " << c.rank << ", " << v1::MembershipChange::Kind_Name(c.kind) << ", epoch "
+              << c.epoch << ", incarnation " << c.incarnation << "}";
+  }
+};
+
+std::vector<Change> ChangesOf(const v1::Job& job) {
+  std::vector<Change> out;
+  for (const v1::MembershipChange& c : job.membership()) {
+    out.push_back(Change{c.rank(), c.kind(), c.epoch(), c.incarnation()});
+  }
+  return out;
+}
+
+class JobManagerInPlaceTest : public JobManagerTest {
+ protected:
+  void SetUp() override {
+    JobManagerTest::SetUp();
+    // The fixture's manager again, recording into registry_ (UseFileStore
+    // and RestartCoordinator make one without).
+    manager_.reset();
+    manager_ = std::make_unique<JobManager>(&clock_, store_.get(), coordination_.get(),
+                                            TestOptions(), &registry_);
+  }
+
+  void TearDown() override {
+    JobManagerTest::TearDown();
+    manager_.reset();  // Before registry_, which it records into.
+  }
+
+  // Rank `rank` of generation 0 of `id` joins Coordination as `incarnation`
+  // from its node.
+  JoinReply JoinRank(const std::string& id, int rank, uint64_t incarnation) {
+    JoinReply reply;
+    JoinArgs args;
+    args.caller = Caller{id, 0, rank, incarnation};
+    args.host = rank < 2 ? "node-a" : "node-b";
+    coordination_->Join(std::move(args), reply.Done());
+    return reply;
+  }
+
+  // Each of `ranks` joins generation 0 as its first process.
+  std::vector<JoinReply> JoinRanks(const std::string& id, const std::vector<int>& ranks) {
+    std::vector<JoinReply> replies;
+    for (int rank : ranks) replies.push_back(JoinRank(id, rank, FirstIncarnation(rank)));
+    return replies;
+  }
+
+  // The 2 × 2 job of `spec` on node-a and node-b, RUNNING at generation 0,
+  // with its world formed in Coordination (every rank joined).
+  std::string RunAndFormWorld(v1::JobSpec spec) {
+    AddTwoNodes();
+    const std::string id = RunJob(std::move(spec));
+    const std::vector<JoinReply> replies = JoinRanks(id, {0, 1, 2, 3});
+    for (int rank = 0; rank < 4; ++rank) {
+      EXPECT_TRUE(replies[rank].fired()) << rank;
+      if (replies[rank].fired()) {
+        EXPECT_THAT(replies[rank].get(), IsOk()) << rank;
+      }
+    }
+    return id;
+  }
+
+  double Count(const std::string& name) const { return registry_.CounterValue(name); }
+
+  // The membership epoch of `id`'s generation in Coordination; -1 (and a
+  // test failure) when it has no such job.
+  int64_t EpochOf(const std::string& id) {
+    absl::StatusOr<JobInfo> info = coordination_->GetJob(id);
+    EXPECT_THAT(info, IsOk());
+    return info.ok() ? info->membership_epoch : -1;
+  }
+
+  metrics::testing::TestRegistry registry_;
+};
+
+TEST_F(JobManagerInPlaceTest, FailedRankIsRelaunchedAloneAtTheSameGeneration) {
+  const std::string id = RunAndFormWorld(InPlaceSpec());
+  const int events_before = Job(id).events_size();
+
+  ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
+
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.generation(), 0);
+  EXPECT_EQ(job.restarts(), 1);
+  ASSERT_EQ(job.events_size(), events_before + 1);
+  const v1::JobStateEvent& event = job.events(job.events_size() - 1);
+  EXPECT_EQ(event.from(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(event.to(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(event.generation(), 0);
+  EXPECT_THAT(event.reason(), AllOf(HasSubstr("rank 1 (node node-a) exited with code 1"),
+                                    HasSubstr("relaunched in place"), HasSubstr("restart 1 of 2")));
+  ASSERT_TRUE(job.has_root_cause());
+  EXPECT_EQ(job.root_cause().rank(), 1);
+  EXPECT_EQ(job.root_cause().exit_code(), 1);
+  EXPECT_EQ(job.root_cause().generation(), 0);
+
+  // node-a: a second LAUNCH of generation 0, replacing rank 1 only; nothing
+  // is killed, and node-b hears nothing.
+  ASSERT_THAT(ActionsOf(a_->orders->messages()), ElementsAre(Pair(kLaunch, 0), Pair(kLaunch, 0)));
+  const v1::Assignment& first = a_->orders->messages()[0];
+  const v1::Assignment& relaunch = a_->orders->messages()[1];
+  EXPECT_FALSE(first.replace());
+  EXPECT_TRUE(relaunch.replace());
+  EXPECT_EQ(relaunch.job_id(), id);
+  EXPECT_THAT(RanksOf(relaunch), ElementsAre(Pair(1, 1)));
+  EXPECT_EQ(relaunch.world_size(), 4);
+  EXPECT_EQ(relaunch.restart_count(), 1);
+  EXPECT_EQ(relaunch.master_port(), first.master_port());
+  EXPECT_THAT(relaunch.command(), ElementsAre("/usr/bin/python3", "train.py", "--lr=3e-4"));
+  EXPECT_THAT(ActionsOf(b_->orders->messages()), ElementsAre(Pair(kLaunch, 0)));
+  EXPECT_THAT(OrdersWith(a_->orders->messages(), kKill), IsEmpty());
+  EXPECT_THAT(OrdersWith(b_->orders->messages(), kKill), IsEmpty());
+
+  // Coordination lost the rank: membership epoch 1; the generation goes on.
+  absl::StatusOr<JobInfo> info = coordination_->GetJob(id);
+  ASSERT_THAT(info, IsOk());
+  EXPECT_EQ(info->generation, 0);
+  EXPECT_FALSE(info->failed);
+  EXPECT_EQ(info->membership_epoch, 1);
+  ASSERT_THAT(info->membership, SizeIs(1));
+  EXPECT_EQ(info->membership[0].rank, 1);
+  EXPECT_TRUE(info->membership[0].lost);
+  EXPECT_EQ(info->membership[0].epoch, 1);
+  EXPECT_THAT(info->membership[0].reason, HasSubstr("exited with code 1"));
+  // The survivors are still members.
+  EXPECT_THAT(coordination_->Heartbeat(Caller{id, 0, 0, FirstIncarnation(0)}), IsOk());
+
+  // GetJob shows the change.
+  EXPECT_THAT(ChangesOf(job), ElementsAre(Change{1, v1::MembershipChange::KIND_LOST, 1, 0}));
+  EXPECT_THAT(job.membership(0).reason(), HasSubstr("rank 1 (node node-a) exited with code 1"));
+  EXPECT_EQ(job.membership(0).time_unix_ms(), absl::ToUnixMillis(clock_.Now()));
+
+  EXPECT_EQ(Count(kInPlaceRecoveries), 1);
+  EXPECT_EQ(Count(kJobRestarts), 1);
+
+  // The agent starts the new process: the job stays RUNNING.
+  clock_.Advance(absl::Seconds(3));
+  ASSERT_THAT(Started(*a_, id, 0, {1}), IsOk());
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(id).events_size(), events_before + 1);
+
+  // It joins as rank 1 with a new incarnation: back, in epoch 2.
+  const JoinReply back = JoinRank(id, 1, 201);
+  ASSERT_TRUE(back.fired());
+  ASSERT_THAT(back.get(), IsOk());
+  EXPECT_EQ(back.get()->rank, 1);
+  EXPECT_EQ(back.get()->generation, 0);
+  EXPECT_EQ(back.get()->membership_epoch, 2);
+  EXPECT_TRUE(back.get()->in_place);
+  EXPECT_EQ(back.get()->in_place_dim, "dp");
+  const v1::Job rejoined = Job(id);
+  EXPECT_THAT(ChangesOf(rejoined),
+              ElementsAre(Change{1, v1::MembershipChange::KIND_LOST, 1, 0},
+                          Change{1, v1::MembershipChange::KIND_RETURNED, 2, 201}));
+  EXPECT_EQ(rejoined.membership(1).time_unix_ms(), absl::ToUnixMillis(clock_.Now()));
+  EXPECT_EQ(EpochOf(id), 2);
+  EXPECT_EQ(rejoined.restarts(), 1);
+
+  // Every rank finishes: the job succeeds at generation 0.
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_THAT(Exited(rank < 2 ? *a_ : *b_, id, 0, rank, 0), IsOk());
+  }
+  const v1::Job done = Job(id);
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.generation(), 0);
+  EXPECT_EQ(done.restarts(), 1);
+}
+
+TEST_F(JobManagerInPlaceTest, JoinRepliesCarryThePolicyAndItsDimension) {
+  v1::JobSpec spec = InPlaceSpec();
+  spec.set_in_place_dim("tp");
+  AddTwoNodes();
+  const std::string id = RunJob(std::move(spec));
+  EXPECT_EQ(Job(id).spec().in_place_dim(), "tp");
+  absl::StatusOr<JobInfo> info = coordination_->GetJob(id);
+  ASSERT_THAT(info, IsOk());
+  EXPECT_TRUE(info->layout.in_place);
+  EXPECT_EQ(info->layout.in_place_dim, "tp");
+  const std::vector<JoinReply> replies = JoinRanks(id, {0, 1, 2, 3});
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(replies[rank].fired()) << rank;
+    ASSERT_THAT(replies[rank].get(), IsOk()) << rank;
+    EXPECT_TRUE(replies[rank].get()->in_place) << rank;
+    EXPECT_EQ(replies[rank].get()->in_place_dim, "tp") << rank;
+    EXPECT_EQ(replies[rank].get()->membership_epoch, 0) << rank;
+  }
+}
+
+TEST_F(JobManagerInPlaceTest, ARepeatedExitReportOfTheReplacedProcessCountsOnce) {
+  const std::string id = RunAndFormWorld(InPlaceSpec(2));
+  ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
+  EXPECT_EQ(Job(id).restarts(), 1);
+  // The agent sends the same exit again (it re-sends its exits after a
+  // reconnect) before the replacement has started: nothing changes.
+  ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
+  ASSERT_THAT(Signaled(*a_, id, 0, 1, SIGKILL), IsOk());
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_EQ(OrdersWith(a_->orders->messages(), kLaunch).size(), 2u) << "the first and one replace";
+  EXPECT_EQ(Count(kInPlaceRecoveries), 1);
+  EXPECT_EQ(manager().stats().restarts, 1);
+  // The replacement failing to start is a new failure: it counts.
+  ASSERT_THAT(LaunchFailed(*a_, id, 0, 1, "exec: no such file"), IsOk());
+  EXPECT_EQ(Job(id).restarts(), 2);
+  EXPECT_EQ(Count(kInPlaceRecoveries), 2);
+  EXPECT_EQ(OrdersWith(a_->orders->messages(), kLaunch).size(), 3u);
+}
+
+TEST_F(JobManagerInPlaceTest, EachRelaunchCountsAndExhaustedRestartsFailTheJob) {
+  const std::string id = RunAndFormWorld(InPlaceSpec(/*max_restarts=*/2));
+
+  ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
+  ASSERT_EQ(Job(id).restarts(), 1);
+
+  // Second failure, on the other node: the second and last restart.
+  ASSERT_THAT(Signaled(*b_, id, 0, 2, SIGKILL), IsOk());
+  v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.generation(), 0);
+  EXPECT_EQ(job.restarts(), 2);
+  EXPECT_THAT(job.events(job.events_size() - 1).reason(),
+              AllOf(HasSubstr("rank 2 (node node-b) was killed by signal 9 (SIGKILL)"),
+                    HasSubstr("relaunched in place, restart 2 of 2")));
+  EXPECT_EQ(job.root_cause().rank(), 2);
+  EXPECT_EQ(job.root_cause().signal(), SIGKILL);
+  ASSERT_THAT(ActionsOf(b_->orders->messages()), ElementsAre(Pair(kLaunch, 0), Pair(kLaunch, 0)));
+  EXPECT_TRUE(b_->orders->messages()[1].replace());
+  EXPECT_THAT(RanksOf(b_->orders->messages()[1]), ElementsAre(Pair(2, 0)));
+  EXPECT_EQ(b_->orders->messages()[1].restart_count(), 2);
+  EXPECT_THAT(ActionsOf(a_->orders->messages()), ElementsAre(Pair(kLaunch, 0), Pair(kLaunch, 0)));
+  EXPECT_THAT(ChangesOf(job), ElementsAre(Change{1, v1::MembershipChange::KIND_LOST, 1, 0},
+                                          Change{2, v1::MembershipChange::KIND_LOST, 2, 0}));
+  EXPECT_EQ(Count(kInPlaceRecoveries), 2);
+
+  // Third failure: no restarts left, so the job fails as it would under
+  // GROUP, naming the rank, and every node is told to kill generation 0.
+  ASSERT_THAT(Exited(*a_, id, 0, 0, 3), IsOk());
+  job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job.generation(), 0);
+  EXPECT_EQ(job.restarts(), 2);
+  const v1::JobStateEvent& last = job.events(job.events_size() - 1);
+  EXPECT_EQ(last.from(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(last.to(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(last.reason(), AllOf(HasSubstr("rank 0 (node node-a) exited with code 3"),
+                                   HasSubstr("no restarts left (max_restarts 2)")));
+  ASSERT_TRUE(job.has_root_cause());
+  EXPECT_EQ(job.root_cause().rank(), 0);
+  EXPECT_EQ(job.root_cause().exit_code(), 3);
+  EXPECT_THAT(ActionsOf(a_->orders->messages()),
+              ElementsAre(Pair(kLaunch, 0), Pair(kLaunch, 0), Pair(kKill, 0)));
+  EXPECT_THAT(ActionsOf(b_->orders->messages()),
+              ElementsAre(Pair(kLaunch, 0), Pair(kLaunch, 0), Pair(kKill, 0)));
+  EXPECT_THAT(coordination_->GetJob(id), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(Count(kInPlaceRecoveries), 2);
+  EXPECT_EQ(Count(kJobRestarts), 2);
+}
+
+TEST_F(JobManagerInPlaceTest, ReplacementThatFailsBeforeRejoiningIsRelaunchedAgain) {
+  const std::string id = RunAndFormWorld(InPlaceSpec(/*max_restarts=*/2));
+  ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
+  // The new process could not be started: the rank is still lost, and is
+  // replaced again with the next restart; the membership does not move.
+  ASSERT_THAT(LaunchFailed(*a_, id, 0, 1, "exec: No such file or directory"), IsOk());
+
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.generation(), 0);
+  EXPECT_EQ(job.restarts(), 2);
+  EXPECT_THAT(job.events(job.events_size() - 1).reason(),
+              AllOf(HasSubstr("could not be started"), HasSubstr("restart 2 of 2")));
+  const std::vector<v1::Assignment> launches = OrdersWith(a_->orders->messages(), kLaunch);
+  ASSERT_THAT(launches, SizeIs(3));
+  EXPECT_TRUE(launches[2].replace());
+  EXPECT_THAT(RanksOf(launches[2]), ElementsAre(Pair(1, 1)));
+  EXPECT_THAT(ChangesOf(job), ElementsAre(Change{1, v1::MembershipChange::KIND_LOST, 1, 0}));
+  EXPECT_EQ(EpochOf(id), 1);
+  EXPECT_EQ(Count(kInPlaceRecoveries), 2);
+}
+
+TEST_F(JobManagerInPlaceTest, ExitOfARankCoordinationHadAlreadyLostRelaunchesIt) {
+  const std::string id = RunAndFormWorld(InPlaceSpec());
+  // The process reports its own error first: Coordination loses it (the
+  // others carry on), and the job does not change.
+  ASSERT_THAT(coordination_->ReportError(Caller{id, 0, 3, FirstIncarnation(3)},
+                                         "CUDA error: an illegal memory access"),
+              IsOk());
+  ASSERT_EQ(EpochOf(id), 1);
+  EXPECT_EQ(Job(id).restarts(), 0);
+  EXPECT_THAT(ActionsOf(b_->orders->messages()), ElementsAre(Pair(kLaunch, 0)));
+
+  // Then it exits: relaunched in place, with no second loss.
+  ASSERT_THAT(Exited(*b_, id, 0, 3, 1), IsOk());
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.generation(), 0);
+  EXPECT_EQ(job.restarts(), 1);
+  ASSERT_THAT(ActionsOf(b_->orders->messages()), ElementsAre(Pair(kLaunch, 0), Pair(kLaunch, 0)));
+  EXPECT_TRUE(b_->orders->messages()[1].replace());
+  EXPECT_THAT(RanksOf(b_->orders->messages()[1]), ElementsAre(Pair(3, 1)));
+  EXPECT_THAT(ChangesOf(job), ElementsAre(Change{3, v1::MembershipChange::KIND_LOST, 1, 0}));
+  EXPECT_THAT(job.membership(0).reason(), HasSubstr("illegal memory access"));
+  EXPECT_EQ(Count(kInPlaceRecoveries), 1);
+}
+
+TEST_F(JobManagerInPlaceTest, FailureBeforeTheWorldFormedRestartsTheWholeJob) {
+  AddTwoNodes();
+  const std::string id = RunJob(InPlaceSpec());
+  // Rank 3 has not joined yet: the others wait for it.
+  const std::vector<JoinReply> replies = JoinRanks(id, {0, 1, 2});
+  for (const JoinReply& reply : replies) ASSERT_FALSE(reply.fired());
+
+  ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
+
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_THAT(EventStates(job),
+              ElementsAre(v1::JOB_STATE_PENDING, v1::JOB_STATE_SCHEDULED, v1::JOB_STATE_RUNNING,
+                          v1::JOB_STATE_RESTARTING, v1::JOB_STATE_SCHEDULED));
+  EXPECT_THAT(job.events(3).reason(), Not(HasSubstr("relaunched in place")));
+  for (const Agent* agent : {a_, b_}) {
+    SCOPED_TRACE(agent->name);
+    EXPECT_THAT(ActionsOf(agent->orders->messages()),
+                ElementsAre(Pair(kLaunch, 0), Pair(kKill, 0), Pair(kLaunch, 1)));
+    EXPECT_FALSE(agent->orders->messages().back().replace());
+  }
+  EXPECT_THAT(RanksOf(a_->orders->messages().back()), ElementsAre(Pair(0, 0), Pair(1, 1)));
+  // The waits of the old generation end.
+  for (const JoinReply& reply : replies) {
+    ASSERT_TRUE(reply.fired());
+    EXPECT_THAT(reply.get(), Not(IsOk()));
+  }
+  absl::StatusOr<JobInfo> info = coordination_->GetJob(id);
+  ASSERT_THAT(info, IsOk());
+  EXPECT_EQ(info->generation, 1);
+  EXPECT_EQ(info->membership_epoch, 0);
+  EXPECT_THAT(info->membership, IsEmpty());
+  EXPECT_THAT(job.membership(), IsEmpty());
+  EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+  EXPECT_EQ(Count(kJobRestarts), 1);
+}
+
+// Coordination would let the others carry on (every rank joined), but the
+// job is not RUNNING yet: not every agent reported its ranks started.
+TEST_F(JobManagerInPlaceTest, FailureWhileScheduledRestartsTheWholeJob) {
+  AddTwoNodes();
+  const std::string id = Submit(InPlaceSpec());
+  ASSERT_THAT(Started(*a_, id, 0, {0, 1}), IsOk());
+  const std::vector<JoinReply> replies = JoinRanks(id, {0, 1, 2, 3});
+  for (const JoinReply& reply : replies) ASSERT_TRUE(reply.fired());
+  ASSERT_EQ(StateOf(id), v1::JOB_STATE_SCHEDULED);
+
+  ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
+
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_THAT(ActionsOf(a_->orders->messages()),
+              ElementsAre(Pair(kLaunch, 0), Pair(kKill, 0), Pair(kLaunch, 1)));
+  absl::StatusOr<JobInfo> info = coordination_->GetJob(id);
+  ASSERT_THAT(info, IsOk());
+  EXPECT_EQ(info->generation, 1);
+  EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+}
+
+TEST_F(JobManagerInPlaceTest, GroupJobWithItsWorldFormedStillRestartsTheWholeJob) {
+  const std::string id = RunAndFormWorld(SpecWithRestarts(2));
+  // The default policy, normalized; Coordination's layout is not in place.
+  EXPECT_EQ(Job(id).spec().restart_policy(), v1::RESTART_POLICY_GROUP);
+  EXPECT_EQ(Job(id).spec().in_place_dim(), "");
+  absl::StatusOr<JobInfo> before = coordination_->GetJob(id);
+  ASSERT_THAT(before, IsOk());
+  EXPECT_FALSE(before->layout.in_place);
+
+  ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
+
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_THAT(EventStates(job),
+              ElementsAre(v1::JOB_STATE_PENDING, v1::JOB_STATE_SCHEDULED, v1::JOB_STATE_RUNNING,
+                          v1::JOB_STATE_RESTARTING, v1::JOB_STATE_SCHEDULED));
+  for (const Agent* agent : {a_, b_}) {
+    SCOPED_TRACE(agent->name);
+    EXPECT_THAT(ActionsOf(agent->orders->messages()),
+                ElementsAre(Pair(kLaunch, 0), Pair(kKill, 0), Pair(kLaunch, 1)));
+    EXPECT_FALSE(agent->orders->messages().back().replace());
+  }
+  EXPECT_THAT(job.membership(), IsEmpty());
+  EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+  EXPECT_EQ(Count(kJobRestarts), 1);
+}
+
+TEST_F(JobManagerInPlaceTest, JoinRepliesOfAGroupJobAreNotInPlace) {
+  AddTwoNodes();
+  const std::string id = RunJob(SpecWithRestarts(2));
+  const std::vector<JoinReply> replies = JoinRanks(id, {0, 1, 2, 3});
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(replies[rank].fired()) << rank;
+    ASSERT_THAT(replies[rank].get(), IsOk()) << rank;
+    EXPECT_FALSE(replies[rank].get()->in_place) << rank;
+    EXPECT_EQ(replies[rank].get()->in_place_dim, "") << rank;
+  }
+}
+
+TEST_F(JobManagerInPlaceTest, ExitZeroOfOneRankIsNotARecovery) {
+  const std::string id = RunAndFormWorld(InPlaceSpec());
+
+  ASSERT_THAT(Exited(*a_, id, 0, 1, 0), IsOk());
+
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.generation(), 0);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_THAT(EventStates(job),
+              ElementsAre(v1::JOB_STATE_PENDING, v1::JOB_STATE_SCHEDULED, v1::JOB_STATE_RUNNING));
+  EXPECT_FALSE(job.has_root_cause());
+  // Nothing is relaunched or killed.
+  EXPECT_THAT(ActionsOf(a_->orders->messages()), ElementsAre(Pair(kLaunch, 0)));
+  EXPECT_THAT(ActionsOf(b_->orders->messages()), ElementsAre(Pair(kLaunch, 0)));
+  EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+  EXPECT_EQ(Count(kJobRestarts), 0);
+  // It did not Leave, so its peers no longer count on it (Coordination
+  // loses it), but no new process replaces it.
+  EXPECT_THAT(ChangesOf(job), ElementsAre(Change{1, v1::MembershipChange::KIND_LOST, 1, 0}));
+  EXPECT_THAT(job.membership(0).reason(), HasSubstr("exited with code 0"));
+
+  for (int rank : {0, 2, 3}) {
+    ASSERT_THAT(Exited(rank < 2 ? *a_ : *b_, id, 0, rank, 0), IsOk());
+  }
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(Job(id).restarts(), 0);
+}
+
+// An in-place recovery counts a restart without a new generation: the
+// stored job (restarts 1 at generation 0) must load again.
+TEST_F(JobManagerInPlaceTest, CoordinatorRestartRestoresRestartsBeyondTheGeneration) {
+  UseFileStore();
+  const std::string id = RunAndFormWorld(InPlaceSpec());
+  ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
+  ASSERT_THAT(Started(*a_, id, 0, {1}), IsOk());
+  const v1::Job before = Job(id);
+  ASSERT_EQ(before.state(), v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(before.restarts(), 1);
+  ASSERT_EQ(before.generation(), 0);
+
+  RestartCoordinator();
+  ASSERT_FALSE(HasFatalFailure());
+
+  const v1::Job after = Job(id);
+  EXPECT_EQ(after.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(after.generation(), 0);
+  EXPECT_EQ(after.restarts(), 1);
+  EXPECT_EQ(after.spec().restart_policy(), v1::RESTART_POLICY_IN_PLACE);
+  ASSERT_EQ(after.events_size(), before.events_size());
+  const v1::JobStateEvent& event = after.events(after.events_size() - 1);
+  EXPECT_EQ(event.from(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(event.to(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(event.reason(), HasSubstr("relaunched in place"));
+  EXPECT_EQ(after.root_cause().rank(), 1);
+  // The membership lived in the old coordinator's memory.
+  EXPECT_THAT(after.membership(), IsEmpty());
+  absl::StatusOr<JobInfo> info = coordination_->GetJob(id);
+  ASSERT_THAT(info, IsOk());
+  EXPECT_EQ(info->generation, 0);
+  EXPECT_TRUE(info->layout.in_place);
+  EXPECT_EQ(info->layout.in_place_dim, "dp");
+
+  // The agents come back with every rank running, and the job finishes.
+  ASSERT_THAT(Register(*a_, {Worker(id, 0, 0), Worker(id, 0, 1)}), IsOk());
+  ASSERT_THAT(Register(*b_, {Worker(id, 0, 2), Worker(id, 0, 3)}), IsOk());
+  ASSERT_THAT(Watch(*a_), IsOk());
+  ASSERT_THAT(Watch(*b_), IsOk());
+  EXPECT_THAT(a_->orders->messages(), IsEmpty());
+  EXPECT_THAT(b_->orders->messages(), IsEmpty());
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_THAT(Exited(rank < 2 ? *a_ : *b_, id, 0, rank, 0), IsOk());
+  }
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(Job(id).restarts(), 1);
+}
+
+}  // namespace
+}  // namespace job_manager_test
+}  // namespace mesh::coordinator
