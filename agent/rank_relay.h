@@ -13,12 +13,12 @@
 //                 once published, so later callers are answered from the
 //                 node's copy.
 //   Heartbeat     answered at once from the node's latest view; the latest
-//                 heartbeat of each rank (with its collective progress) goes
-//                 up in one HeartbeatBatch per flush.
+//                 heartbeat of each process (with its collective progress)
+//                 goes up in one HeartbeatBatch per flush.
 //   WatchJob      one upstream watch per (job, generation), whose events
-//                 every local watcher gets.
-//   the rest      (KV, DescribeRanks, PublishUniqueIds, ReportError, Leave)
-//                 forwarded one to one.
+//                 of the generation every local watcher gets.
+//   the rest      (KV, DescribeRanks, PublishUniqueIds, ReportError, Leave,
+//                 AliveRanks) forwarded one to one.
 //
 // Batching. Join and barrier arrivals wait at most `batch_window` for the
 // node's other ranks, and go up at once when every local rank the call
@@ -29,10 +29,26 @@
 // [50 ms, 1 s]); a rank that stops heartbeating is no longer sent, so the
 // coordinator declares it dead as it would without the relay, at most one
 // flush interval later. A Heartbeat answered by the relay carries the
-// coordinator's latest answer for that rank (its generation's error,
+// coordinator's latest answer for that process (its generation's error,
 // send_members); while the node's last flush failed, it gets that failure
 // (UNAVAILABLE, say), so a rank cut off from the coordinator notices as it
 // would on its own.
+//
+// New processes of a rank (in-place recovery, coordinator/coordination.h).
+// Once a generation's world has formed, a rank may be lost and a new
+// process (another incarnation) may join as it through the same relay.
+// Its Join goes up at once, alone (the node's other ranks joined long
+// ago). What the relay keeps per process (the pending heartbeat, the
+// coordinator's latest answer to it) is keyed by rank and incarnation, so
+// the new process never gets the answer meant for the one it replaces (a
+// refusal: lost, fenced out). An answer that speaks for one process only
+// reaches only it: when the unique-ID fetch made in a lost process's name
+// is refused (ABORTED), the other waiters fetch again in their own names;
+// an ERROR naming the process the shared WatchJob stream was opened for,
+// or an ABORTED end of it, ends that process's watchers, and the stream is
+// opened again for the others; and the watch of a process whose heartbeat
+// the coordinator refused ends with that refusal. The old process's other
+// calls end as the coordinator answers them: it is fenced out.
 //
 // Authorisation. The socket is created mode 0666 in a directory only the
 // agent can write, so no other process can stand in for it. Every call
@@ -51,7 +67,7 @@
 // move to the next after an UNAVAILABLE reply, as libmesh's own client does.
 //
 // Thread safety: thread-safe. Ownership: the relay owns its server, its
-// channels and one flusher thread.
+// channels and one flusher thread. Its parts: agent/rank_relay_internal.h.
 #pragma once
 
 #include <cstdint>
@@ -114,7 +130,9 @@ class RankRelay {
 
   // The ranks of (job, generation) that run on this node, and the worker
   // token their calls carry ("" when the cluster has no auth). Call before
-  // launching them. Registering a generation again replaces its ranks.
+  // launching them. Registering a generation again replaces its ranks and
+  // keeps the rest of its state; a new process of one of its ranks
+  // (in-place recovery) needs no new registration.
   virtual void AddGeneration(const std::string& job_id, int64_t generation,
                              std::vector<int> local_ranks, std::string worker_token) = 0;
   // Forgets (job, generation): calls naming it are refused from now on, and
