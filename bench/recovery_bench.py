@@ -3,17 +3,21 @@
 restart of the whole group, on one machine (docs/performance.md).
 
     python3 bench/recovery_bench.py [--build build] [--nproc 8] [--rounds 3]
-                                    [--no-torchrun] [--json FILE]
+                                    [--no-torchrun] [--replacement-delay-ms MS]
+                                    [--json FILE]
 
 Mesh. A mesh-coordinator (ranks heartbeat every 0.25 s, dead after 1 s of
 silence) and one mesh-agent with --nproc slots run as children. Each round
 submits examples/elastic_train as one node x nproc ranks on a (nproc, 1)
 dp x tp mesh with restart_policy IN_PLACE, waits until every rank has
 committed 20 steps, and kill -9s rank nproc/2 - 1. Measured, from the kill:
-  - recovered: rank 0's first committed all-reduce with nproc - 1 replicas
-    (the survivors' first successful collective of the new epoch);
-  - rejoined: rank 0's first step with nproc replicas again (the agent's
-    replacement took the state from a peer and the groups grew back).
+  - recovered: rank 0's first committed all-reduce of a later membership
+    epoch (the survivors' first successful collective of the new epoch;
+    with nproc - 1 replicas, or nproc when the replacement was already
+    back when they rebuilt);
+  - rejoined: rank 0's first step with nproc replicas in the epoch the
+    replacement came back in (it took the state from a peer and the groups
+    grew back).
 
 torchrun. torchrun --standalone --nproc_per_node nproc --max-restarts 1 runs
 bench/peers/torchrun_recovery_worker.py, a gloo all-reduce loop. The same
@@ -107,7 +111,7 @@ class MeshCluster:
             capture_output=True, text=True, timeout=timeout, check=True).stdout
 
     def steps(self, job_id, rank):
-        """(step, replicas, ms, pid) of every committed step in the rank's log."""
+        """(step, replicas, ms, epoch) of every committed step in the rank's log."""
         path = os.path.join(self.work, "jobs", job_id, "gen-0", f"rank-{rank}.log")
         out = []
         try:
@@ -115,7 +119,7 @@ class MeshCluster:
                 for line in f:
                     parts = line.split()
                     if len(parts) == 12 and parts[0] == "step":
-                        out.append((int(parts[1]), int(parts[3]), int(parts[11]), int(parts[9])))
+                        out.append((int(parts[1]), int(parts[3]), int(parts[11]), int(parts[7])))
         except OSError:
             pass
         return out
@@ -132,30 +136,37 @@ class MeshCluster:
                 child.wait()
 
 
-def mesh_round(cluster, nproc, victim, index):
+def mesh_round(cluster, nproc, victim, index, replacement_delay_ms):
     job_id = cluster.meshctl(
         "submit", "--parsable", "--name", f"recovery-{index}", "--nodes", "1",
         "--nproc-per-node", str(nproc), "--mesh-shape", f"{nproc},1", "--dim-names", "dp,tp",
         "--restart-policy", "in_place", "--max-restarts", "3", "--",
         os.path.join(cluster.build, "examples", "elastic_train"), "--steps", "100000",
-        "--step-ms", "20", "--gloo-host", "127.0.0.1").strip()
+        "--step-ms", "20", "--gloo-host", "127.0.0.1", "--restart-delay-ms",
+        str(replacement_delay_ms)).strip()
     try:
         wait_until(lambda: all(len(cluster.steps(job_id, r)) >= WARM_STEPS for r in range(nproc)),
                    60, f"job {job_id}: every rank at step {WARM_STEPS}")
         pid = pid_of(job_id, victim)
         if pid is None:
             raise RuntimeError(f"job {job_id}: no process for rank {victim}")
+        epoch = cluster.steps(job_id, 0)[-1][3]
         killed = now_ms()
         os.kill(pid, signal.SIGKILL)
 
-        def first(replicas):
-            for step, seen, ms, _ in cluster.steps(job_id, 0):
-                if seen == replicas and ms >= killed:
+        def first(predicate):
+            for _, replicas, ms, seen in cluster.steps(job_id, 0):
+                if ms >= killed and predicate(replicas, seen):
                     return ms
             return None
 
-        recovered = wait_until(lambda: first(nproc - 1), 30, f"job {job_id}: {nproc - 1} replicas")
-        rejoined = wait_until(lambda: first(nproc), 60, f"job {job_id}: {nproc} replicas again")
+        # The first step of a later epoch: with nproc - 1 replicas, or with
+        # nproc when the replacement was back before the survivors'
+        # rebuild (both lost and back in one AliveRanks round).
+        recovered = wait_until(lambda: first(lambda r, e: e > epoch), 30,
+                               f"job {job_id}: a step after the loss")
+        rejoined = wait_until(lambda: first(lambda r, e: e >= epoch + 2 and r == nproc), 60,
+                              f"job {job_id}: {nproc} replicas again")
         return {"job": job_id, "recovered_s": (recovered - killed) / 1000.0,
                 "rejoined_s": (rejoined - killed) / 1000.0}
     finally:
@@ -224,6 +235,9 @@ def main():
     parser.add_argument("--nproc", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-torchrun", action="store_true")
+    parser.add_argument("--replacement-delay-ms", type=int, default=0,
+                        help="the Mesh replacement waits this long before joining, as one "
+                             "that loads a framework would (elastic_train --restart-delay-ms)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     if args.nproc < 2 or args.rounds < 1:
@@ -242,7 +256,8 @@ def main():
     mesh, torch = [], []
     try:
         for index in range(args.rounds):
-            mesh.append(mesh_round(cluster, args.nproc, victim, index))
+            mesh.append(mesh_round(cluster, args.nproc, victim, index,
+                                   args.replacement_delay_ms))
             print(f"mesh round {index}: recovered {mesh[-1]['recovered_s']:.3f} s, "
                   f"rejoined {mesh[-1]['rejoined_s']:.3f} s", flush=True)
             if not skip:
@@ -257,6 +272,7 @@ def main():
     mesh_median = statistics.median(r["recovered_s"] for r in mesh)
     rejoin_median = statistics.median(r["rejoined_s"] for r in mesh)
     result = {"nproc": args.nproc, "victim": victim, "mesh": mesh, "torchrun": torch,
+              "replacement_delay_ms": args.replacement_delay_ms,
               "mesh_recovered_median_s": mesh_median, "mesh_rejoined_median_s": rejoin_median,
               "load_average": os.getloadavg()[0]}
     print(f"\n{args.nproc} ranks on one CPU host, kill -9 of rank {victim}, medians of "

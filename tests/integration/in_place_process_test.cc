@@ -112,7 +112,7 @@ TEST_F(InPlaceProcessTest, SurvivorsCarryOnAndTheReplacementRejoinsWithAPeersSta
   spec.add_command(ELASTIC_TRAIN_BIN);
   // The replacement waits 1.5 s before it joins, as a real one spends
   // starting up, so the survivors run as three replicas first.
-  for (const char* arg : {"--steps", "400", "--step-ms", "20", "--gloo-host", "127.0.0.1",
+  for (const char* arg : {"--steps", "250", "--step-ms", "20", "--gloo-host", "127.0.0.1",
                           "--restart-delay-ms", "1500"}) {
     spec.add_command(arg);
   }
@@ -219,7 +219,7 @@ TEST_F(InPlaceProcessTest, SurvivorsCarryOnAndTheReplacementRejoinsWithAPeersSta
   EXPECT_EQ(described.code, 0) << described.output;
   EXPECT_THAT(described.output, HasSubstr("relaunched in place"));
 
-  // Every rank finishes its 400 steps; the job succeeds.
+  // Every rank finishes its 250 steps; the job succeeds.
   absl::StatusOr<mesh::v1::Job> done = cluster_.WaitTerminal(id, absl::Seconds(120));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), mesh::v1::JOB_STATE_SUCCEEDED) << done->DebugString() << Log(id, 2);
