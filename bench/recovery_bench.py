@@ -4,7 +4,7 @@ restart of the whole group, on one machine (docs/performance.md).
 
     python3 bench/recovery_bench.py [--build build] [--nproc 8] [--rounds 3]
                                     [--no-torchrun] [--replacement-delay-ms MS]
-                                    [--json FILE]
+                                    [--json FILE] [--keep]
 
 Mesh. A mesh-coordinator (ranks heartbeat every 0.25 s, dead after 1 s of
 silence) and one mesh-agent with --nproc slots run as children. Each round
@@ -239,6 +239,8 @@ def main():
                         help="the Mesh replacement waits this long before joining, as one "
                              "that loads a framework would (elastic_train --restart-delay-ms)")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temp dir (the workers' logs) and print where it is")
     args = parser.parse_args()
     if args.nproc < 2 or args.rounds < 1:
         parser.error("--nproc must be >= 2 and --rounds >= 1")
@@ -291,7 +293,10 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
-    shutil.rmtree(tmp, ignore_errors=True)
+    if args.keep:
+        print(f"  logs kept in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -15,17 +15,20 @@ namespace mesh {
 // from it.
 struct DeviceMesh::Root {
   Root(std::shared_ptr<ProcessGroupFactory> factory, MeshLayout layout, std::string name,
-       bool members_only)
+       bool members_only, std::shared_ptr<ProcessGroup> members_group)
       : factory(std::move(factory)),
         layout(std::move(layout)),
         name(std::move(name)),
         members_only(members_only),
+        members_group(std::move(members_group)),
         rank(this->factory->world_rank()) {}
 
   const std::shared_ptr<ProcessGroupFactory> factory;
   const MeshLayout layout;
   const std::string name;
   const bool members_only;  // DeviceMeshOptions::members_only
+  // DeviceMeshOptions::members_group; may be null.
+  const std::shared_ptr<ProcessGroup> members_group;
   const int rank;
   // The calling rank's group along each root dim. Written once by Create
   // before the Root is shared, read-only afterwards.
@@ -75,16 +78,16 @@ absl::Status CheckGroup(const ProcessGroup* group, const GroupSpec& spec, int wo
 
 // The calling rank's group along `dims` of `layout`: the factory's world
 // group when that is what the dims span, else one made from `family`.
-absl::StatusOr<std::shared_ptr<ProcessGroup>> MakeGroup(ProcessGroupFactory& factory,
-                                                        const MeshLayout& layout,
-                                                        absl::Span<const int> dims,
-                                                        const std::string& family, int rank,
-                                                        bool members_only) {
+absl::StatusOr<std::shared_ptr<ProcessGroup>> MakeGroup(
+    ProcessGroupFactory& factory, const MeshLayout& layout, absl::Span<const int> dims,
+    const std::string& family, int rank, bool members_only,
+    const std::shared_ptr<ProcessGroup>& members_group) {
   absl::StatusOr<MeshGroup> members = layout.GroupOf(dims, rank);
   if (!members.ok()) return members.status();
   if (!members_only && IsWorldInOrder(members->ranks, factory.world_size())) {
     return factory.World();
   }
+  if (members_group != nullptr && members->ranks == layout.ranks()) return members_group;
   GroupSpec spec{family, members->color, std::move(members->ranks)};
   absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> groups =
       members_only ? factory.NewGroupsAmongMembers({spec}) : factory.NewGroups({spec});
@@ -127,9 +130,16 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(std::shared_ptr<ProcessGroupFactor
     return absl::InvalidArgumentError(
         absl::StrCat(layout.DebugString(), " does not hold the calling rank ", rank));
   }
+  if (options.members_group != nullptr &&
+      (!options.members_only || options.members_group->global_ranks() != layout.ranks())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DeviceMesh members_group '", options.members_group->name(), "' (members [",
+        absl::StrJoin(options.members_group->global_ranks(), ", "),
+        "]) needs members_only and must hold the layout's ranks in layout order"));
+  }
 
   auto root = std::make_shared<Root>(std::move(factory), std::move(layout), options.name,
-                                     options.members_only);
+                                     options.members_only, options.members_group);
   const MeshLayout& root_layout = root->layout;
   root->dim_groups.resize(root_layout.ndim());
   // Every dim's group in one NewGroups call (see the header); dims that span
@@ -143,6 +153,10 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(std::shared_ptr<ProcessGroupFactor
       absl::StatusOr<std::shared_ptr<ProcessGroup>> world = root->factory->World();
       if (!world.ok()) return world.status();
       root->dim_groups[d] = *std::move(world);
+      continue;
+    }
+    if (root->members_group != nullptr && members->ranks == root_layout.ranks()) {
+      root->dim_groups[d] = root->members_group;
       continue;
     }
     specs.push_back(GroupSpec{absl::StrCat(options.name, "/", root_layout.dim_names()[d]),
@@ -376,7 +390,8 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Flatten(absl::string_view name) const {
     } else {
       absl::StatusOr<std::shared_ptr<ProcessGroup>> made =
           MakeGroup(*root_->factory, root_->layout, root_dims,
-                    absl::StrCat(root_->name, "/", merged), root_->rank, root_->members_only);
+                    absl::StrCat(root_->name, "/", merged), root_->rank, root_->members_only,
+                    root_->members_group);
       if (!made.ok()) return made.status();
       group = *std::move(made);
     }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/check.h"
+#include "common/duration_format.h"
 #include "mesh/dtype.h"
 
 namespace mesh {
@@ -130,8 +131,10 @@ absl::StatusOr<bool> ElasticMesh::Sync() {
 }
 
 absl::StatusOr<bool> ElasticMesh::Reconfigure() {
+  const absl::Time start = absl::Now();
   absl::StatusOr<AliveRanksResult> alive = runtime_.AliveRanks(options_.timeout);
   if (!alive.ok()) return alive.status();
+  const absl::Time agreed = absl::Now();
   const int self = runtime_.rank();
 
   // A replica stays while each of its ranks is live.
@@ -195,6 +198,9 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
   DeviceMeshOptions mesh_options;
   mesh_options.name = name;
   mesh_options.members_only = true;
+  // The dim that spans every member (dp of a (n, 1) mesh) shares this group
+  // instead of connecting the same ranks again.
+  if (members_ == ordered) mesh_options.members_group = (*all)[0];
   absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(factory, *std::move(layout), mesh_options);
   if (!mesh.ok()) {
     (*all)[0]->Abort(mesh.status());
@@ -202,10 +208,20 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
   }
   members_group_ = (*all)[0];
   mesh_ = *std::move(mesh);
+  const absl::Time built = absl::Now();
   if (absl::Status s = TransferState(); !s.ok()) {
     Drop(s);
     return s;
   }
+  // One line per rebuild in the worker's log: what a slow recovery spent.
+  std::fprintf(stderr,
+               "mesh: rank %d: membership epoch %lld, %lld of %lld replicas along '%s' "
+               "(AliveRanks %s, groups %s, state %s)\n",
+               self, static_cast<long long>(epoch_), static_cast<long long>(replicas_),
+               static_cast<long long>(job_layout_.Size(dim_index_)), dim_.c_str(),
+               FormatDurationShort(agreed - start).c_str(),
+               FormatDurationShort(built - agreed).c_str(),
+               FormatDurationShort(absl::Now() - built).c_str());
   return true;
 }
 
@@ -280,8 +296,7 @@ absl::Status ElasticMesh::TransferState() {
     }
   }
   if (!has_state_) {
-    std::fprintf(stderr, "mesh: rank %d took the state from rank %d (membership epoch %lld)\n",
-                 self, donor, static_cast<long long>(epoch_));
+    std::fprintf(stderr, "mesh: rank %d: took the state from rank %d\n", self, donor);
   }
   has_state_ = true;
   last_donor_ = donor;

@@ -354,6 +354,42 @@ TEST(DeviceMeshTest, MembersOnlyMeshOverLiveRanksNeverUsesTheWorldGroup) {
   EXPECT_EQ(whole->members_only_calls(), 1);
 }
 
+TEST(DeviceMeshTest, MembersOnlyMeshReusesTheMembersGroupForADimThatSpansIt) {
+  auto factory = std::make_shared<FakeFactory>(4, 8);
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> all =
+      factory->NewGroupsAmongMembers({GroupSpec{"elastic2/members", 0, {0, 1, 4}}});
+  ASSERT_TRUE(all.ok()) << all.status();
+  absl::StatusOr<MeshLayout> layout = MeshLayout::FromMembers({3, 1}, {"dp", "tp"}, {0, 1, 4}, 8);
+  ASSERT_TRUE(layout.ok());
+  DeviceMeshOptions options;
+  options.name = "elastic2";
+  options.members_only = true;
+  options.members_group = (*all)[0];
+  absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(factory, *layout, options);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  EXPECT_EQ(mesh->GetGroup("dp")->get(), (*all)[0].get());
+  EXPECT_THAT(Members(mesh->GetGroup("tp")), ElementsAre(4));
+  // Flattening both dims spans the members too.
+  EXPECT_EQ(mesh->Flatten()->GetGroup()->get(), (*all)[0].get());
+  EXPECT_EQ(factory->members_only_calls(), 2) << "the members' group and tp";
+
+  // A members group that is not the layout's ranks in order is refused.
+  absl::StatusOr<MeshLayout> other = MeshLayout::FromMembers({3, 1}, {"dp", "tp"}, {1, 0, 4}, 8);
+  ASSERT_TRUE(other.ok());
+  EXPECT_THAT(DeviceMesh::Create(factory, *other, options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layout order")));
+  // ... and so is one without members_only.
+  auto whole = std::make_shared<FakeFactory>(1, 3);
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> world =
+      whole->NewGroupsAmongMembers({GroupSpec{"m/members", 0, {0, 1, 2}}});
+  ASSERT_TRUE(world.ok());
+  options.members_only = false;
+  options.members_group = (*world)[0];
+  EXPECT_THAT(DeviceMesh::Create(whole, *MeshLayout::Create({3, 1}, {"dp", "tp"}, 3), options)
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs members_only")));
+}
+
 TEST(DeviceMeshTest, MembersOnlyErrors) {
   auto factory = std::make_shared<FakeFactory>(2, 8);
   DeviceMeshOptions options;

@@ -67,6 +67,10 @@ struct DeviceMeshOptions {
   // group. In-place recovery builds its mesh of the live ranks this way
   // (mesh/elastic_mesh.h); `name` must then be new to every caller.
   bool members_only = false;
+  // With members_only, optional: a group over all of the layout's ranks,
+  // in layout order. A dim (or a flattening) whose group is exactly that
+  // uses it instead of making another, as a full mesh uses the world group.
+  std::shared_ptr<ProcessGroup> members_group = nullptr;
 };
 
 class DeviceMesh {
