@@ -10,7 +10,7 @@ Mesh. A mesh-coordinator (ranks heartbeat every 0.25 s, dead after 1 s of
 silence) and one mesh-agent with --nproc slots run as children. Each round
 submits examples/elastic_train as one node x nproc ranks on a (nproc, 1)
 dp x tp mesh with restart_policy IN_PLACE, waits until every rank has
-committed 20 steps, and kill -9s rank nproc/2 - 1. Measured, from the kill:
+committed 20 steps, and kill -9s rank nproc/2. Measured, from the kill:
   - recovered: rank 0's first committed all-reduce of a later membership
     epoch (the survivors' first successful collective of the new epoch;
     with nproc - 1 replicas, or nproc when the replacement was already
@@ -249,7 +249,7 @@ def main():
                    "examples/elastic_train"):
         if not os.access(os.path.join(build, binary), os.X_OK):
             sys.exit(f"recovery_bench: {build}/{binary} is missing; build first (make build)")
-    victim = args.nproc // 2 - 1
+    victim = args.nproc // 2  # Never rank 0, whose log is read.
     python = os.environ.get("MESH_BENCH_PYTHON", "/usr/bin/python3")
     skip = "--no-torchrun" if args.no_torchrun else torch_unavailable(python)
 

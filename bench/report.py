@@ -302,6 +302,24 @@ class Report:
         else:
             self.add("launch", row, mesh, "skipped", note=f"torchrun: {torch.get('skipped', '?')}")
 
+    def recovery(self):
+        r = self.suite("recovery")
+        if r is None:
+            return
+        if "error" in r:
+            self.add("recovery", "kill -9 of a rank", "failed", None, note=r["error"])
+            return
+        row = (f"{r.get('nproc')} ranks, kill -9 of one: survivors' first collective of the new "
+               f"epoch (s) vs torchrun's restarted group")
+        note = (f"median of {len(r.get('mesh', []))} rounds; replacement back in the mesh "
+                f"{r.get('mesh_rejoined_median_s', 0):.3f} s")
+        if "torchrun_recovered_median_s" in r:
+            self.add("recovery", row, r.get("mesh_recovered_median_s"),
+                     r["torchrun_recovered_median_s"], note=note)
+        else:
+            self.add("recovery", row, r.get("mesh_recovered_median_s"), "skipped",
+                     note=f"torchrun: {r.get('torchrun_skipped', '?')}")
+
     def metrics(self):
         m = self.suite("metrics")
         if m is None:
@@ -436,6 +454,7 @@ def main():
     rep.collectives(torch_note, mpi_note)
     rep.redistribute()
     rep.launch()
+    rep.recovery()
     rep.metrics()
     rep.progress()
     rep.store()

@@ -216,6 +216,24 @@ else
   PATH="$(dirname "$python"):$PATH" run_mesh launch launch --nproc 8 --rounds 5
 fi
 
+# ---- In-place recovery vs torchrun's group restart (bench/recovery_bench.py) -----------
+say "recovery_bench.py"
+echo "## bench/recovery_bench.py" >>"$log"
+if $smoke; then
+  recovery_args=(--nproc 2 --rounds 1 --no-torchrun)
+else
+  recovery_args=(--nproc 8 --rounds 3)
+fi
+rc=0
+PATH="$(dirname "$python"):$PATH" MESH_BENCH_PYTHON="$python" \
+  timeout -k 10 "$peer_timeout" "$python_any" "$repo/bench/recovery_bench.py" --build "$build_dir" \
+  "${recovery_args[@]}" --json "$raw/recovery.json" >>"$log" 2>>"$log.stderr" || rc=$?
+if ((rc != 0)); then
+  say "recovery_bench.py failed (see $log.stderr)"
+  printf '{"error": "bench/recovery_bench.py exited with status %d; see bench.log.stderr"}\n' "$rc" \
+    >"$raw/recovery.json"
+fi
+
 # ---- Metrics; collective progress tracking (hang diagnosis) ------------------------
 run_mesh metrics metrics
 run_mesh progress progress
