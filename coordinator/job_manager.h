@@ -379,7 +379,9 @@ class JobManager {
   // could not be started). With restart_policy IN_PLACE, the job RUNNING,
   // restarts left and Coordination agreeing that the others can carry on
   // (LoseRankInPlace), relaunches the rank alone at the same generation (a
-  // replace LAUNCH), counts a restart and returns true. A report for a rank
+  // replace LAUNCH), counts a restart and returns true; not once another
+  // rank has exited 0 (it would not rebuild with the new process). A report
+  // for a rank
   // being relaunched already, other than a launch error, is a duplicate:
   // true, and nothing changes. Else changes nothing and returns false: fail
   // the job as usual.

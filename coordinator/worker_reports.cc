@@ -153,6 +153,12 @@ bool JobManager::RecoverInPlaceLocked(Job& job, Node& node, const mesh::v1::Root
   // failure. Only the replacement failing to start is one.
   if (job.ranks[cause.rank()] == Job::Rank::kLaunching && !launch_error) return true;
   if (job.machine->restarts() >= job.machine->max_restarts()) return false;
+  // A rank that already finished will not rebuild a mesh with the new
+  // process, which would wait for it: the job restarts as a whole instead.
+  if (std::any_of(job.ranks.begin(), job.ranks.end(),
+                  [](Job::Rank r) { return r == Job::Rank::kSucceeded; })) {
+    return false;
+  }
   // Coordination decides whether the others can carry on: only once the
   // world has formed and while the generation has not failed.
   absl::StatusOr<bool> lost =

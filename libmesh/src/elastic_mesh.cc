@@ -118,20 +118,63 @@ absl::StatusOr<bool> ElasticMesh::Sync() {
     created_ = false;
     return true;
   }
-  if (members_group_ != nullptr) {
-    // The members agree on the highest epoch any of them has heard of; a
-    // failure here means one of them is gone.
-    std::vector<int64_t> epoch = {runtime_.membership_epoch()};
+  if (unfinished_) {
+    // The last reconfiguration failed part way (a round timed out, a
+    // rebuild failed): the others are in, or coming to, the next round.
+  } else if (members_group_ != nullptr) {
+    // The members agree on the highest epoch any of them has heard of, and
+    // on whether any of them has a broken group (a step's collective failed
+    // on it): either one means a rebuild, for all of them alike. A failure
+    // of this all-reduce itself means a member is gone.
+    std::vector<int64_t> vote = {runtime_.membership_epoch(), AnyGroupBroken() ? 1 : 0};
     const absl::Status agreed = Int64Collective(
-        epoch, options_.device, options_.timeout,
+        vote, options_.device, options_.timeout,
         [this](Tensor t) { return members_group_->AllReduce(std::move(t), ReduceOp::kMax); });
-    if (agreed.ok() && epoch[0] <= epoch_) return false;
+    if (agreed.ok() && vote[0] == epoch_ && vote[1] == 0) return false;
+  } else if (absl::Status s = AwaitEpochChange(); !s.ok()) {
+    // Not a member: the members call AliveRanks only once the membership
+    // changes, so wait for that instead of parking a round no one joins.
+    return s;
   }
   return Reconfigure();
 }
 
+bool ElasticMesh::AnyGroupBroken() const {
+  if (members_group_ != nullptr && !members_group_->health().ok()) return true;
+  if (mesh_.has_value()) {
+    for (const std::shared_ptr<ProcessGroup>& group : mesh_->GetAllGroups()) {
+      if (!group->health().ok()) return true;
+    }
+  }
+  return false;
+}
+
+absl::Status ElasticMesh::AwaitEpochChange() {
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  while (runtime_.membership_epoch() == epoch_) {
+    if (absl::Status s = runtime_.health(); !s.ok()) return s;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rank ", runtime_.rank(), " is not a member (its replica along '", dim_,
+          "' misses a rank) and the membership stayed at epoch ", epoch_, " for ",
+          FormatDurationShort(options_.timeout), "; call Sync again to keep waiting"));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> ElasticMesh::Reconfigure() {
   const absl::Time start = absl::Now();
+  unfinished_ = true;
+  // The old mesh goes first: aborting its groups (Gloo closes their
+  // connections) ends at once any peer still waiting in one of its
+  // collectives, so that every live rank comes to AliveRanks instead of
+  // waiting for this one. A retry after a failed round goes straight to
+  // AliveRanks again.
+  Drop(absl::AbortedError(absl::StrCat("rank ", runtime_.rank(),
+                                       " is rebuilding the mesh (membership epoch ",
+                                       runtime_.membership_epoch(), ")")));
   absl::StatusOr<AliveRanksResult> alive = runtime_.AliveRanks(options_.timeout);
   if (!alive.ok()) return alive.status();
   const absl::Time agreed = absl::Now();
@@ -166,23 +209,23 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
   // when the set is the one they had: some may have come here because a
   // collective of the old mesh failed, which leaves its groups unusable.
   round_ = alive->round;
-  Drop(absl::AbortedError(absl::StrCat("membership epoch ", alive->membership_epoch,
-                                       ": the mesh was rebuilt (AliveRanks round ", alive->round,
-                                       ")")));
   epoch_ = alive->membership_epoch;
   members_ = std::move(members);
   incarnations_ = std::move(incarnations);
   replicas_ = replicas;
   last_donor_.reset();
-  if (!std::binary_search(members_.begin(), members_.end(), self)) {
-    // Live, but its replica is broken: it falls behind the members.
-    has_state_ = false;
-    return true;
-  }
   if (replicas == 0) {
+    // Everyone is a non-member: there is no one to carry on with. The state
+    // stays as it is, for when a replica is whole again.
     return absl::FailedPreconditionError(
         absl::StrCat("membership epoch ", epoch_, ": no replica along '", dim_,
                      "' has all of its ranks live"));
+  }
+  if (!std::binary_search(members_.begin(), members_.end(), self)) {
+    // Live, but its replica is broken: it falls behind the members.
+    has_state_ = false;
+    unfinished_ = false;
+    return true;
   }
 
   std::vector<int64_t> shape = job_layout_.shape();
@@ -213,6 +256,7 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
     Drop(s);
     return s;
   }
+  unfinished_ = false;
   // One line per rebuild in the worker's log: what a slow recovery spent.
   std::fprintf(stderr,
                "mesh: rank %d: membership epoch %lld, %lld of %lld replicas along '%s' "
@@ -287,12 +331,33 @@ absl::Status ElasticMesh::TransferState() {
         absl::StrCat("ElasticMesh state of rank ", self, " is ", describe(header),
                      ", but the donor rank ", donor, "'s is ", describe(donor_header)));
   }
+  // Through tensors of its own: the application's are written only once
+  // every tensor has arrived, so a transfer cut short (the donor died)
+  // leaves them as they were, and no op left running can write into them.
+  std::vector<Tensor> staged;
   for (size_t i = 0; i < state->size(); ++i) {
-    absl::StatusOr<ProcessGroup::WorkPtr> work = members_group_->Broadcast((*state)[i], root);
+    const Tensor& t = (*state)[i];
+    absl::StatusOr<Tensor> copy = Tensor::Empty(t.dtype(), t.shape(), t.device());
+    if (!copy.ok()) return WithContext(copy.status(), absl::StrCat("state tensor ", i));
+    if (self == donor) {
+      if (absl::Status s = CopyTensor(*copy, t); !s.ok()) {
+        return WithContext(s, absl::StrCat("state tensor ", i));
+      }
+    }
+    staged.push_back(*std::move(copy));
+  }
+  for (size_t i = 0; i < staged.size(); ++i) {
+    absl::StatusOr<ProcessGroup::WorkPtr> work = members_group_->Broadcast(staged[i], root);
     if (!work.ok()) return WithContext(work.status(), absl::StrCat("state tensor ", i));
-    // The state is the application's: it must be free again on return.
     if (absl::Status s = WaitOrAbort(**work, options_.timeout); !s.ok()) {
       return WithContext(s, absl::StrCat("state tensor ", i));
+    }
+  }
+  if (self != donor) {
+    for (size_t i = 0; i < staged.size(); ++i) {
+      if (absl::Status s = CopyTensor((*state)[i], staged[i]); !s.ok()) {
+        return WithContext(s, absl::StrCat("state tensor ", i));
+      }
     }
   }
   if (!has_state_) {

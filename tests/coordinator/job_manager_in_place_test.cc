@@ -251,6 +251,18 @@ TEST_F(JobManagerInPlaceTest, JoinRepliesCarryThePolicyAndItsDimension) {
   }
 }
 
+TEST_F(JobManagerInPlaceTest, AFailureAfterAnotherRankFinishedRestartsTheWholeJob) {
+  const std::string id = RunAndFormWorld(InPlaceSpec(2));
+  // Rank 0 is done; rank 1 fails: a new rank 1 could not rebuild a mesh
+  // with a rank that has exited, so the job restarts as a whole.
+  ASSERT_THAT(Exited(*a_, id, 0, 0, 0), IsOk());
+  ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+}
+
 TEST_F(JobManagerInPlaceTest, ARepeatedExitReportOfTheReplacedProcessCountsOnce) {
   const std::string id = RunAndFormWorld(InPlaceSpec(2));
   ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());

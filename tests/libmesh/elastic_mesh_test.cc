@@ -60,14 +60,14 @@ class ElasticMeshTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_->CreateJob(layout).ok());
   }
 
-  RuntimeOptions Options(int rank) {
+  RuntimeOptions Options(int rank, const std::string& job = "job", int world = kWorld) {
     RuntimeOptions options;
     options.env = nullptr;
     options.coordinator = coordinator_->address();
-    options.job_id = "job";
+    options.job_id = job;
     options.generation = 0;
     options.rank = rank;
-    options.world_size = kWorld;
+    options.world_size = world;
     options.host = absl::StrCat("host-", rank);
     options.join_timeout = absl::Seconds(20);
     options.rpc_timeout = absl::Seconds(5);
@@ -198,6 +198,151 @@ TEST_F(ElasticMeshTest, SurvivorsCarryOnAsThreeReplicasAndTheReplacementTakesThe
   for (const Committed& c : new_log) EXPECT_EQ(c.replicas, 4);
   for (int r : {0, 1, 3}) EXPECT_TRUE(runtimes[r]->Shutdown().ok());
   EXPECT_TRUE((*replacement)->Shutdown().ok());
+}
+
+// A (4, 2) dp x tp job: when rank 5 dies, replica 2 (ranks 4 and 5) is
+// broken. Ranks 0-3 and 6-7 carry on as three replicas while rank 4 waits
+// outside the mesh; the replacement for rank 5 makes replica 2 whole again,
+// and both of its ranks take the state.
+TEST_F(ElasticMeshTest, ATensorParallelReplicaDropsOutWholeAndComesBackWhole) {
+  constexpr int kRanks = 8;
+  coordinator::JobLayout layout;
+  layout.job_id = "job42";
+  layout.world_size = kRanks;
+  layout.mesh_shape = {4, 2};
+  layout.mesh_dim_names = {"dp", "tp"};
+  layout.in_place = true;
+  ASSERT_TRUE(coordinator_->CreateJob(layout).ok());
+  std::vector<std::unique_ptr<Runtime>> runtimes(kRanks);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back([&, r] {
+        auto rt = Runtime::Init(Options(r, "job42", kRanks));
+        if (rt.ok()) runtimes[r] = *std::move(rt);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int r = 0; r < kRanks; ++r) ASSERT_NE(runtimes[r], nullptr) << r;
+
+  std::vector<std::vector<Committed>> logs(kRanks);
+  std::vector<absl::Status> results(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      results[r] = Train(*runtimes[r], logs[r], /*die_after=*/r == 5 ? 5 : -1);
+    });
+  }
+  threads[5].join();
+  ASSERT_TRUE(results[5].ok()) << results[5];
+  runtimes[5].reset();
+  const absl::Time wait_until = absl::Now() + absl::Seconds(20);
+  while (coordinator_->coordination().GetJob("job42")->membership_epoch < 1 &&
+         absl::Now() < wait_until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  auto replacement = Runtime::Init(Options(5, "job42", kRanks));
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  std::vector<Committed> new_log;
+  int64_t first_step = -1;
+  const absl::Status new_result = Train(**replacement, new_log, -1, &first_step);
+  for (int r = 0; r < kRanks; ++r) {
+    if (r != 5) {
+      threads[r].join();
+    }
+  }
+  ASSERT_TRUE(new_result.ok()) << new_result;
+  for (int r = 0; r < kRanks; ++r) {
+    if (r != 5) {
+      ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+    }
+  }
+  EXPECT_GT(first_step, 5);
+  for (int r = 0; r < kRanks; ++r) {
+    if (r == 5) continue;
+    bool three = false;
+    for (const Committed& c : logs[r]) {
+      EXPECT_EQ(c.sum, static_cast<float>(c.replicas)) << "rank " << r << " step " << c.step;
+      if (c.replicas == 3) three = true;
+    }
+    // Rank 4 waited outside the mesh while the others ran as three.
+    EXPECT_EQ(three, r != 4) << "rank " << r;
+    EXPECT_EQ(logs[r].back().step, kFinalStep) << "rank " << r;
+    EXPECT_EQ(logs[r].back().replicas, 4) << "rank " << r;
+  }
+  // Rank 4 skipped the steps of the three replicas: it took the state.
+  int64_t previous = 0;
+  bool jumped = false;
+  for (const Committed& c : logs[4]) {
+    if (c.step > previous + 1) jumped = true;
+    previous = c.step;
+  }
+  EXPECT_TRUE(jumped);
+  for (int r = 0; r < kRanks; ++r) {
+    if (r != 5) {
+      EXPECT_TRUE(runtimes[r]->Shutdown().ok());
+    }
+  }
+  EXPECT_TRUE((*replacement)->Shutdown().ok());
+}
+
+TEST_F(ElasticMeshTest, ACollectiveOfTheOldEpochFailsFastNamingTheLostRank) {
+  std::vector<std::unique_ptr<Runtime>> runtimes(kWorld);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      threads.emplace_back([&, r] {
+        auto rt = Runtime::Init(Options(r));
+        if (rt.ok()) runtimes[r] = *std::move(rt);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int r = 0; r < kWorld; ++r) ASSERT_NE(runtimes[r], nullptr);
+  // The world group of every rank (collective), then ranks 0, 1 and 3 enter
+  // an all-reduce that rank 2 never will: it fails instead.
+  std::vector<std::shared_ptr<ProcessGroup>> worlds(kWorld);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      threads.emplace_back([&, r] {
+        auto world = runtimes[r]->World();
+        if (world.ok()) worlds[r] = *std::move(world);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int r = 0; r < kWorld; ++r) ASSERT_NE(worlds[r], nullptr);
+  std::vector<absl::StatusOr<Tensor>> data;
+  std::vector<ProcessGroup::WorkPtr> works;
+  for (int r : {0, 1, 3}) {
+    data.push_back(Tensor::Empty(DType::kFloat32, {4}));
+    ASSERT_TRUE(data.back().ok());
+    absl::StatusOr<ProcessGroup::WorkPtr> work = worlds[r]->AllReduce(*data.back(), ReduceOp::kSum);
+    ASSERT_TRUE(work.ok()) << work.status();
+    works.push_back(*std::move(work));
+  }
+  const absl::Time lost_at = absl::Now();
+  ASSERT_TRUE(runtimes[2]->ReportError("CUDA error: an illegal memory access").ok());
+  for (const ProcessGroup::WorkPtr& work : works) {
+    // The group's op timeout is 20 s: only the Runtime's abort ends it this
+    // soon, once a heartbeat (every 50 ms) names the lost rank.
+    // Mostly the coordinator's reason; a peer's closed connection may be
+    // noticed first, when it names the rank as its peer.
+    const absl::Status status = work->Wait(absl::Seconds(10));
+    if (status.code() == absl::StatusCode::kAborted) {
+      EXPECT_THAT(std::string(status.message()), HasSubstr("rank 2 (host-2) failed: CUDA error"));
+    } else {
+      EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+      EXPECT_THAT(std::string(status.message()), HasSubstr("world rank 2"));
+    }
+  }
+  EXPECT_LT(absl::Now() - lost_at, absl::Seconds(5));
+  // The survivors stay healthy: only the groups with the lost rank end.
+  for (int r : {0, 1, 3}) EXPECT_TRUE(runtimes[r]->health().ok()) << runtimes[r]->health();
+  for (int r : {0, 1, 3}) EXPECT_TRUE(runtimes[r]->Shutdown().ok());
 }
 
 TEST_F(ElasticMeshTest, CreateNamesWhatIsWrong) {

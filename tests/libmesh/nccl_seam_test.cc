@@ -33,10 +33,13 @@ namespace mesh::nccl {
 namespace nccl_seam_test {
 
 using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using testing::FakeNcclApi;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
+using ::testing::StartsWith;
 
 NcclProcessGroupFactoryOptions Options(int world_size = 1) {
   NcclProcessGroupFactoryOptions options;
@@ -587,8 +590,9 @@ TEST_F(NcclSeamTest, TeardownThatCannotDrainAborts) {
 
 // ---- The world from several roots (ncclCommInitRankScalable) -----------------------
 
-// A broker over a map, as the coordinator's would be after every root has
-// published: Get answers at once, DEADLINE_EXCEEDED naming what is missing.
+// A broker over a map, as the coordinator's would be after every root (or
+// group leader) has published: Get answers at once, DEADLINE_EXCEEDED naming
+// what is missing. It records what was published and asked for.
 class MapBroker final : public NcclUniqueIdBroker {
  public:
   absl::Status Publish(absl::Span<const std::pair<std::string, std::string>> ids) override {
@@ -602,6 +606,7 @@ class MapBroker final : public NcclUniqueIdBroker {
                                                absl::Time) override {
     std::vector<std::string> out;
     for (const std::string& key : keys) {
+      fetched.push_back(key);
       auto it = map.find(key);
       if (it == map.end()) return absl::DeadlineExceededError(absl::StrCat("'", key, "' missing"));
       out.push_back(it->second);
@@ -610,6 +615,7 @@ class MapBroker final : public NcclUniqueIdBroker {
   }
   std::map<std::string, std::string> map;
   std::vector<std::string> published;
+  std::vector<std::string> fetched;  // Every key asked for, in order.
 };
 
 std::string IdBytes(char fill) { return std::string(kNcclUniqueIdBytes, fill); }
@@ -741,6 +747,187 @@ TEST_F(NcclScalableInitTest, RanksPerRootMustBePositive) {
   ASSERT_FALSE(factory.ok());
   EXPECT_EQ(factory.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(factory.status().message()), HasSubstr("ranks_per_root"));
+}
+
+// ---- NewGroupsAmongMembers: brokered init, never a split --------------------
+
+// In-place recovery rebuilds groups over the live ranks only, so a group
+// can never be split from the world communicator (that needs every world
+// rank): each is initialized from a unique ID its first member publishes
+// under a key without the NewGroups call number, which a replacement
+// process (that made none of the earlier calls) would not know.
+constexpr char kMembersKey[] = "nccl/uid/members/elastic/r1/dp/0";
+
+// Ranks 0, 1 and 3 of a world of 4 (rank 2 was lost).
+GroupSpec SurvivorsSpec(const std::string& family = "elastic/r1/dp") {
+  return GroupSpec{family, 0, {0, 1, 3}};
+}
+
+// Rank `rank` of a world of 4.
+NcclProcessGroupFactoryOptions WorldOfFour(int rank,
+                                           NcclGroupCreation creation = NcclGroupCreation::kSplit) {
+  NcclProcessGroupFactoryOptions options = Options(/*world_size=*/4);
+  options.world_rank = rank;
+  options.group_creation = creation;
+  return options;
+}
+
+class NcclMembersOnlyTest : public NcclSeamTest {};
+
+class NcclMembersOnlySplitTest : public NcclSeamTest,
+                                 public ::testing::WithParamInterface<NcclGroupCreation> {};
+
+TEST_P(NcclMembersOnlySplitTest, NeverSplitsAndInitsEachGroupFromABrokeredId) {
+  auto broker = std::make_unique<MapBroker>();
+  broker->map[kMembersKey] = IdBytes('\x31');
+  MapBroker* seen = broker.get();
+  auto factory = CreateNcclFactory(WorldOfFour(/*rank=*/1, GetParam()), std::move(broker), api_);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  ASSERT_TRUE((*factory)->splits_communicators()) << "NCCL 2.28 can split";
+
+  // Rank 1 is a member of the dp group (led by rank 0) and leads tp.
+  auto groups =
+      (*factory)->NewGroupsAmongMembers({SurvivorsSpec(), GroupSpec{"elastic/r1/tp", 1, {1, 3}}});
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  ASSERT_EQ(groups->size(), 2u);
+  EXPECT_EQ((*groups)[0]->name(), "elastic/r1/dp/0");
+  EXPECT_EQ((*groups)[0]->rank(), 1);
+  EXPECT_EQ((*groups)[0]->size(), 3);
+  EXPECT_EQ((*groups)[1]->name(), "elastic/r1/tp/1");
+  EXPECT_EQ((*groups)[1]->rank(), 0);
+  EXPECT_THAT(api_.log(), Not(Contains(StartsWith("CommSplit("))));
+  EXPECT_GE(At("CommInitRankConfig(elastic/r1/dp/0)"), 0);
+  EXPECT_GE(At("CommInitRankConfig(elastic/r1/tp/1)"), 0);
+  EXPECT_EQ(seen->fetched, std::vector<std::string>{kMembersKey});
+  EXPECT_EQ(seen->published, std::vector<std::string>{"nccl/uid/members/elastic/r1/tp/1"});
+  FakeDeviceBuffer buffer;
+  ASSERT_TRUE((*groups)[0]->AllReduce(buffer.tensor(), ReduceOp::kSum).ok());
+
+  // NewGroups on the same factory still splits: the split was available and
+  // NewGroupsAmongMembers chose not to use it.
+  auto split = (*factory)->NewGroups({GroupSpec{"mesh/solo", 1, {1}}});
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_GE(At("CommSplit(world)"), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(SplitAvailable, NcclMembersOnlySplitTest,
+                         ::testing::Values(NcclGroupCreation::kSplit, NcclGroupCreation::kAuto),
+                         [](const ::testing::TestParamInfo<NcclGroupCreation>& info) {
+                           return info.param == NcclGroupCreation::kSplit ? "Split" : "Auto";
+                         });
+
+TEST_F(NcclMembersOnlyTest, TheFirstMemberPublishesTheIdAndTheOthersFetchIt) {
+  std::string published_id;
+  {
+    auto broker = std::make_unique<MapBroker>();
+    MapBroker* seen = broker.get();
+    auto leader = CreateNcclFactory(WorldOfFour(/*rank=*/0), std::move(broker), api_);
+    ASSERT_TRUE(leader.ok()) << leader.status();
+    auto groups = (*leader)->NewGroupsAmongMembers({SurvivorsSpec()});
+    ASSERT_TRUE(groups.ok()) << groups.status();
+    EXPECT_EQ(seen->published, std::vector<std::string>{kMembersKey});
+    EXPECT_THAT(seen->fetched, IsEmpty()) << "the leader fetches nothing";
+    published_id = seen->map[kMembersKey];
+    EXPECT_EQ(published_id.size(), kNcclUniqueIdBytes);
+  }
+  // A member that is not first fetches exactly that key, and publishes
+  // nothing.
+  FakeNcclApi member_api;
+  {
+    auto broker = std::make_unique<MapBroker>();
+    broker->map[kMembersKey] = published_id;
+    MapBroker* seen = broker.get();
+    auto member = CreateNcclFactory(WorldOfFour(/*rank=*/1), std::move(broker), member_api);
+    ASSERT_TRUE(member.ok()) << member.status();
+    auto groups = (*member)->NewGroupsAmongMembers({SurvivorsSpec()});
+    ASSERT_TRUE(groups.ok()) << groups.status();
+    EXPECT_EQ(seen->fetched, std::vector<std::string>{kMembersKey});
+    EXPECT_THAT(seen->published, IsEmpty());
+    EXPECT_GE(member_api.LogIndex("CommInitRankConfig(elastic/r1/dp/0)"), 0);
+  }
+  // Until the leader has published, the member's Get fails naming the key,
+  // and no communicator is started.
+  FakeNcclApi early_api;
+  {
+    auto member =
+        CreateNcclFactory(WorldOfFour(/*rank=*/3), std::make_unique<MapBroker>(), early_api);
+    ASSERT_TRUE(member.ok()) << member.status();
+    auto groups = (*member)->NewGroupsAmongMembers({SurvivorsSpec()});
+    ASSERT_FALSE(groups.ok());
+    EXPECT_EQ(groups.status().code(), absl::StatusCode::kDeadlineExceeded) << groups.status();
+    EXPECT_THAT(std::string(groups.status().message()), HasSubstr(kMembersKey));
+    EXPECT_LT(early_api.LogIndex("CommInitRankConfig(elastic/r1/dp/0)"), 0);
+  }
+  EXPECT_THAT(member_api.violations(), IsEmpty());
+  EXPECT_THAT(early_api.violations(), IsEmpty());
+}
+
+TEST_F(NcclMembersOnlyTest, WithoutABrokerIsAFailedPreconditionNamingTheCall) {
+  auto factory = CreateNcclFactory(WorldOfFour(/*rank=*/1), nullptr, api_);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  auto groups = (*factory)->NewGroupsAmongMembers({SurvivorsSpec()});
+  ASSERT_FALSE(groups.ok());
+  EXPECT_EQ(groups.status().code(), absl::StatusCode::kFailedPrecondition) << groups.status();
+  EXPECT_THAT(std::string(groups.status().message()),
+              AllOf(HasSubstr("NewGroupsAmongMembers"), HasSubstr("store")));
+  // Not a split as a fallback either.
+  EXPECT_THAT(api_.log(), Not(Contains(StartsWith("CommSplit("))));
+  EXPECT_LT(api_.LogIndex("CommInitRankConfig(elastic/r1/dp/0)"), 0);
+}
+
+TEST_F(NcclMembersOnlyTest, FamiliesNotTheNewGroupsCallCountKeyTheIds) {
+  // The leader has made no NewGroups call before; the member (say a
+  // survivor) has made two, whose brokered keys carry their call numbers.
+  auto leader_broker = std::make_unique<MapBroker>();
+  MapBroker* led = leader_broker.get();
+  auto leader = CreateNcclFactory(WorldOfFour(/*rank=*/0), std::move(leader_broker), api_);
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  ASSERT_TRUE((*leader)->NewGroupsAmongMembers({SurvivorsSpec("elastic/a")}).ok());
+  ASSERT_TRUE((*leader)->NewGroupsAmongMembers({SurvivorsSpec("elastic/b")}).ok());
+  EXPECT_EQ(led->published, (std::vector<std::string>{"nccl/uid/members/elastic/a/0",
+                                                      "nccl/uid/members/elastic/b/0"}));
+
+  FakeNcclApi member_api;
+  {
+    auto member_broker = std::make_unique<MapBroker>();
+    member_broker->map = led->map;
+    MapBroker* seen = member_broker.get();
+    auto member = CreateNcclFactory(WorldOfFour(/*rank=*/1, NcclGroupCreation::kUniqueIds),
+                                    std::move(member_broker), member_api);
+    ASSERT_TRUE(member.ok()) << member.status();
+    for (int i = 0; i < 2; ++i) {
+      auto earlier = (*member)->NewGroups({GroupSpec{"mesh/pp", 0, {1, 3}}});
+      ASSERT_TRUE(earlier.ok()) << earlier.status();
+    }
+    ASSERT_EQ(seen->published,
+              (std::vector<std::string>{"nccl/uid/0/mesh/pp/0", "nccl/uid/1/mesh/pp/0"}));
+    auto a = (*member)->NewGroupsAmongMembers({SurvivorsSpec("elastic/a")});
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto b = (*member)->NewGroupsAmongMembers({SurvivorsSpec("elastic/b")});
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(seen->fetched, led->published);
+    // And a later NewGroups call is numbered 2: members-only calls do not
+    // take a number either.
+    ASSERT_TRUE((*member)->NewGroups({GroupSpec{"mesh/pp", 0, {1, 3}}}).ok());
+    EXPECT_EQ(seen->published.back(), "nccl/uid/2/mesh/pp/0");
+  }
+  EXPECT_THAT(member_api.violations(), IsEmpty());
+}
+
+TEST_F(NcclMembersOnlyTest, AfterAbortAllReturnsTheAbortReason) {
+  auto broker = std::make_unique<MapBroker>();
+  broker->map[kMembersKey] = IdBytes('\x31');
+  MapBroker* seen = broker.get();
+  auto factory = CreateNcclFactory(WorldOfFour(/*rank=*/1), std::move(broker), api_);
+  ASSERT_TRUE(factory.ok()) << factory.status();
+  (*factory)->AbortAll(absl::AbortedError("rank 2 (host-b) lost: missed heartbeats"));
+  auto groups = (*factory)->NewGroupsAmongMembers({SurvivorsSpec()});
+  ASSERT_FALSE(groups.ok());
+  EXPECT_EQ(groups.status().code(), absl::StatusCode::kAborted) << groups.status();
+  EXPECT_THAT(std::string(groups.status().message()), HasSubstr("rank 2 (host-b) lost"));
+  // Nothing was exchanged or started.
+  EXPECT_THAT(seen->fetched, IsEmpty());
+  EXPECT_LT(api_.LogIndex("CommInitRankConfig(elastic/r1/dp/0)"), 0);
 }
 
 }  // namespace nccl_seam_test

@@ -20,24 +20,30 @@
 // new process as the rank, which joins the same generation. ElasticMesh
 // turns that into groups:
 //
-//   - Sync() first asks the members whether the epoch moved (one all-reduce
-//     of the epoch each rank last heard, over the members' group). When it
-//     did, or that all-reduce failed (a member died mid-step), it
-//     reconfigures: Runtime::AliveRanks gives every live rank the same set,
-//     and the mesh is rebuilt over it.
+//   - Sync() first asks the members, in one all-reduce over their group,
+//     for the highest epoch any of them has heard of and whether any of
+//     them has a broken group (a step's collective failed on it). When the
+//     epoch moved, a group broke, or that all-reduce failed (a member died
+//     mid-step), every live rank reconfigures: it first aborts its groups of
+//     the old mesh (with Gloo this closes their connections, so a peer still
+//     waiting in one of its collectives fails at once and comes to Sync
+//     too), then Runtime::AliveRanks gives every live rank the same set, and
+//     the mesh is rebuilt over it.
 //   - The job's mesh loses whole replicas along one dim (`dim`, e.g. "dp"):
 //     a replica is the ranks that share a coordinate along it, and it stays
 //     only while every one of its ranks is live. A (4, 2) dp x tp mesh that
 //     loses rank 5 becomes (3, 2) over ranks 0-3 and 6-7. Rank 4, live but
-//     in a broken replica, is not a member: it calls Sync() until its
-//     replica is whole again.
+//     in a broken replica, is not a member: its Sync() waits (up to
+//     `timeout`, then DEADLINE_EXCEEDED: call it again) until the membership
+//     changes, and rejoins the mesh once its replica is whole again.
 //   - The new groups come from ProcessGroupFactory::NewGroupsAmongMembers,
 //     collective among the members alone (Gloo: new contexts; NCCL: a
 //     brokered re-initialization), in families named after the AliveRanks
 //     round, so no key of an earlier epoch is reused.
 //   - State. At each rebuild, the lowest-ranked member that holds the state
 //     broadcasts every tensor `options.state` returns to all members, whose
-//     tensors are overwritten in place. So a member that lacked it (a
+//     tensors are overwritten once every tensor has arrived (a transfer cut
+//     short leaves them as they were). So a member that lacked it (a
 //     process that joined as a replacement, or a rank whose replica was
 //     broken) takes it, and members that a half-failed step left one step
 //     apart (its collective completed on some and failed on others) agree
@@ -48,7 +54,16 @@
 //     loss, instead of hanging.
 //
 // Collective calls: Create and Sync are collective among the live ranks
-// (members and not), in the same order on every rank.
+// (members and not), in the same order on every rank. A replacement counts
+// as live from its Join (Runtime::Init): call Create right after Init, since
+// the others' rebuild waits for it.
+//
+// Limits. Making the new groups is bounded by the backend's own timeouts
+// (Gloo's op timeout, NCCL's init_timeout), not by `timeout`, and a rank
+// that dies while they are made is noticed only then. With NCCL an abort is
+// local: a peer blocked in an old collective waits for the Runtime's abort
+// (a heartbeat naming the loss) or the watchdog, not for a closed
+// connection.
 //
 // A process holds the state when it started with the job (it joined in
 // membership epoch 0) or received it at a reconfiguration; a process that
@@ -61,8 +76,9 @@
 // did not call within `timeout`); the factory's; INVALID_ARGUMENT when this
 // process's state differs from the donor's in count, dtype or element
 // count (its members' group is aborted, so the others fail too);
-// FAILED_PRECONDITION when a member lacks the state and no member holds it.
-// After an error, Sync may be called again.
+// FAILED_PRECONDITION when a member lacks the state and no member holds it,
+// or when no replica is whole. After an error, Sync may be called again: a
+// reconfiguration cut short goes straight to the next AliveRanks round.
 //
 // Thread safety: not thread-safe; one thread drives it, as the step loop.
 #pragma once
@@ -148,8 +164,14 @@ class ElasticMesh {
  private:
   ElasticMesh(Runtime& runtime, ElasticMeshOptions options, MeshLayout job_layout, int dim_index);
 
-  // AliveRanks, then the mesh, groups and state of its live set.
+  // Drops the mesh, then AliveRanks, then the mesh, groups and state of its
+  // live set.
   absl::StatusOr<bool> Reconfigure();
+  // Whether a group of the current mesh (or the members' group) is aborted.
+  bool AnyGroupBroken() const;
+  // Not a member: waits (up to options_.timeout) until the membership epoch
+  // differs from epoch_.
+  absl::Status AwaitEpochChange();
   // The members' state after a rebuild: from the lowest-ranked holder to
   // every member, when one lacks it.
   absl::Status TransferState();
@@ -173,6 +195,9 @@ class ElasticMesh {
   int64_t round_ = 0;
   // Set by Create; the first Sync returns true without a collective.
   bool created_ = true;
+  // A reconfiguration began and has not completed: the next Sync goes
+  // straight to AliveRanks.
+  bool unfinished_ = false;
   bool has_state_ = false;
   std::optional<int> last_donor_;
 };

@@ -1,0 +1,278 @@
+// DecoratingProcessGroupFactory::AbortGroupsWith (libmesh/src/decorating_factory.h),
+// through the ProgressProcessGroupFactory the Runtime uses, over a
+// hand-written inner factory that keeps every group it made: which groups a
+// lost rank aborts (the world's included), and which it leaves alone (groups
+// without it, groups their users dropped, groups made later).
+#include "libmesh/src/decorating_factory.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "libmesh/src/progress_group.h"
+#include "mesh/progress.h"
+#include "tests/util/status_matchers.h"
+
+namespace mesh {
+namespace decorating_factory_test {
+
+using ::mesh::testing::IsOk;
+using ::mesh::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::SizeIs;
+
+// A group that only records Abort: health() is the first abort's reason.
+class FakeGroup final : public ProcessGroup {
+ public:
+  FakeGroup(int rank, std::vector<int> ranks, std::string name)
+      : ProcessGroup(rank, std::move(ranks), std::move(name), ProcessGroupOptions{}) {}
+
+  absl::string_view backend() const override { return "fake"; }
+  absl::StatusOr<WorkPtr> AllReduce(Tensor, ReduceOp) override { return Unimplemented(); }
+  absl::StatusOr<WorkPtr> AllReduce(Tensor, Tensor, ReduceOp) override { return Unimplemented(); }
+  absl::StatusOr<WorkPtr> Broadcast(Tensor, int) override { return Unimplemented(); }
+  absl::StatusOr<WorkPtr> Reduce(Tensor, int, ReduceOp) override { return Unimplemented(); }
+  absl::StatusOr<WorkPtr> AllGather(Tensor, Tensor) override { return Unimplemented(); }
+  absl::StatusOr<WorkPtr> ReduceScatter(Tensor, Tensor, ReduceOp) override {
+    return Unimplemented();
+  }
+  absl::StatusOr<WorkPtr> AllToAll(Tensor, Tensor, std::vector<int64_t>,
+                                   std::vector<int64_t>) override {
+    return Unimplemented();
+  }
+  absl::StatusOr<WorkPtr> Send(Tensor, int, int) override { return Unimplemented(); }
+  absl::StatusOr<WorkPtr> Recv(Tensor, int, int) override { return Unimplemented(); }
+  absl::StatusOr<WorkPtr> Barrier() override { return Unimplemented(); }
+  void Abort(absl::Status reason) override {
+    absl::MutexLock lock(&mu_);
+    ++aborts_;
+    if (health_.ok()) health_ = std::move(reason);
+  }
+  absl::Status health() const override {
+    absl::MutexLock lock(&mu_);
+    return health_;
+  }
+  int aborts() const {
+    absl::MutexLock lock(&mu_);
+    return aborts_;
+  }
+
+ private:
+  static absl::Status Unimplemented() { return absl::UnimplementedError("fake group"); }
+  mutable absl::Mutex mu_;
+  absl::Status health_ ABSL_GUARDED_BY(mu_);
+  int aborts_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Makes FakeGroups named "<family>/<color>" and keeps every one it made, so
+// that a test can look at a group after the decorator around it is gone.
+class FakeFactory final : public ProcessGroupFactory {
+ public:
+  FakeFactory(int rank, int world_size) : rank_(rank), world_size_(world_size) {}
+
+  int world_rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> World() override {
+    absl::MutexLock lock(&mu_);
+    ++world_calls_;
+    if (world_ == nullptr) {
+      std::vector<int> all;
+      for (int r = 0; r < world_size_; ++r) all.push_back(r);
+      world_ = std::make_shared<FakeGroup>(rank_, all, "world");
+    }
+    return world_;
+  }
+
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroups(
+      const std::vector<GroupSpec>& specs) override {
+    return Make(specs);
+  }
+
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroupsAmongMembers(
+      const std::vector<GroupSpec>& specs) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++members_only_calls_;
+    }
+    return Make(specs);
+  }
+
+  void AbortAll(absl::Status) override {}
+
+  // The inner group named `name` (the latest one made with that name).
+  std::shared_ptr<FakeGroup> made(const std::string& name) const {
+    absl::MutexLock lock(&mu_);
+    for (auto it = made_.rbegin(); it != made_.rend(); ++it) {
+      if ((*it)->name() == name) return *it;
+    }
+    return nullptr;
+  }
+  std::shared_ptr<FakeGroup> world() const {
+    absl::MutexLock lock(&mu_);
+    return world_;
+  }
+  int world_calls() const {
+    absl::MutexLock lock(&mu_);
+    return world_calls_;
+  }
+  int members_only_calls() const {
+    absl::MutexLock lock(&mu_);
+    return members_only_calls_;
+  }
+
+ private:
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> Make(
+      const std::vector<GroupSpec>& specs) {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::shared_ptr<ProcessGroup>> groups;
+    for (const GroupSpec& spec : specs) {
+      int rank = -1;
+      for (size_t i = 0; i < spec.global_ranks.size(); ++i) {
+        if (spec.global_ranks[i] == rank_) rank = static_cast<int>(i);
+      }
+      if (rank < 0) return absl::InvalidArgumentError("spec omits the caller");
+      auto group = std::make_shared<FakeGroup>(rank, spec.global_ranks,
+                                               absl::StrCat(spec.family, "/", spec.color));
+      made_.push_back(group);
+      groups.push_back(std::move(group));
+    }
+    return groups;
+  }
+
+  const int rank_;
+  const int world_size_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<FakeGroup> world_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<FakeGroup>> made_ ABSL_GUARDED_BY(mu_);
+  int world_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int members_only_calls_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// What in-place recovery passes when a heartbeat first names a lost rank.
+absl::Status Lost(int rank) {
+  return absl::AbortedError(
+      absl::StrCat("job j1 generation 0: rank ", rank, " (host-b) lost: missed heartbeats"));
+}
+
+class DecoratingFactoryTest : public ::testing::Test {
+ protected:
+  // Rank 0 of a world of 4.
+  DecoratingFactoryTest()
+      : inner_(std::make_shared<FakeFactory>(/*rank=*/0, /*world_size=*/4)),
+        factory_(std::make_shared<internal::ProgressProcessGroupFactory>(
+            inner_, std::make_shared<ProgressRegistry>())) {}
+
+  // The decorated groups of `specs`; empty, with the test failed, on error.
+  std::vector<std::shared_ptr<ProcessGroup>> NewGroups(const std::vector<GroupSpec>& specs) {
+    auto groups = factory_->NewGroups(specs);
+    EXPECT_TRUE(groups.ok()) << groups.status();
+    if (!groups.ok()) return {};
+    return *std::move(groups);
+  }
+
+  const std::shared_ptr<FakeFactory> inner_;
+  const std::shared_ptr<internal::ProgressProcessGroupFactory> factory_;
+};
+
+TEST_F(DecoratingFactoryTest, AbortsTheGroupsThatIncludeAListedRankWithTheGivenReason) {
+  std::vector<std::shared_ptr<ProcessGroup>> groups =
+      NewGroups({GroupSpec{"mesh/dp", 0, {0, 2}}, GroupSpec{"mesh/tp", 0, {0, 1}},
+                 GroupSpec{"mesh/pp", 1, {0, 3}}});
+  ASSERT_THAT(groups, SizeIs(3));
+  // The decorators the caller holds, not the backend's groups.
+  ASSERT_NE(groups[0], inner_->made("mesh/dp/0"));
+
+  factory_->AbortGroupsWith({2, 3}, Lost(2));
+
+  EXPECT_EQ(groups[0]->health(), Lost(2));
+  EXPECT_EQ(inner_->made("mesh/dp/0")->health(), Lost(2));
+  EXPECT_EQ(groups[2]->health(), Lost(2));
+  EXPECT_THAT(groups[1]->health(), IsOk());
+  EXPECT_EQ(inner_->made("mesh/tp/0")->aborts(), 0);
+}
+
+TEST_F(DecoratingFactoryTest, ARankInNoGroupAbortsNothing) {
+  std::vector<std::shared_ptr<ProcessGroup>> groups =
+      NewGroups({GroupSpec{"mesh/dp", 0, {0, 2}}, GroupSpec{"mesh/tp", 0, {0, 1}}});
+  ASSERT_THAT(groups, SizeIs(2));
+  factory_->AbortGroupsWith({3}, Lost(3));
+  EXPECT_EQ(inner_->made("mesh/dp/0")->aborts(), 0);
+  EXPECT_EQ(inner_->made("mesh/tp/0")->aborts(), 0);
+}
+
+TEST_F(DecoratingFactoryTest, TheWorldGroupCounts) {
+  auto world = factory_->World();
+  ASSERT_TRUE(world.ok()) << world.status();
+  std::vector<std::shared_ptr<ProcessGroup>> groups = NewGroups({GroupSpec{"mesh/tp", 0, {0, 1}}});
+  ASSERT_THAT(groups, SizeIs(1));
+
+  factory_->AbortGroupsWith({3}, Lost(3));
+
+  EXPECT_EQ((*world)->health(), Lost(3));
+  EXPECT_EQ(inner_->world()->health(), Lost(3));
+  EXPECT_THAT(groups[0]->health(), IsOk());
+}
+
+TEST_F(DecoratingFactoryTest, AWorldNobodyAskedForIsNeitherMadeNorAborted) {
+  std::vector<std::shared_ptr<ProcessGroup>> groups = NewGroups({GroupSpec{"mesh/dp", 0, {0, 3}}});
+  factory_->AbortGroupsWith({3}, Lost(3));
+  // World() is collective: AbortGroupsWith must not call it.
+  EXPECT_EQ(inner_->world_calls(), 0);
+  EXPECT_EQ(groups[0]->health(), Lost(3));
+}
+
+TEST_F(DecoratingFactoryTest, AGroupItsUserDroppedIsSkipped) {
+  std::vector<std::shared_ptr<ProcessGroup>> groups =
+      NewGroups({GroupSpec{"mesh/dp", 0, {0, 2}}, GroupSpec{"mesh/pp", 0, {0, 2}}});
+  ASSERT_THAT(groups, SizeIs(2));
+  groups[0].reset();  // The user drops mesh/dp/0; the backend's group lives on here.
+
+  factory_->AbortGroupsWith({2}, Lost(2));
+
+  EXPECT_EQ(inner_->made("mesh/dp/0")->aborts(), 0);
+  EXPECT_EQ(groups[1]->health(), Lost(2));
+}
+
+TEST_F(DecoratingFactoryTest, GroupsFromNewGroupsAmongMembersAreTrackedToo) {
+  auto groups = factory_->NewGroupsAmongMembers(
+      {GroupSpec{"elastic/r1/dp", 0, {0, 2}}, GroupSpec{"elastic/r1/tp", 0, {0, 1}}});
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  ASSERT_THAT(*groups, SizeIs(2));
+  EXPECT_EQ(inner_->members_only_calls(), 1);
+
+  factory_->AbortGroupsWith({2}, Lost(2));
+
+  EXPECT_EQ((*groups)[0]->health(), Lost(2));
+  EXPECT_THAT((*groups)[1]->health(), IsOk());
+}
+
+TEST_F(DecoratingFactoryTest, LaterGroupsAreUntouched) {
+  std::vector<std::shared_ptr<ProcessGroup>> before = NewGroups({GroupSpec{"mesh/dp", 0, {0, 2}}});
+  factory_->AbortGroupsWith({2}, Lost(2));
+  ASSERT_EQ(before[0]->health(), Lost(2));
+
+  // A rebuild that still includes rank 2 (it came back), and the world,
+  // both made after the abort.
+  std::vector<std::shared_ptr<ProcessGroup>> after = NewGroups({GroupSpec{"mesh/dp", 1, {0, 2}}});
+  ASSERT_THAT(after, SizeIs(1));
+  auto world = factory_->World();
+  ASSERT_TRUE(world.ok()) << world.status();
+  EXPECT_THAT(after[0]->health(), IsOk());
+  EXPECT_EQ(inner_->made("mesh/dp/1")->aborts(), 0);
+  EXPECT_THAT((*world)->health(), IsOk());
+
+  // A later loss of the same rank does reach them.
+  factory_->AbortGroupsWith({2}, Lost(2));
+  EXPECT_THAT(after[0]->health(), StatusIs(absl::StatusCode::kAborted, HasSubstr("rank 2")));
+  EXPECT_THAT((*world)->health(), StatusIs(absl::StatusCode::kAborted, HasSubstr("rank 2")));
+}
+
+}  // namespace decorating_factory_test
+}  // namespace mesh
