@@ -605,6 +605,7 @@ bool OrderApplier::OnRankExitLocked(const RankExit& exit, const std::string& det
   request.set_job_id(exit.job_id);
   request.set_generation(exit.generation);
   request.set_rank(exit.rank);
+  if (exit.exit.pid > 0) request.set_pid(exit.exit.pid);
   if (exit.exit.exited()) {
     request.set_exit_code(exit.exit.exit_code);
   } else {

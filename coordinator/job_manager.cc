@@ -380,6 +380,7 @@ void JobManager::LaunchLocked(Job& job, Effects& effects) {
   MESH_CHECK(job.placement.has_value(), "launch without a placement");
   const Placement& placement = *job.placement;
   job.ranks.assign(placement.world_size, Job::Rank::kLaunching);
+  job.pids.assign(placement.world_size, 0);
   job.unaccounted_deadline = absl::InfiniteFuture();
   // Workers rendezvous in Coordination at the job's generation.
   auto info = coordination_->GetJob(job.id);
@@ -445,6 +446,7 @@ void JobManager::FinishJobLocked(Job& job, Effects& effects) {
     effects.Reschedule();
   }
   job.ranks.clear();
+  job.pids.clear();
   job.unaccounted_deadline = absl::InfiniteFuture();
   (void)coordination_->RemoveJob(job.id, absl::StrCat("the job is ", JobStateName(state)));
   // Waiters learn the outcome after unlock.
@@ -515,6 +517,7 @@ void JobManager::RelaunchLocked(Job& job, const std::string& why, Effects& effec
   (void)scheduler_.Release(job.id);
   job.holds = false;
   job.ranks.clear();
+  job.pids.clear();
   (void)coordination_->RemoveJob(job.id, "the job must be placed again");
   (void)job.machine->SetPending(
       missing.empty()

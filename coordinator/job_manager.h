@@ -170,7 +170,7 @@ struct JobManagerStats {
   int64_t restarts = 0;
   int64_t nodes_lost = 0;
   int64_t store_failures = 0;  // Commits that failed after a transition.
-  int64_t stale_reports = 0;   // Reports for an older generation.
+  int64_t stale_reports = 0;   // Reports for an older generation or a replaced process.
 };
 
 class JobManager {

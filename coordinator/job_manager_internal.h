@@ -50,6 +50,9 @@ struct JobManager::Job {
   bool holds = false;  // The placement is held in scheduler_.
   // Per rank of the current generation, while placed.
   std::vector<Rank> ranks;
+  // The pid ReportWorkersStarted gave for each rank; 0 while unknown (not
+  // started yet, or since a coordinator restart). Sized with `ranks`.
+  std::vector<int32_t> pids;
   // For each kUnaccounted rank, when it is declared gone; the earliest of
   // them in unaccounted_deadline (InfiniteFuture: none).
   std::vector<absl::Time> gone_at;

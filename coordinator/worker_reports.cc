@@ -40,9 +40,11 @@ absl::Status JobManager::ReportWorkersStarted(
                                                        " is not placed on node ", request.name()));
       }
     }
+    if (job->pids.size() != job->ranks.size()) job->pids.assign(job->ranks.size(), 0);
     for (const auto& worker : request.workers()) {
       Job::Rank& status = job->ranks[worker.rank()];
       if (status != Job::Rank::kSucceeded) status = Job::Rank::kRunning;
+      job->pids[worker.rank()] = worker.pid();
       if (discovery_ != nullptr && worker.metrics_port() > 0) {
         discovery_->SetWorker(job->id, worker.rank(), request.name(),
                               ServiceDiscovery::Target((*node)->address, worker.metrics_port()));
@@ -74,6 +76,13 @@ absl::Status JobManager::ReportWorkerExit(const mesh::v1::ReportWorkerExitReques
         job->placement->ranks[rank].node != node.name) {
       return absl::InvalidArgumentError(
           absl::StrCat("job ", job->id, ": rank ", rank, " is not placed on node ", node.name));
+    }
+    // The rank is held by another process than the one that ended (it was
+    // relaunched in place since): a late or re-sent report, not news.
+    if (request.pid() > 0 && static_cast<size_t>(rank) < job->pids.size() &&
+        job->pids[rank] > 0 && job->pids[rank] != request.pid()) {
+      ++stats_.stale_reports;
+      return absl::OkStatus();
     }
     using Termination = mesh::v1::ReportWorkerExitRequest::TerminationCase;
     const Termination how = request.termination_case();
@@ -174,6 +183,7 @@ bool JobManager::RecoverInPlaceLocked(Job& job, Node& node, const mesh::v1::Root
   (void)PersistLocked(job);
   NotifyWatchersLocked(job);
   job.ranks[rank] = Job::Rank::kLaunching;
+  if (static_cast<size_t>(rank) < job.pids.size()) job.pids[rank] = 0;
   SendLaunchLocked(job, node);
   return true;
 }

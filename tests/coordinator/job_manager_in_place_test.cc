@@ -251,6 +251,37 @@ TEST_F(JobManagerInPlaceTest, JoinRepliesCarryThePolicyAndItsDimension) {
   }
 }
 
+TEST_F(JobManagerInPlaceTest, AnExitOfTheReplacedProcessAfterItsReplacementStartedIsIgnored) {
+  const std::string id = RunAndFormWorld(InPlaceSpec(2));
+  // The first process of rank 1 has pid 1001 (the fixture's Started).
+  v1::ReportWorkerExitRequest first = ExitRequest(*a_, id, 0, 1);
+  first.set_exit_code(1);
+  first.set_pid(1001);
+  ASSERT_THAT(manager().ReportWorkerExit(first), IsOk());
+  EXPECT_EQ(Job(id).restarts(), 1);
+  // Its replacement starts as pid 2001.
+  v1::ReportWorkersStartedRequest started;
+  started.set_name(a_->name);
+  started.set_session_id(a_->session);
+  started.set_job_id(id);
+  started.set_generation(0);
+  v1::RunningWorker* worker = started.add_workers();
+  *worker = Worker(id, 0, 1);
+  worker->set_pid(2001);
+  ASSERT_THAT(manager().ReportWorkersStarted(started), IsOk());
+  // The first process's exit again (re-sent after a reconnect): ignored.
+  ASSERT_THAT(manager().ReportWorkerExit(first), IsOk());
+  EXPECT_EQ(Job(id).restarts(), 1);
+  EXPECT_EQ(Count(kInPlaceRecoveries), 1);
+  EXPECT_EQ(manager().stats().stale_reports, 1);
+  // The replacement's own failure counts.
+  v1::ReportWorkerExitRequest second = first;
+  second.set_pid(2001);
+  ASSERT_THAT(manager().ReportWorkerExit(second), IsOk());
+  EXPECT_EQ(Job(id).restarts(), 2);
+  EXPECT_EQ(Count(kInPlaceRecoveries), 2);
+}
+
 TEST_F(JobManagerInPlaceTest, AFailureAfterAnotherRankFinishedRestartsTheWholeJob) {
   const std::string id = RunAndFormWorld(InPlaceSpec(2));
   // Rank 0 is done; rank 1 fails: a new rank 1 could not rebuild a mesh
