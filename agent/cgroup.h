@@ -141,6 +141,11 @@ class GenerationCgroup {
   // Returns how many processes were signalled.
   virtual absl::StatusOr<int> KillAll(absl::Duration timeout) = 0;
 
+  // As KillAll, for rank-<r> alone: what its last process left behind
+  // (children in their own session or process group), before the rank is
+  // started again in place. 0 for a rank never created.
+  virtual absl::StatusOr<int> KillRank(int rank, absl::Duration timeout) = 0;
+
   // True when no process is in the generation's cgroup any more.
   virtual bool Empty() const = 0;
 

@@ -102,19 +102,11 @@ class GenerationImpl final : public GenerationCgroup {
   }
 
   absl::StatusOr<int> KillAll(absl::Duration timeout) override {
-    const std::string dir = GenDir(hierarchies_[0]);  // v2's only one, or v1's freezer
-    if (!fs::Exists(dir)) return 0;
-    // The freeze waits at most a second, and never longer than the caller.
-    const absl::Duration freeze_wait = std::min(timeout, absl::Seconds(1));
-    const int killed = version_ == CgroupVersion::kV2 ? fs::KillTreeV2(dir, freeze_wait)
-                                                      : fs::KillTreeV1(dir, dir, freeze_wait);
-    if (!fs::WaitTreeEmpty(dir, absl::Now() + timeout)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(Name(), ": ", fs::TreePids(dir).size(), " process(es) still in ", dir, " ",
-                       absl::FormatDuration(timeout), " after SIGKILL (", killed,
-                       " signalled); a task in uninterruptible sleep (D state)?"));
-    }
-    return killed;
+    return KillTree(GenDir(hierarchies_[0]), timeout);  // v2's only one, or v1's freezer
+  }
+
+  absl::StatusOr<int> KillRank(int rank, absl::Duration timeout) override {
+    return KillTree(RankDir(hierarchies_[0], rank), timeout);
   }
 
   bool Empty() const override {
@@ -193,6 +185,22 @@ class GenerationImpl final : public GenerationCgroup {
   }
 
  private:
+  // SIGKILLs every process under `dir` and waits until it is empty.
+  absl::StatusOr<int> KillTree(const std::string& dir, absl::Duration timeout) {
+    if (!fs::Exists(dir)) return 0;
+    // The freeze waits at most a second, and never longer than the caller.
+    const absl::Duration freeze_wait = std::min(timeout, absl::Seconds(1));
+    const int killed = version_ == CgroupVersion::kV2 ? fs::KillTreeV2(dir, freeze_wait)
+                                                      : fs::KillTreeV1(dir, dir, freeze_wait);
+    if (!fs::WaitTreeEmpty(dir, absl::Now() + timeout)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(Name(), ": ", fs::TreePids(dir).size(), " process(es) still in ", dir, " ",
+                       absl::FormatDuration(timeout), " after SIGKILL (", killed,
+                       " signalled); a task in uninterruptible sleep (D state)?"));
+    }
+    return killed;
+  }
+
   std::string Name() const { return absl::StrCat("job ", job_, " generation ", generation_); }
   std::string JobDir(const Hierarchy& h) const {
     return absl::StrCat(h.Base(agent_dir_), "/", job_);

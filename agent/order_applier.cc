@@ -17,12 +17,6 @@
 #include "common/duration_format.h"
 
 namespace mesh::agent {
-namespace {
-
-// Extra time, beyond the grace, that stopping a generation may take.
-constexpr absl::Duration kStopMargin = absl::Seconds(5);
-
-}  // namespace
 
 using order_applier_internal::RecordingLauncher;
 

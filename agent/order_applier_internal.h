@@ -16,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/time/time.h"
 #include "agent/cgroup.h"
 #include "agent/order_applier.h"
 #include "agent/process_launcher.h"
@@ -23,6 +24,10 @@
 #include "mesh/v1/job.pb.h"
 
 namespace mesh::agent {
+
+// Extra time, beyond the grace, that stopping a generation (or what a
+// rank's earlier process left behind) may take.
+inline constexpr absl::Duration kStopMargin = absl::Seconds(5);
 
 // Not in an anonymous namespace: OrderApplier::Generation holds one, and
 // GCC rejects (-Wsubobject-linkage) a class with external linkage holding a

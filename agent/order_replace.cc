@@ -107,6 +107,20 @@ void OrderApplier::ApplyReplace(const v1::Assignment& order, absl::Time received
   std::vector<Started> started;
   for (const v1::RankLaunch* r : targets) {
     const int rank = r->rank();
+    // What the earlier process left in the rank's cgroup (children in a
+    // session of their own) goes first: it would share the new process's
+    // limits, and may hold its memory, GPU or ports.
+    if (rec->cgroup != nullptr) {
+      absl::StatusOr<int> killed = rec->cgroup->KillRank(rank, config_.grace + kStopMargin);
+      if (!killed.ok()) {
+        spdlog::warn("job {} generation {} rank {}: {}", job_id, generation, rank,
+                     std::string(killed.status().message()));
+      } else if (*killed > 0) {
+        spdlog::info("job {} generation {} rank {}: killed {} process(es) its earlier process "
+                     "left behind",
+                     job_id, generation, rank, *killed);
+      }
+    }
     const int port = AcquireWorkerMetricsPort(job_id, generation, rank);
     absl::StatusOr<RankLaunch> launch =
         MakeRankLaunch(order, *r, *context, port, rec->cgroup.get());

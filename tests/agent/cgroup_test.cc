@@ -92,6 +92,45 @@ class CgroupTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<CgroupManager> manager_;
 };
 
+TEST_P(CgroupTest, KillRankReachesOnlyThatRanksProcesses) {
+  auto gen = manager_->CreateGeneration("job-kill-rank", 0, {});
+  ASSERT_TRUE(gen.ok()) << gen.status();
+  auto rank0 = (*gen)->CreateRank(0, {});
+  auto rank1 = (*gen)->CreateRank(1, {});
+  ASSERT_TRUE(rank0.ok() && rank1.ok());
+  // Rank 0's worker left a grandchild in a session of its own.
+  auto worker0 = StartIn(*rank0, {"/bin/sh", "-c",
+                                  "(setsid env -i /bin/sh -c 'echo $$; exec sleep 60' &); "
+                                  "exec sleep 60"});
+  auto worker1 = StartIn(*rank1, {"/bin/sh", "-c", "echo $$; exec sleep 60"});
+  ASSERT_TRUE(worker0.ok() && worker1.ok());
+  auto pid_of = [](testing::Subprocess& worker) {
+    std::string line;
+    EXPECT_TRUE(testing::WaitUntil(
+        [&] {
+          auto got = worker.ReadLine(absl::Milliseconds(100));
+          if (got.ok()) line = *got;
+          return got.ok();
+        },
+        absl::Seconds(10)));
+    pid_t pid = 0;
+    EXPECT_TRUE(absl::SimpleAtoi(line, &pid)) << line;
+    return pid;
+  };
+  const pid_t escaped = pid_of(*worker0);
+  const pid_t other = pid_of(*worker1);
+  auto killed = (*gen)->KillRank(0, absl::Seconds(2));
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  EXPECT_GE(*killed, 2);
+  EXPECT_TRUE(testing::WaitUntil([&] { return !testing::IsAlive(escaped); }, absl::Seconds(2)));
+  worker0->Wait(absl::Seconds(5)).IgnoreError();
+  EXPECT_TRUE(testing::IsAlive(other)) << "rank 1 is untouched";
+  EXPECT_EQ(*(*gen)->KillRank(7, absl::Seconds(1)), 0) << "a rank never made";
+  ASSERT_TRUE((*gen)->KillAll(absl::Seconds(2)).ok());
+  worker1->Wait(absl::Seconds(5)).IgnoreError();
+  EXPECT_TRUE((*gen)->Remove().ok());
+}
+
 TEST_P(CgroupTest, KillAllReachesAnEscapedDescendantAndRemoveCleansUp) {
   auto gen = manager_->CreateGeneration("job-kill", 0, {});
   ASSERT_TRUE(gen.ok()) << gen.status();

@@ -91,6 +91,7 @@ class RecordingNodeClient final : public NodeClient {
 struct CgroupRecord {
   absl::Mutex mu;
   std::vector<int> ranks_made ABSL_GUARDED_BY(mu);
+  std::vector<int> ranks_killed ABSL_GUARDED_BY(mu);
   std::map<int, int64_t> oom_kills ABSL_GUARDED_BY(mu);
 };
 
@@ -105,6 +106,11 @@ class FakeGenerationCgroup final : public GenerationCgroup {
     return std::vector<std::string>{absl::StrCat(dir_, "/rank-", rank)};
   }
   absl::StatusOr<int> KillAll(absl::Duration) override { return 0; }
+  absl::StatusOr<int> KillRank(int rank, absl::Duration) override {
+    absl::MutexLock lock(&record_->mu);
+    record_->ranks_killed.push_back(rank);
+    return 0;
+  }
   bool Empty() const override { return true; }
   int64_t OomKills(int rank) const override {
     absl::MutexLock lock(&record_->mu);
@@ -314,6 +320,8 @@ TEST_F(OrderReplaceTest, AnExitedRankIsStartedAgainAndReportedLikeAFirstLaunch) 
   {
     absl::MutexLock lock(&cgroups_.record().mu);
     EXPECT_THAT(cgroups_.record().ranks_made, ElementsAre(0, 1, 1));
+    // What the earlier process left in the rank's cgroup is killed first.
+    EXPECT_THAT(cgroups_.record().ranks_killed, ElementsAre(1));
   }
   EXPECT_EQ(EnvValue(spec, "MESH_RANK"), "1");
   EXPECT_EQ(EnvValue(spec, "MESH_GENERATION"), "3");
