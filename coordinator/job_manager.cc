@@ -381,6 +381,7 @@ void JobManager::LaunchLocked(Job& job, Effects& effects) {
   const Placement& placement = *job.placement;
   job.ranks.assign(placement.world_size, Job::Rank::kLaunching);
   job.pids.assign(placement.world_size, 0);
+  job.gone_at.clear();
   job.unaccounted_deadline = absl::InfiniteFuture();
   // Workers rendezvous in Coordination at the job's generation.
   auto info = coordination_->GetJob(job.id);
@@ -743,7 +744,9 @@ void JobManager::Tick() {
         // Only ranks whose own deadline passed; the others keep theirs.
         job->unaccounted_deadline = absl::InfiniteFuture();
         for (size_t rank = 0; rank < job->ranks.size(); ++rank) {
-          if (job->ranks[rank] != Job::Rank::kUnaccounted) continue;
+          const bool relaunching = job->ranks[rank] == Job::Rank::kLaunching &&
+                                   job->state() == mesh::v1::JOB_STATE_RUNNING;
+          if (job->ranks[rank] != Job::Rank::kUnaccounted && !relaunching) continue;
           if (job->gone_at[rank] > now) {
             job->unaccounted_deadline = std::min(job->unaccounted_deadline, job->gone_at[rank]);
             continue;
@@ -756,9 +759,15 @@ void JobManager::Tick() {
             cause.set_host(node->second->address);
           }
           cause.set_generation(job->generation());
-          cause.set_message(absl::StrCat("rank ", rank, " (node ", placed.node,
-                                         ") is gone: its agent did not report it running or "
-                                         "exited after reconnecting"));
+          cause.set_message(
+              relaunching
+                  ? absl::StrCat("rank ", rank, " (node ", placed.node,
+                                 ") was relaunched in place, but its agent did not report it "
+                                 "started within ",
+                                 FormatDurationShort(InPlaceStartTimeout()))
+                  : absl::StrCat("rank ", rank, " (node ", placed.node,
+                                 ") is gone: its agent did not report it running or "
+                                 "exited after reconnecting"));
           FailJobLocked(*job, std::move(cause), effects);
           break;
         }

@@ -388,6 +388,12 @@ class JobManager {
   bool RecoverInPlaceLocked(Job& job, Node& node, const mesh::v1::RootCause& cause,
                             bool launch_error, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How long an agent has to report a rank relaunched in place as started
+  // before the job restarts as a whole: its kill grace (what the replaced
+  // process left is killed first) plus a node heartbeat timeout.
+  absl::Duration InPlaceStartTimeout() const {
+    return options_.kill_grace + options_.node_heartbeat_timeout;
+  }
   // The restart of a job whose machine has just entered RESTARTING (its
   // generation bumped): kills the old generation, then relaunches on the
   // same nodes or places the job again (up to NodeCapLocked nodes).

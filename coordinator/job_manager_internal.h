@@ -53,10 +53,18 @@ struct JobManager::Job {
   // The pid ReportWorkersStarted gave for each rank; 0 while unknown (not
   // started yet, or since a coordinator restart). Sized with `ranks`.
   std::vector<int32_t> pids;
-  // For each kUnaccounted rank, when it is declared gone; the earliest of
-  // them in unaccounted_deadline (InfiniteFuture: none).
+  // For each kUnaccounted rank, and each kLaunching rank of a RUNNING job
+  // (relaunched in place), when it is declared gone; the earliest of them
+  // in unaccounted_deadline (InfiniteFuture: none).
   std::vector<absl::Time> gone_at;
   absl::Time unaccounted_deadline = absl::InfiniteFuture();
+
+  // A rank relaunched in place must be reported started by `deadline`.
+  void ExpectStartedBy(int rank, absl::Time deadline) {
+    if (gone_at.size() != ranks.size()) gone_at.assign(ranks.size(), absl::InfiniteFuture());
+    gone_at[rank] = deadline;
+    unaccounted_deadline = std::min(unaccounted_deadline, deadline);
+  }
 
   void MarkUnaccounted(int rank, absl::Time deadline) {
     if (gone_at.size() != ranks.size()) gone_at.assign(ranks.size(), absl::InfiniteFuture());

@@ -184,6 +184,9 @@ bool JobManager::RecoverInPlaceLocked(Job& job, Node& node, const mesh::v1::Root
   NotifyWatchersLocked(job);
   job.ranks[rank] = Job::Rank::kLaunching;
   if (static_cast<size_t>(rank) < job.pids.size()) job.pids[rank] = 0;
+  // An order the agent cannot carry out must not leave the others waiting
+  // for the rank for ever: unreported by then, the job restarts as a whole.
+  job.ExpectStartedBy(rank, clock_->Now() + InPlaceStartTimeout());
   SendLaunchLocked(job, node);
   return true;
 }

@@ -282,6 +282,33 @@ TEST_F(JobManagerInPlaceTest, AnExitOfTheReplacedProcessAfterItsReplacementStart
   EXPECT_EQ(Count(kInPlaceRecoveries), 2);
 }
 
+TEST_F(JobManagerInPlaceTest, AReplacementNeverReportedStartedRestartsTheWholeJob) {
+  const std::string id = RunAndFormWorld(InPlaceSpec(2));
+  ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
+  ASSERT_EQ(Job(id).generation(), 0);
+  // The agent never reports the new rank 1 started (it could not carry out
+  // the order): past the kill grace and a node heartbeat timeout, the job
+  // restarts as a whole instead of leaving the others waiting.
+  AdvanceWithHeartbeats(kKillGrace + kHeartbeatTimeout + absl::Seconds(5), {a_, b_});
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts(), 2);
+  EXPECT_THAT(job.root_cause().message(),
+              HasSubstr("rank 1 (node node-a) was relaunched in place, but its agent did not "
+                        "report it started within"));
+}
+
+TEST_F(JobManagerInPlaceTest, AReplacementReportedStartedInTimeKeepsTheJobRunning) {
+  const std::string id = RunAndFormWorld(InPlaceSpec(2));
+  ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
+  ASSERT_THAT(Started(*a_, id, 0, {1}), IsOk());
+  AdvanceWithHeartbeats(kKillGrace + kHeartbeatTimeout + absl::Seconds(5), {a_, b_});
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.generation(), 0);
+  EXPECT_EQ(job.restarts(), 1);
+}
+
 TEST_F(JobManagerInPlaceTest, AFailureAfterAnotherRankFinishedRestartsTheWholeJob) {
   const std::string id = RunAndFormWorld(InPlaceSpec(2));
   // Rank 0 is done; rank 1 fails: a new rank 1 could not rebuild a mesh
