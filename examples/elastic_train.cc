@@ -70,9 +70,20 @@ absl::Status Train(mesh::Runtime& rt, const Flags& flags) {
                 static_cast<long long>(step), (*elastic)->last_donor().value_or(-1));
     std::fflush(stdout);
   }
+  // Consecutive Sync timeouts while waiting outside the mesh.
+  int outside = 0;
   while (step < flags.steps) {
     absl::StatusOr<bool> changed = (*elastic)->Sync();
-    if (!changed.ok()) return changed.status();
+    if (!changed.ok()) {
+      // Not a member (its replica misses a rank): keep waiting for the
+      // replacement a while, then give up.
+      if (changed.status().code() == absl::StatusCode::kDeadlineExceeded &&
+          !(*elastic)->is_member() && ++outside < 5) {
+        continue;
+      }
+      return changed.status();
+    }
+    outside = 0;
     if (!(*elastic)->is_member()) continue;
     absl::StatusOr<std::shared_ptr<mesh::ProcessGroup>> dp = (*elastic)->mesh().GetGroup("dp");
     if (!dp.ok()) return dp.status();
