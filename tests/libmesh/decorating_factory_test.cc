@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "libmesh/src/progress_group.h"
 #include "mesh/progress.h"
+#include "tests/libmesh/fake_process_group.h"
 #include "tests/util/status_matchers.h"
 
 namespace mesh {
@@ -27,48 +28,7 @@ using ::mesh::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::SizeIs;
 
-// A group that only records Abort: health() is the first abort's reason.
-class FakeGroup final : public ProcessGroup {
- public:
-  FakeGroup(int rank, std::vector<int> ranks, std::string name)
-      : ProcessGroup(rank, std::move(ranks), std::move(name), ProcessGroupOptions{}) {}
-
-  absl::string_view backend() const override { return "fake"; }
-  absl::StatusOr<WorkPtr> AllReduce(Tensor, ReduceOp) override { return Unimplemented(); }
-  absl::StatusOr<WorkPtr> AllReduce(Tensor, Tensor, ReduceOp) override { return Unimplemented(); }
-  absl::StatusOr<WorkPtr> Broadcast(Tensor, int) override { return Unimplemented(); }
-  absl::StatusOr<WorkPtr> Reduce(Tensor, int, ReduceOp) override { return Unimplemented(); }
-  absl::StatusOr<WorkPtr> AllGather(Tensor, Tensor) override { return Unimplemented(); }
-  absl::StatusOr<WorkPtr> ReduceScatter(Tensor, Tensor, ReduceOp) override {
-    return Unimplemented();
-  }
-  absl::StatusOr<WorkPtr> AllToAll(Tensor, Tensor, std::vector<int64_t>,
-                                   std::vector<int64_t>) override {
-    return Unimplemented();
-  }
-  absl::StatusOr<WorkPtr> Send(Tensor, int, int) override { return Unimplemented(); }
-  absl::StatusOr<WorkPtr> Recv(Tensor, int, int) override { return Unimplemented(); }
-  absl::StatusOr<WorkPtr> Barrier() override { return Unimplemented(); }
-  void Abort(absl::Status reason) override {
-    absl::MutexLock lock(&mu_);
-    ++aborts_;
-    if (health_.ok()) health_ = std::move(reason);
-  }
-  absl::Status health() const override {
-    absl::MutexLock lock(&mu_);
-    return health_;
-  }
-  int aborts() const {
-    absl::MutexLock lock(&mu_);
-    return aborts_;
-  }
-
- private:
-  static absl::Status Unimplemented() { return absl::UnimplementedError("fake group"); }
-  mutable absl::Mutex mu_;
-  absl::Status health_ ABSL_GUARDED_BY(mu_);
-  int aborts_ ABSL_GUARDED_BY(mu_) = 0;
-};
+using ::mesh::testing::FakeGroup;
 
 // Makes FakeGroups named "<family>/<color>" and keeps every one it made, so
 // that a test can look at a group after the decorator around it is gone.

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "tests/libmesh/fake_process_group.h"
 #include "tests/util/status_matchers.h"
 
 namespace mesh {
@@ -24,41 +25,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::mesh::testing::StatusIs;
 
-class FakeGroup final : public ProcessGroup {
- public:
-  FakeGroup(int rank, std::vector<int> ranks, std::string name)
-      : ProcessGroup(rank, std::move(ranks), std::move(name), ProcessGroupOptions{}) {}
-
-  absl::string_view backend() const override { return "fake"; }
-  absl::StatusOr<WorkPtr> AllReduce(Tensor, ReduceOp) override { return Unimplemented(); }
-  absl::StatusOr<WorkPtr> AllReduce(Tensor, Tensor, ReduceOp) override { return Unimplemented(); }
-  absl::StatusOr<WorkPtr> Broadcast(Tensor, int) override { return Unimplemented(); }
-  absl::StatusOr<WorkPtr> Reduce(Tensor, int, ReduceOp) override { return Unimplemented(); }
-  absl::StatusOr<WorkPtr> AllGather(Tensor, Tensor) override { return Unimplemented(); }
-  absl::StatusOr<WorkPtr> ReduceScatter(Tensor, Tensor, ReduceOp) override {
-    return Unimplemented();
-  }
-  absl::StatusOr<WorkPtr> AllToAll(Tensor, Tensor, std::vector<int64_t>,
-                                   std::vector<int64_t>) override {
-    return Unimplemented();
-  }
-  absl::StatusOr<WorkPtr> Send(Tensor, int, int) override { return Unimplemented(); }
-  absl::StatusOr<WorkPtr> Recv(Tensor, int, int) override { return Unimplemented(); }
-  absl::StatusOr<WorkPtr> Barrier() override { return Unimplemented(); }
-  void Abort(absl::Status reason) override {
-    absl::MutexLock lock(&mu_);
-    if (health_.ok()) health_ = reason;
-  }
-  absl::Status health() const override {
-    absl::MutexLock lock(&mu_);
-    return health_;
-  }
-
- private:
-  static absl::Status Unimplemented() { return absl::UnimplementedError("fake group"); }
-  mutable absl::Mutex mu_;
-  absl::Status health_ ABSL_GUARDED_BY(mu_);
-};
+using ::mesh::testing::FakeGroup;
 
 // Records every NewGroups call; makes FakeGroups named "<family>/<color>".
 class FakeFactory final : public ProcessGroupFactory {
