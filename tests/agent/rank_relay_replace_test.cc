@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "agent/rank_relay.h"
 #include "mesh/v1/worker.grpc.pb.h"
+#include "tests/agent/rank_relay_test_util.h"
 #include "tests/util/in_process_coordinator.h"
 #include "tests/util/proc.h"
 #include "tests/util/status_matchers.h"
@@ -59,8 +60,7 @@ std::unique_ptr<grpc::ClientContext> Context(absl::Duration deadline = absl::Sec
 }
 
 std::unique_ptr<WorkerService::Stub> StubOf(const RankRelay& relay) {
-  return WorkerService::NewStub(
-      grpc::CreateChannel(relay.target(), grpc::InsecureChannelCredentials()));
+  return ::mesh::agent::testing::RelayStub(relay);
 }
 
 // Runs `call(i)` for each i < n, each on its own thread; returns the
@@ -196,22 +196,7 @@ class RankRelayReplaceTest : public ::testing::Test {
     return StubOf(*relay_)->ReportError(Context().get(), report, &reported);
   }
 
-  // Waits (at most 5 s) until the relay has made no heartbeat flush for
-  // 300 ms: nothing is left to send and the last flush has been answered.
-  void WaitForFlushesToStop() {
-    int64_t last = relay_->stats().heartbeat_batches;
-    absl::Time quiet_since = absl::Now();
-    WaitUntil(
-        [&] {
-          const int64_t now = relay_->stats().heartbeat_batches;
-          if (now != last) {
-            last = now;
-            quiet_since = absl::Now();
-          }
-          return absl::Now() - quiet_since >= absl::Milliseconds(300);
-        },
-        absl::Seconds(5));
-  }
+  void WaitForFlushesToStop() { ::mesh::agent::testing::WaitForFlushesToStop(*relay_); }
 
   void TearDown() override {
     relay_.reset();

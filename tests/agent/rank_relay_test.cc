@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "mesh/v1/worker.grpc.pb.h"
+#include "tests/agent/rank_relay_test_util.h"
 #include "tests/util/in_process_coordinator.h"
 #include "tests/util/proc.h"
 #include "tests/util/status_matchers.h"
@@ -130,8 +131,7 @@ class RankRelayTest : public ::testing::Test {
   }
 
   static std::unique_ptr<WorkerService::Stub> StubOf(const RankRelay& relay) {
-    return WorkerService::NewStub(
-        grpc::CreateChannel(relay.target(), grpc::InsecureChannelCredentials()));
+    return ::mesh::agent::testing::RelayStub(relay);
   }
 
   // Joins `ranks` through `relay` on `host`, one thread per rank.
@@ -144,21 +144,8 @@ class RankRelayTest : public ::testing::Test {
     });
   }
 
-  // Waits (at most 5 s) until `relay` has made no heartbeat flush for 300 ms:
-  // nothing is left to send and the last flush has been answered.
   static void WaitForFlushesToStop(const RankRelay& relay) {
-    int64_t last = relay.stats().heartbeat_batches;
-    absl::Time quiet_since = absl::Now();
-    WaitUntil(
-        [&] {
-          const int64_t now = relay.stats().heartbeat_batches;
-          if (now != last) {
-            last = now;
-            quiet_since = absl::Now();
-          }
-          return absl::Now() - quiet_since >= absl::Milliseconds(300);
-        },
-        absl::Seconds(5));
+    ::mesh::agent::testing::WaitForFlushesToStop(relay);
   }
 
   void TearDown() override {
