@@ -78,6 +78,24 @@ class ElasticMeshTest : public ::testing::Test {
     return options;
   }
 
+  // Every rank of `job` (of `world` ranks) joins at once, each on a thread
+  // (Join waits for the whole world). Null where a rank's Init failed, with
+  // the failure recorded.
+  std::vector<std::unique_ptr<Runtime>> InitAll(const std::string& job = "job",
+                                                int world = kWorld) {
+    std::vector<std::unique_ptr<Runtime>> runtimes(world);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        auto rt = Runtime::Init(Options(r, job, world));
+        EXPECT_TRUE(rt.ok()) << "rank " << r << ": " << rt.status();
+        if (rt.ok()) runtimes[r] = *std::move(rt);
+      });
+    }
+    for (auto& t : threads) t.join();
+    return runtimes;
+  }
+
   // The step loop of one rank: Sync, then an all-reduce of ones over "dp";
   // a step whose collective failed is not committed. Stops at kFinalStep,
   // after `die_after` commits (then reports an error, as a crashing rank
@@ -129,20 +147,8 @@ class ElasticMeshTest : public ::testing::Test {
 };
 
 TEST_F(ElasticMeshTest, SurvivorsCarryOnAsThreeReplicasAndTheReplacementTakesTheState) {
-  std::vector<std::unique_ptr<Runtime>> runtimes(kWorld);
-  {
-    std::vector<std::thread> threads;
-    std::vector<absl::Status> init(kWorld);
-    for (int r = 0; r < kWorld; ++r) {
-      threads.emplace_back([&, r] {
-        auto rt = Runtime::Init(Options(r));
-        init[r] = rt.status();
-        if (rt.ok()) runtimes[r] = *std::move(rt);
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(init[r].ok()) << init[r];
-  }
+  std::vector<std::unique_ptr<Runtime>> runtimes = InitAll();
+  for (int r = 0; r < kWorld; ++r) ASSERT_NE(runtimes[r], nullptr) << r;
   for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(runtimes[r]->info().in_place);
 
   std::vector<std::vector<Committed>> logs(kWorld);
@@ -213,17 +219,7 @@ TEST_F(ElasticMeshTest, ATensorParallelReplicaDropsOutWholeAndComesBackWhole) {
   layout.mesh_dim_names = {"dp", "tp"};
   layout.in_place = true;
   ASSERT_TRUE(coordinator_->CreateJob(layout).ok());
-  std::vector<std::unique_ptr<Runtime>> runtimes(kRanks);
-  {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < kRanks; ++r) {
-      threads.emplace_back([&, r] {
-        auto rt = Runtime::Init(Options(r, "job42", kRanks));
-        if (rt.ok()) runtimes[r] = *std::move(rt);
-      });
-    }
-    for (auto& t : threads) t.join();
-  }
+  std::vector<std::unique_ptr<Runtime>> runtimes = InitAll("job42", kRanks);
   for (int r = 0; r < kRanks; ++r) ASSERT_NE(runtimes[r], nullptr) << r;
 
   std::vector<std::vector<Committed>> logs(kRanks);
@@ -289,17 +285,7 @@ TEST_F(ElasticMeshTest, ATensorParallelReplicaDropsOutWholeAndComesBackWhole) {
 }
 
 TEST_F(ElasticMeshTest, ACollectiveOfTheOldEpochFailsFastNamingTheLostRank) {
-  std::vector<std::unique_ptr<Runtime>> runtimes(kWorld);
-  {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < kWorld; ++r) {
-      threads.emplace_back([&, r] {
-        auto rt = Runtime::Init(Options(r));
-        if (rt.ok()) runtimes[r] = *std::move(rt);
-      });
-    }
-    for (auto& t : threads) t.join();
-  }
+  std::vector<std::unique_ptr<Runtime>> runtimes = InitAll();
   for (int r = 0; r < kWorld; ++r) ASSERT_NE(runtimes[r], nullptr);
   // The world group of every rank (collective), then ranks 0, 1 and 3 enter
   // an all-reduce that rank 2 never will: it fails instead.
@@ -346,15 +332,7 @@ TEST_F(ElasticMeshTest, ACollectiveOfTheOldEpochFailsFastNamingTheLostRank) {
 }
 
 TEST_F(ElasticMeshTest, CreateNamesWhatIsWrong) {
-  std::vector<std::unique_ptr<Runtime>> runtimes(kWorld);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kWorld; ++r) {
-    threads.emplace_back([&, r] {
-      auto rt = Runtime::Init(Options(r));
-      if (rt.ok()) runtimes[r] = *std::move(rt);
-    });
-  }
-  for (auto& t : threads) t.join();
+  std::vector<std::unique_ptr<Runtime>> runtimes = InitAll();
   for (int r = 0; r < kWorld; ++r) ASSERT_NE(runtimes[r], nullptr);
   ElasticMeshOptions options;
   options.dim = "pp";
