@@ -115,7 +115,10 @@ struct ElasticMeshOptions {
   // Where the groups' collectives run: CPU for Gloo, the rank's CUDA device
   // for NCCL. The small tensors of the protocol are made there.
   Device device = Device::Cpu();
-  // Bound on AliveRanks and on each collective of a Sync.
+  // Bound on AliveRanks, on each of Sync's own collectives (the vote and
+  // the state transfer) and on a non-member's wait for a membership change.
+  // Making the new groups is bounded by the backend's timeouts instead (see
+  // Limits above).
   absl::Duration timeout = absl::Minutes(5);
 };
 
