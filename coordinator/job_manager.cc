@@ -100,51 +100,6 @@ absl::Status ValidateJobManagerOptions(const JobManagerOptions& options) {
   return absl::OkStatus();
 }
 
-namespace {
-constexpr JobState kAllJobStates[] = {JOB_STATE_PENDING,    JOB_STATE_SCHEDULED, JOB_STATE_RUNNING,
-                                      JOB_STATE_RESTARTING, JOB_STATE_SUCCEEDED, JOB_STATE_FAILED,
-                                      JOB_STATE_CANCELLED};
-}  // namespace
-
-JobManager::Metrics::Metrics(metrics::Registry& registry)
-    : jobs(registry.AddGauge("mesh_coordinator_jobs", "Jobs in each state.", {"state"})),
-      finished(registry.AddCounter("mesh_coordinator_jobs_finished_total",
-                                   "Jobs that reached a terminal state.", {"state"})),
-      restarts(registry
-                   .AddCounter("mesh_coordinator_job_restarts_total",
-                               "Restarts of any job (a worker or node failed with restarts left).")
-                   ->Get()),
-      in_place_recoveries(
-          registry
-              .AddCounter("mesh_coordinator_in_place_recoveries_total",
-                          "Failed workers relaunched alone while the others carried on "
-                          "(restart_policy IN_PLACE; docs/elastic.md).")
-              ->Get()),
-      shrinks(registry
-                  .AddCounter("mesh_coordinator_job_resizes_total",
-                              "Changes of an elastic job's node count (docs/elastic.md).",
-                              {"direction"})
-                  ->WithLabels({"shrink"})),
-      grows(registry
-                .AddCounter("mesh_coordinator_job_resizes_total",
-                            "Changes of an elastic job's node count (docs/elastic.md).",
-                            {"direction"})
-                ->WithLabels({"grow"})),
-      nodes_ready(registry.AddGauge("mesh_coordinator_nodes", "Nodes in each state.", {"state"})
-                      ->WithLabels({"READY"})),
-      nodes_lost(registry.AddGauge("mesh_coordinator_nodes", "Nodes in each state.", {"state"})
-                     ->WithLabels({"LOST"})),
-      node_heartbeat(registry.AddGauge("mesh_coordinator_node_last_heartbeat_timestamp_seconds",
-                                       "Unix time of the last heartbeat (or call) of each node.",
-                                       {"node"})) {
-  // Every state shows, at 0, from the start: a dashboard can tell "none"
-  // from "not exported".
-  for (JobState state : kAllJobStates) jobs->WithLabels({JobStateName(state)});
-  for (JobState state : {JOB_STATE_SUCCEEDED, JOB_STATE_FAILED, JOB_STATE_CANCELLED}) {
-    finished->WithLabels({JobStateName(state)});
-  }
-}
-
 JobManager::JobManager(const Clock* clock, JobStore* store, Coordination* coordination,
                        JobManagerOptions options, metrics::Registry* metrics,
                        ServiceDiscovery* discovery)
@@ -220,14 +175,6 @@ JobManagerStats JobManager::stats() const {
 }
 
 // ---- Helpers ------------------------------------------------------------------------------
-
-void JobManager::CountJobLocked(Job& job) {
-  const JobState state = job.state();
-  if (job.counted == state) return;
-  if (job.counted.has_value()) metrics_.jobs->WithLabels({JobStateName(*job.counted)})->Decrement();
-  metrics_.jobs->WithLabels({JobStateName(state)})->Increment();
-  job.counted = state;
-}
 
 void JobManager::FlushDiscoveryLater(Effects& effects) {
   if (discovery_ == nullptr) return;
