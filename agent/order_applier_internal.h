@@ -16,7 +16,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "absl/time/time.h"
 #include "agent/cgroup.h"
 #include "agent/order_applier.h"
 #include "agent/process_launcher.h"

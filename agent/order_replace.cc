@@ -116,9 +116,10 @@ void OrderApplier::ApplyReplace(const v1::Assignment& order, absl::Time received
         spdlog::warn("job {} generation {} rank {}: {}", job_id, generation, rank,
                      std::string(killed.status().message()));
       } else if (*killed > 0) {
-        spdlog::info("job {} generation {} rank {}: killed {} process(es) its earlier process "
-                     "left behind",
-                     job_id, generation, rank, *killed);
+        spdlog::info(
+            "job {} generation {} rank {}: killed {} process(es) its earlier process "
+            "left behind",
+            job_id, generation, rank, *killed);
       }
     }
     const int port = AcquireWorkerMetricsPort(job_id, generation, rank);

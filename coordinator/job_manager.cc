@@ -318,7 +318,8 @@ void JobManager::SendLaunchLocked(Job& job, Node& node) {
   // Every rank of a RUNNING job was started: a rank to launch now replaces
   // one that failed (in-place recovery).
   order.set_replace(job.state() == mesh::v1::JOB_STATE_RUNNING);
-  if (order.replace()) order.set_reason(absl::StrCat("generation ", job.generation(), ": in place"));
+  if (order.replace())
+    order.set_reason(absl::StrCat("generation ", job.generation(), ": in place"));
   node.sink->Send(order);
 }
 

@@ -386,8 +386,7 @@ class JobManager {
   // true, and nothing changes. Else changes nothing and returns false: fail
   // the job as usual.
   bool RecoverInPlaceLocked(Job& job, Node& node, const mesh::v1::RootCause& cause,
-                            bool launch_error, Effects& effects)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                            bool launch_error, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How long an agent has to report a rank relaunched in place as started
   // before the job restarts as a whole: its kill grace (what the replaced
   // process left is killed first) plus a node heartbeat timeout.

@@ -290,15 +290,16 @@ absl::Status ValidateGrow(const JobSpec& spec) {
 absl::Status ValidateRestartPolicy(const JobSpec& spec) {
   const mesh::v1::RestartPolicy policy = spec.restart_policy();
   if (!mesh::v1::RestartPolicy_IsValid(policy)) {
-    return Invalid("spec.restart_policy",
-                   absl::StrCat(static_cast<int>(policy),
-                                " is not a RestartPolicy (GROUP or IN_PLACE)"));
+    return Invalid(
+        "spec.restart_policy",
+        absl::StrCat(static_cast<int>(policy), " is not a RestartPolicy (GROUP or IN_PLACE)"));
   }
   if (policy != mesh::v1::RESTART_POLICY_IN_PLACE) {
     if (!spec.in_place_dim().empty()) {
-      return Invalid("spec.in_place_dim",
-                     absl::StrCat(Quote(spec.in_place_dim()), " is set, but spec.restart_policy is ",
-                                  RestartPolicyName(policy), "; only IN_PLACE takes a dimension"));
+      return Invalid(
+          "spec.in_place_dim",
+          absl::StrCat(Quote(spec.in_place_dim()), " is set, but spec.restart_policy is ",
+                       RestartPolicyName(policy), "; only IN_PLACE takes a dimension"));
     }
     return absl::OkStatus();
   }
@@ -315,11 +316,11 @@ absl::Status ValidateRestartPolicy(const JobSpec& spec) {
   }
   const auto it = std::find(names.begin(), names.end(), dim);
   if (it == names.end()) {
-    return Invalid(spec.in_place_dim().empty() ? "spec.restart_policy" : "spec.in_place_dim",
-                   absl::StrCat("IN_PLACE drops the failed replica along mesh dimension ",
-                                Quote(dim), ", but the mesh has no such dimension (its dimensions: ",
-                                absl::StrJoin(names, ", "),
-                                "); name one with in_place_dim"));
+    return Invalid(
+        spec.in_place_dim().empty() ? "spec.restart_policy" : "spec.in_place_dim",
+        absl::StrCat("IN_PLACE drops the failed replica along mesh dimension ", Quote(dim),
+                     ", but the mesh has no such dimension (its dimensions: ",
+                     absl::StrJoin(names, ", "), "); name one with in_place_dim"));
   }
   // Its size with the most nodes the job may get: a -1 dimension takes what
   // the others leave (ValidateMesh made that whole).
@@ -337,10 +338,10 @@ absl::Status ValidateRestartPolicy(const JobSpec& spec) {
     }
   }
   if (size < 2) {
-    return Invalid(spec.in_place_dim().empty() ? "spec.restart_policy" : "spec.in_place_dim",
-                   absl::StrCat("mesh dimension ", Quote(dim), " has size ", size, " with ",
-                                MaxNodes(spec), MaxNodes(spec) == 1 ? " node" : " nodes",
-                                ": it has no replica to drop"));
+    return Invalid(
+        spec.in_place_dim().empty() ? "spec.restart_policy" : "spec.in_place_dim",
+        absl::StrCat("mesh dimension ", Quote(dim), " has size ", size, " with ", MaxNodes(spec),
+                     MaxNodes(spec) == 1 ? " node" : " nodes", ": it has no replica to drop"));
   }
   return absl::OkStatus();
 }

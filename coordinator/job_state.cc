@@ -246,17 +246,17 @@ absl::Status JobStateMachine::RecoverInPlace(mesh::v1::RootCause cause) {
         absl::StrCat("job ", job_id_, ": an in-place recovery in state ", JobStateName(state_)));
   }
   if (restarts_ >= max_restarts_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id_, ": no restarts left for an in-place recovery (max_restarts ",
-        max_restarts_, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id_, ": no restarts left for an in-place recovery (max_restarts ",
+                     max_restarts_, ")"));
   }
   ++restarts_;
   update_time_ = clock_.Now();
-  events_.push_back(JobEventRecord{
-      update_time_, state_, state_,
-      absl::StrCat(cause.message(), "; relaunched in place, restart ", restarts_, " of ",
-                   max_restarts_, "; the other ranks carry on"),
-      generation_});
+  events_.push_back(
+      JobEventRecord{update_time_, state_, state_,
+                     absl::StrCat(cause.message(), "; relaunched in place, restart ", restarts_,
+                                  " of ", max_restarts_, "; the other ranks carry on"),
+                     generation_});
   root_cause_ = std::move(cause);
   has_root_cause_ = true;
   return absl::OkStatus();

@@ -75,8 +75,8 @@ void Coordination::LoseRankLocked(Generation& gen, JobError error, Completions& 
                                         " (membership epoch ", gen.epoch, ")")),
         done);
   }
-  RecordMembershipLocked(gen, MembershipEvent{gen.epoch, clock_->Now(), rank, /*lost=*/true, 0,
-                                              error.reason});
+  RecordMembershipLocked(
+      gen, MembershipEvent{gen.epoch, clock_->Now(), rank, /*lost=*/true, 0, error.reason});
   gen.lost.emplace(rank, std::move(error));
   MaybeCompleteAliveRoundLocked(gen, done);
 }

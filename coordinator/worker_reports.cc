@@ -79,8 +79,8 @@ absl::Status JobManager::ReportWorkerExit(const mesh::v1::ReportWorkerExitReques
     }
     // The rank is held by another process than the one that ended (it was
     // relaunched in place since): a late or re-sent report, not news.
-    if (request.pid() > 0 && static_cast<size_t>(rank) < job->pids.size() &&
-        job->pids[rank] > 0 && job->pids[rank] != request.pid()) {
+    if (request.pid() > 0 && static_cast<size_t>(rank) < job->pids.size() && job->pids[rank] > 0 &&
+        job->pids[rank] != request.pid()) {
       ++stats_.stale_reports;
       return absl::OkStatus();
     }

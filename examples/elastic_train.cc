@@ -92,7 +92,8 @@ absl::Status Train(mesh::Runtime& rt, const Flags& flags) {
     absl::StatusOr<mesh::Tensor> ones = mesh::Tensor::Empty(mesh::DType::kFloat32, {4});
     if (!ones.ok()) return ones.status();
     if (absl::Status s = mesh::Fill(*ones, 1.0); !s.ok()) return s;
-    absl::StatusOr<mesh::ProcessGroup::WorkPtr> work = (*dp)->AllReduce(*ones, mesh::ReduceOp::kSum);
+    absl::StatusOr<mesh::ProcessGroup::WorkPtr> work =
+        (*dp)->AllReduce(*ones, mesh::ReduceOp::kSum);
     if (!work.ok()) continue;
     if (absl::Status s = (*work)->Wait(absl::Minutes(2)); !s.ok()) {
       std::printf("rank %d: step %lld not committed: %s\n", rt.rank(),
@@ -106,7 +107,8 @@ absl::Status Train(mesh::Runtime& rt, const Flags& flags) {
     std::printf("step %lld replicas %lld sum %g epoch %lld pid %d ms %lld\n",
                 static_cast<long long>(step), static_cast<long long>((*elastic)->replicas()),
                 static_cast<double>(sum[0]), static_cast<long long>((*elastic)->membership_epoch()),
-                static_cast<int>(getpid()), static_cast<long long>(absl::ToUnixMillis(absl::Now())));
+                static_cast<int>(getpid()),
+                static_cast<long long>(absl::ToUnixMillis(absl::Now())));
     std::fflush(stdout);
     if (original && rt.rank() == flags.die_rank && step == flags.die_at_step) {
       std::printf("rank %d: dying at step %lld on purpose\n", rt.rank(),

@@ -132,10 +132,10 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(std::shared_ptr<ProcessGroupFactor
   }
   if (options.members_group != nullptr &&
       (!options.members_only || options.members_group->global_ranks() != layout.ranks())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DeviceMesh members_group '", options.members_group->name(), "' (members [",
-        absl::StrJoin(options.members_group->global_ranks(), ", "),
-        "]) needs members_only and must hold the layout's ranks in layout order"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DeviceMesh members_group '", options.members_group->name(), "' (members [",
+                     absl::StrJoin(options.members_group->global_ranks(), ", "),
+                     "]) needs members_only and must hold the layout's ranks in layout order"));
   }
 
   auto root = std::make_shared<Root>(std::move(factory), std::move(layout), options.name,
@@ -388,10 +388,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Flatten(absl::string_view name) const {
     if (root_dims.size() == 1) {
       group = root_->dim_groups[root_dims[0]];
     } else {
-      absl::StatusOr<std::shared_ptr<ProcessGroup>> made =
-          MakeGroup(*root_->factory, root_->layout, root_dims,
-                    absl::StrCat(root_->name, "/", merged), root_->rank, root_->members_only,
-                    root_->members_group);
+      absl::StatusOr<std::shared_ptr<ProcessGroup>> made = MakeGroup(
+          *root_->factory, root_->layout, root_dims, absl::StrCat(root_->name, "/", merged),
+          root_->rank, root_->members_only, root_->members_group);
       if (!made.ok()) return made.status();
       group = *std::move(made);
     }

@@ -76,8 +76,7 @@ absl::StatusOr<std::unique_ptr<ElasticMesh>> ElasticMesh::Create(Runtime& runtim
   if (!layout.ok()) return layout.status();
   absl::StatusOr<int> dim = layout->DimIndex(options.dim);
   if (!dim.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ElasticMesh dim: ", dim.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat("ElasticMesh dim: ", dim.status().message()));
   }
   std::unique_ptr<ElasticMesh> mesh(
       new ElasticMesh(runtime, std::move(options), *std::move(layout), *dim));
@@ -154,10 +153,10 @@ absl::Status ElasticMesh::AwaitEpochChange() {
   while (runtime_.membership_epoch() == epoch_) {
     if (absl::Status s = runtime_.health(); !s.ok()) return s;
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "rank ", runtime_.rank(), " is not a member (its replica along '", dim_,
-          "' misses a rank) and the membership stayed at epoch ", epoch_, " for ",
-          FormatDurationShort(options_.timeout), "; call Sync again to keep waiting"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("rank ", runtime_.rank(), " is not a member (its replica along '", dim_,
+                       "' misses a rank) and the membership stayed at epoch ", epoch_, " for ",
+                       FormatDurationShort(options_.timeout), "; call Sync again to keep waiting"));
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
@@ -217,9 +216,8 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
   if (replicas == 0) {
     // Everyone is a non-member: there is no one to carry on with. The state
     // stays as it is, for when a replica is whole again.
-    return absl::FailedPreconditionError(
-        absl::StrCat("membership epoch ", epoch_, ": no replica along '", dim_,
-                     "' has all of its ranks live"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "membership epoch ", epoch_, ": no replica along '", dim_, "' has all of its ranks live"));
   }
   if (!std::binary_search(members_.begin(), members_.end(), self)) {
     // Live, but its replica is broken: it falls behind the members.
@@ -230,8 +228,8 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
 
   std::vector<int64_t> shape = job_layout_.shape();
   shape[dim_index_] = replicas;
-  absl::StatusOr<MeshLayout> layout = MeshLayout::FromMembers(
-      shape, job_layout_.dim_names(), ordered, runtime_.world_size());
+  absl::StatusOr<MeshLayout> layout =
+      MeshLayout::FromMembers(shape, job_layout_.dim_names(), ordered, runtime_.world_size());
   if (!layout.ok()) return layout.status();
   const std::string name = absl::StrCat("elastic", round_);
   const std::shared_ptr<ProcessGroupFactory>& factory = runtime_.process_group_factory();
@@ -327,9 +325,9 @@ absl::Status ElasticMesh::TransferState() {
       }
       return absl::StrCat(h[0], " tensors (", absl::StrJoin(parts, ", "), ")");
     };
-    return absl::InvalidArgumentError(
-        absl::StrCat("ElasticMesh state of rank ", self, " is ", describe(header),
-                     ", but the donor rank ", donor, "'s is ", describe(donor_header)));
+    return absl::InvalidArgumentError(absl::StrCat("ElasticMesh state of rank ", self, " is ",
+                                                   describe(header), ", but the donor rank ", donor,
+                                                   "'s is ", describe(donor_header)));
   }
   // Through tensors of its own: the application's are written only once
   // every tensor has arrived, so a transfer cut short (the donor died)

@@ -49,13 +49,12 @@ class InPlaceProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
     // Ranks heartbeat every 0.25 s and are dead after 1 s of silence.
-    ASSERT_TRUE(cluster_
-                    .StartCoordinator(0, {"--heartbeat-interval", "0.25", "--heartbeat-timeout",
-                                          "1"})
-                    .ok());
+    ASSERT_TRUE(
+        cluster_.StartCoordinator(0, {"--heartbeat-interval", "0.25", "--heartbeat-timeout", "1"})
+            .ok());
     ASSERT_TRUE(cluster_.StartAgent(0, /*slots=*/kWorld).ok());
-    ASSERT_TRUE(::mesh::testing::WaitUntil([&] { return cluster_.ReadyNodes() == 1; },
-                                           absl::Seconds(20)))
+    ASSERT_TRUE(
+        ::mesh::testing::WaitUntil([&] { return cluster_.ReadyNodes() == 1; }, absl::Seconds(20)))
         << "the agent did not register";
   }
 
@@ -71,8 +70,8 @@ class InPlaceProcessTest : public ::testing::Test {
 
   // Every step line of `rank`'s log (both processes' when it was replaced).
   std::vector<Step> Steps(const std::string& id, int rank) {
-    std::ifstream file(absl::StrCat(cluster_.dir(), "/agent-0/jobs/", id, "/gen-0/rank-", rank,
-                                    ".log"));
+    std::ifstream file(
+        absl::StrCat(cluster_.dir(), "/agent-0/jobs/", id, "/gen-0/rank-", rank, ".log"));
     std::vector<Step> steps;
     std::string line;
     while (std::getline(file, line)) {
@@ -89,8 +88,8 @@ class InPlaceProcessTest : public ::testing::Test {
   }
 
   std::string Log(const std::string& id, int rank) {
-    std::ifstream file(absl::StrCat(cluster_.dir(), "/agent-0/jobs/", id, "/gen-0/rank-", rank,
-                                    ".log"));
+    std::ifstream file(
+        absl::StrCat(cluster_.dir(), "/agent-0/jobs/", id, "/gen-0/rank-", rank, ".log"));
     std::stringstream text;
     text << file.rdbuf();
     return text.str();
@@ -178,7 +177,8 @@ TEST_F(InPlaceProcessTest, SurvivorsCarryOnAndTheReplacementRejoinsWithAPeersSta
         return !steps.empty() && steps.back().pid != victim[0] && steps.back().replicas == 4;
       },
       absl::Seconds(60)))
-      << Log(id, 2) << "\n" << Get(id).DebugString();
+      << Log(id, 2) << "\n"
+      << Get(id).DebugString();
   EXPECT_THAT(Log(id, 2), HasSubstr("replacement, took step"));
 
   // The survivors are the same processes throughout, and every step they

@@ -21,9 +21,9 @@
 namespace mesh {
 namespace device_mesh_test {
 
+using ::mesh::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::mesh::testing::StatusIs;
 
 using ::mesh::testing::FakeGroup;
 
@@ -352,9 +352,9 @@ TEST(DeviceMeshTest, MembersOnlyMeshReusesTheMembersGroupForADimThatSpansIt) {
   ASSERT_TRUE(world.ok());
   options.members_only = false;
   options.members_group = (*world)[0];
-  EXPECT_THAT(DeviceMesh::Create(whole, *MeshLayout::Create({3, 1}, {"dp", "tp"}, 3), options)
-                  .status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs members_only")));
+  EXPECT_THAT(
+      DeviceMesh::Create(whole, *MeshLayout::Create({3, 1}, {"dp", "tp"}, 3), options).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs members_only")));
 }
 
 TEST(DeviceMeshTest, MembersOnlyErrors) {

@@ -155,9 +155,8 @@ TEST_F(ElasticMeshTest, SurvivorsCarryOnAsThreeReplicasAndTheReplacementTakesThe
   std::vector<absl::Status> results(kWorld);
   std::vector<std::thread> threads;
   for (int r = 0; r < kWorld; ++r) {
-    threads.emplace_back([&, r] {
-      results[r] = Train(*runtimes[r], logs[r], /*die_after=*/r == 2 ? 5 : -1);
-    });
+    threads.emplace_back(
+        [&, r] { results[r] = Train(*runtimes[r], logs[r], /*die_after=*/r == 2 ? 5 : -1); });
   }
   threads[2].join();
   ASSERT_TRUE(results[2].ok()) << results[2];
@@ -226,9 +225,8 @@ TEST_F(ElasticMeshTest, ATensorParallelReplicaDropsOutWholeAndComesBackWhole) {
   std::vector<absl::Status> results(kRanks);
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      results[r] = Train(*runtimes[r], logs[r], /*die_after=*/r == 5 ? 5 : -1);
-    });
+    threads.emplace_back(
+        [&, r] { results[r] = Train(*runtimes[r], logs[r], /*die_after=*/r == 5 ? 5 : -1); });
   }
   threads[5].join();
   ASSERT_TRUE(results[5].ok()) << results[5];

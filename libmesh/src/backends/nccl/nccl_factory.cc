@@ -209,8 +209,8 @@ absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::MakeGrou
     const char* comm_name = PersistentName(name);  // NCCL keeps the pointer.
     absl::StatusOr<ncclComm_t> comm =
         split ? world_->core()->Split(spec.color, group_rank, comm_name, what, deadline, cancelled)
-               : InitComm(api_, ToUniqueId(ids[i]), size, group_rank, device, comm_name, what,
-                          deadline, cancelled);
+              : InitComm(api_, ToUniqueId(ids[i]), size, group_rank, device, comm_name, what,
+                         deadline, cancelled);
     if (!comm.ok()) return comm.status();
     if (absl::Status s = CheckCommShape(api_, *comm, size, group_rank, what); !s.ok()) {
       api_.CommAbort(*comm);
