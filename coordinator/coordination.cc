@@ -944,30 +944,43 @@ absl::Status Coordination::Leave(const Caller& caller) {
   return absl::OkStatus();
 }
 
-absl::Status Coordination::RankExited(const std::string& job_id, int64_t generation, int rank,
-                                      const std::string& reason) {
-  Completions done;
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<Coordination::Generation*> Coordination::ExitReportTargetLocked(
+    const std::string& job_id, int64_t generation, int rank) {
   auto job = jobs_.find(job_id);
-  if (job == jobs_.end()) return absl::OkStatus();
+  if (job == jobs_.end()) return nullptr;
   Generation& gen = *job->second->current;
-  if (gen.number != generation || gen.error.has_value()) return absl::OkStatus();
+  if (gen.number != generation || gen.error.has_value()) return nullptr;
   if (rank < 0 || rank >= gen.world_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(gen.Name(), ": rank ", rank, " is outside the world of ", gen.world_size()));
   }
+  return &gen;
+}
+
+void Coordination::LoseExitedRankLocked(Generation& gen, int rank, const std::string& reason,
+                                        Completions& done) {
+  JobError error;
+  error.rank = rank;
+  error.host = gen.rendezvous.host(rank);
+  error.reason = reason.empty() ? "exited before the job finished" : reason;
+  LoseRankLocked(gen, std::move(error), done);
+}
+
+absl::Status Coordination::RankExited(const std::string& job_id, int64_t generation, int rank,
+                                      const std::string& reason) {
+  Completions done;
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Generation*> target = ExitReportTargetLocked(job_id, generation, rank);
+  if (!target.ok()) return target.status();
+  if (*target == nullptr) return absl::OkStatus();
+  Generation& gen = **target;
   if (gen.liveness.left(rank) || gen.rendezvous.num_joined() == 0) return absl::OkStatus();
-  std::string why = reason.empty() ? "exited before the job finished" : reason;
   if (gen.layout->in_place && gen.rendezvous.complete()) {
     // Its peers carry on without it: lose it now.
-    JobError error;
-    error.rank = rank;
-    error.host = gen.rendezvous.host(rank);
-    error.reason = std::move(why);
-    LoseRankLocked(gen, std::move(error), done);
+    LoseExitedRankLocked(gen, rank, reason, done);
     return absl::OkStatus();
   }
-  gen.exited.emplace(rank, std::move(why));
+  gen.exited.emplace(rank, reason.empty() ? "exited before the job finished" : reason);
   // A peer parked on anything (its own watch aside) may be waiting for this
   // rank, which will never come: end those waits now.
   const bool waiting = waiters_.AnyInScope(
@@ -980,22 +993,14 @@ absl::StatusOr<bool> Coordination::LoseRankInPlace(const std::string& job_id, in
                                                    int rank, const std::string& reason) {
   Completions done;
   absl::MutexLock lock(&mu_);
-  auto job = jobs_.find(job_id);
-  if (job == jobs_.end()) return false;
-  Generation& gen = *job->second->current;
-  if (gen.number != generation || gen.error.has_value()) return false;
-  if (rank < 0 || rank >= gen.world_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(gen.Name(), ": rank ", rank, " is outside the world of ", gen.world_size()));
-  }
+  absl::StatusOr<Generation*> target = ExitReportTargetLocked(job_id, generation, rank);
+  if (!target.ok()) return target.status();
+  if (*target == nullptr) return false;
+  Generation& gen = **target;
   if (!gen.layout->in_place || !gen.rendezvous.complete()) return false;
   if (gen.lost.contains(rank)) return true;
   if (gen.liveness.left(rank)) return false;
-  JobError error;
-  error.rank = rank;
-  error.host = gen.rendezvous.host(rank);
-  error.reason = reason.empty() ? "exited before the job finished" : reason;
-  LoseRankLocked(gen, std::move(error), done);
+  LoseExitedRankLocked(gen, rank, reason, done);
   return true;
 }
 

@@ -556,6 +556,15 @@ class Coordination {
   // world it is lost, else the generation fails.
   void RankFailedLocked(Generation& gen, JobError error, Completions& done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For RankExited and LoseRankInPlace: the current generation of `job_id`
+  // when it is `generation` and has not failed, else null (a late report).
+  // INVALID_ARGUMENT for a rank outside its world.
+  absl::StatusOr<Generation*> ExitReportTargetLocked(const std::string& job_id, int64_t generation,
+                                                     int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Loses `rank`, whose process exited as `reason` says (empty: "exited
+  // before the job finished"), in place.
+  void LoseExitedRankLocked(Generation& gen, int rank, const std::string& reason, Completions& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends to gen.membership, dropping the oldest beyond the cap.
   void RecordMembershipLocked(Generation& gen, MembershipEvent event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

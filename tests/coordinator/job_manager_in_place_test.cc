@@ -126,6 +126,24 @@ class JobManagerInPlaceTest : public JobManagerTest {
 
   double Count(const std::string& name) const { return registry_.CounterValue(name); }
 
+  // The 2 × 2 job of RunJob restarted as a whole after one failure at
+  // generation 0: generation 1 is scheduled with one restart counted, and
+  // both nodes got a KILL of generation 0 and a plain LAUNCH of 1.
+  void ExpectRestartedAsAWhole(const v1::Job& job) {
+    EXPECT_EQ(job.state(), v1::JOB_STATE_SCHEDULED);
+    EXPECT_EQ(job.generation(), 1);
+    EXPECT_EQ(job.restarts(), 1);
+    EXPECT_THAT(EventStates(job),
+                ElementsAre(v1::JOB_STATE_PENDING, v1::JOB_STATE_SCHEDULED, v1::JOB_STATE_RUNNING,
+                            v1::JOB_STATE_RESTARTING, v1::JOB_STATE_SCHEDULED));
+    for (const Agent* agent : {a_, b_}) {
+      SCOPED_TRACE(agent->name);
+      EXPECT_THAT(ActionsOf(agent->orders->messages()),
+                  ElementsAre(Pair(kLaunch, 0), Pair(kKill, 0), Pair(kLaunch, 1)));
+      EXPECT_FALSE(agent->orders->messages().back().replace());
+    }
+  }
+
   // The membership epoch of `id`'s generation in Coordination; -1 (and a
   // test failure) when it has no such job.
   int64_t EpochOf(const std::string& id) {
@@ -449,19 +467,8 @@ TEST_F(JobManagerInPlaceTest, FailureBeforeTheWorldFormedRestartsTheWholeJob) {
   ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
 
   const v1::Job job = Job(id);
-  EXPECT_EQ(job.state(), v1::JOB_STATE_SCHEDULED);
-  EXPECT_EQ(job.generation(), 1);
-  EXPECT_EQ(job.restarts(), 1);
-  EXPECT_THAT(EventStates(job),
-              ElementsAre(v1::JOB_STATE_PENDING, v1::JOB_STATE_SCHEDULED, v1::JOB_STATE_RUNNING,
-                          v1::JOB_STATE_RESTARTING, v1::JOB_STATE_SCHEDULED));
+  ExpectRestartedAsAWhole(job);
   EXPECT_THAT(job.events(3).reason(), Not(HasSubstr("relaunched in place")));
-  for (const Agent* agent : {a_, b_}) {
-    SCOPED_TRACE(agent->name);
-    EXPECT_THAT(ActionsOf(agent->orders->messages()),
-                ElementsAre(Pair(kLaunch, 0), Pair(kKill, 0), Pair(kLaunch, 1)));
-    EXPECT_FALSE(agent->orders->messages().back().replace());
-  }
   EXPECT_THAT(RanksOf(a_->orders->messages().back()), ElementsAre(Pair(0, 0), Pair(1, 1)));
   // The waits of the old generation end.
   for (const JoinReply& reply : replies) {
@@ -514,18 +521,7 @@ TEST_F(JobManagerInPlaceTest, GroupJobWithItsWorldFormedStillRestartsTheWholeJob
   ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
 
   const v1::Job job = Job(id);
-  EXPECT_EQ(job.state(), v1::JOB_STATE_SCHEDULED);
-  EXPECT_EQ(job.generation(), 1);
-  EXPECT_EQ(job.restarts(), 1);
-  EXPECT_THAT(EventStates(job),
-              ElementsAre(v1::JOB_STATE_PENDING, v1::JOB_STATE_SCHEDULED, v1::JOB_STATE_RUNNING,
-                          v1::JOB_STATE_RESTARTING, v1::JOB_STATE_SCHEDULED));
-  for (const Agent* agent : {a_, b_}) {
-    SCOPED_TRACE(agent->name);
-    EXPECT_THAT(ActionsOf(agent->orders->messages()),
-                ElementsAre(Pair(kLaunch, 0), Pair(kKill, 0), Pair(kLaunch, 1)));
-    EXPECT_FALSE(agent->orders->messages().back().replace());
-  }
+  ExpectRestartedAsAWhole(job);
   EXPECT_THAT(job.membership(), IsEmpty());
   EXPECT_EQ(Count(kInPlaceRecoveries), 0);
   EXPECT_EQ(Count(kJobRestarts), 1);
