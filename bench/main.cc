@@ -56,12 +56,14 @@ double Mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
 
 void PrintRendezvous(const mesh::bench::RendezvousBenchResult& r, int warmup) {
   std::printf(
-      "# mesh-bench rendezvous: %d ranks over %d connections%s, median of %zu rounds "
+      "# mesh-bench rendezvous: %d ranks over %d %sconnections%s, median of %zu rounds "
       "(+%d warm-up) against %s%s; load average %.2f\n",
-      r.ranks, r.channels,
+      r.ranks, r.channels, r.tls ? "TLS " : "",
       r.via_agent ? absl::StrCat(" through agents of ", r.ranks_per_node, " ranks").c_str() : "",
       r.mesh.size(), warmup, r.coordinator.c_str(), r.in_process ? " (in process)" : "",
       r.load_average);
+  std::printf("# opening the %d connections%s took %.3f s, before the first round\n", r.channels,
+              r.tls ? " (TLS handshakes included)" : "", r.connect_s);
   // "join 0.101-0.120, ...": when the first and the last rank finished each step.
   auto steps = [](const std::vector<double>& first, const std::vector<double>& last,
                   const std::vector<std::string>& names) {
@@ -338,6 +340,15 @@ int main(int argc, char** argv) {
                    "Ranks per simulated agent, with --via-agent")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  rendezvous_cmd->add_option("--tls-ca", rendezvous.tls.ca_file,
+                             "TLS on every connection: the PEM CA that verifies the coordinator");
+  rendezvous_cmd->add_option("--tls-cert", rendezvous.tls.cert_file,
+                             "The in-process coordinator's PEM certificate chain, with --tls-ca");
+  rendezvous_cmd->add_option("--tls-key", rendezvous.tls.key_file,
+                             "The in-process coordinator's PEM private key, with --tls-ca");
+  rendezvous_cmd->add_option("--tls-server-name", rendezvous.tls.server_name,
+                             "Name to check against the coordinator's certificate (default: "
+                             "the target's host)");
 
   mesh::bench::WaitersBenchOptions waiters;
   std::string kind = "all";
@@ -461,10 +472,13 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
 
+  mesh::bench::BenchTls serve_tls;
   CLI::App* serve_cmd = app.add_subcommand(
       "serve",
-      "Serve a coordinator set up like the in-process one (heartbeat timeout 1 h) for "
+      "Serve a coordinator set up like rendezvous's in-process one (default timeouts) for "
       "--coordinator runs from another process; prints its address, stops on SIGINT/SIGTERM");
+  serve_cmd->add_option("--tls-cert", serve_tls.cert_file, "Serve TLS: PEM certificate chain");
+  serve_cmd->add_option("--tls-key", serve_tls.key_file, "Serve TLS: PEM private key");
 
   CLI11_PARSE(app, argc, argv);
   // Logs (an in-process coordinator's included) go to stderr: stdout is the
@@ -778,7 +792,11 @@ int main(int argc, char** argv) {
     sigaddset(&stop_signals, SIGINT);
     sigaddset(&stop_signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-    auto server = mesh::bench::StartBenchCoordinator();
+    if (serve_tls.cert_file.empty() != serve_tls.key_file.empty()) {
+      std::fprintf(stderr, "mesh-bench serve: --tls-cert and --tls-key go together\n");
+      return 2;
+    }
+    auto server = mesh::bench::StartBenchCoordinator(/*ranks_heartbeat=*/true, serve_tls);
     if (!server.ok()) {
       std::fprintf(stderr, "mesh-bench serve: %s\n", server.status().ToString().c_str());
       return 1;

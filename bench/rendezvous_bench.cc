@@ -26,6 +26,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/check.h"
 #include "common/grpc_status.h"
+#include "common/security.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "mesh/v1/admin.grpc.pb.h"
 #include "mesh/v1/worker.grpc.pb.h"
@@ -34,7 +35,14 @@ namespace mesh::bench {
 
 // ---- Shared helpers --------------------------------------------------------------
 
-std::vector<std::shared_ptr<grpc::Channel>> MakeConnections(const std::string& address, int count) {
+absl::StatusOr<std::vector<std::shared_ptr<grpc::Channel>>> MakeConnections(
+    const std::string& address, int count, const BenchTls& tls) {
+  security::ClientSecurity client;
+  client.ca_file = tls.ca_file;
+  client.server_name = tls.server_name;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      security::MakeChannelCredentials(client);
+  if (!credentials.ok()) return credentials.status();
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   channels.reserve(count);
   for (int i = 0; i < count; ++i) {
@@ -44,10 +52,16 @@ std::vector<std::shared_ptr<grpc::Channel>> MakeConnections(const std::string& a
     args.SetInt("mesh.bench.connection", i);
     // The server's limit applies; the client adds none of its own.
     args.SetMaxReceiveMessageSize(-1);
-    channels.push_back(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    if (tls.enabled() && !tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
+    channels.push_back(grpc::CreateCustomChannel(address, *credentials, args));
   }
   return channels;
+}
+
+std::vector<std::shared_ptr<grpc::Channel>> MakeConnections(const std::string& address, int count) {
+  auto channels = MakeConnections(address, count, BenchTls{});
+  MESH_CHECK(channels.ok(), "plaintext credentials cannot fail");
+  return *std::move(channels);
 }
 
 absl::Status Connect(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
@@ -76,9 +90,13 @@ absl::Status Connect(const std::vector<std::shared_ptr<grpc::Channel>>& channels
 }
 
 absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> StartBenchCoordinator(
-    bool ranks_heartbeat) {
+    bool ranks_heartbeat, const BenchTls& tls) {
   coordinator::CoordinatorConfig config;
   config.port = 0;
+  if (!tls.cert_file.empty()) {
+    config.security.tls.cert_file = tls.cert_file;
+    config.security.tls.key_file = tls.key_file;
+  }
   if (!ranks_heartbeat) {
     // With the default 10 s timeout, a held wait of ranks that never
     // heartbeat would fail its generation for missed heartbeats.
@@ -475,6 +493,21 @@ absl::Status ValidateOptions(const RendezvousBenchOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("channels must be in 1..1024; got ", o.channels));
   }
+  if (!o.tls.enabled() && (!o.tls.cert_file.empty() || !o.tls.key_file.empty())) {
+    return absl::InvalidArgumentError(
+        "a TLS certificate and key need the CA that verifies them (--tls-ca)");
+  }
+  if (o.tls.enabled() && o.coordinator.empty() &&
+      (o.tls.cert_file.empty() || o.tls.key_file.empty())) {
+    return absl::InvalidArgumentError(
+        "TLS with an in-process coordinator needs its certificate and key (--tls-cert, "
+        "--tls-key; scripts/bench-pki.sh writes a set)");
+  }
+  if (!o.coordinator.empty() && (!o.tls.cert_file.empty() || !o.tls.key_file.empty())) {
+    return absl::InvalidArgumentError(
+        "--tls-cert and --tls-key are the in-process coordinator's; against --coordinator give "
+        "only --tls-ca");
+  }
   if (o.repeat < 1 || o.warmup < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("need repeat >= 1 and warmup >= 0; got ", o.repeat, " and ", o.warmup));
@@ -545,23 +578,29 @@ absl::StatusOr<RendezvousBenchResult> RunRendezvousBench(const RendezvousBenchOp
   result.via_agent = options.via_agent;
   result.ranks_per_node = options.via_agent ? options.ranks_per_node : 0;
   result.grpc_deadlines = options.grpc_deadlines;
+  result.tls = options.tls.enabled();
   result.load_average = LoadAverage();
   if (result.coordinator.empty()) {
-    auto started = StartBenchCoordinator();
+    auto started = StartBenchCoordinator(/*ranks_heartbeat=*/true, options.tls);
     if (!started.ok()) return started.status();
     server = *std::move(started);
     result.coordinator = server->address();
     result.in_process = true;
   }
 
-  const auto channels = MakeConnections(result.coordinator, options.channels);
-  // 10 s, and more for thousands of connections (a connection per rank).
-  const absl::Duration connect_timeout =
-      std::max(absl::Seconds(10), absl::Milliseconds(5) * options.channels);
+  auto made = MakeConnections(result.coordinator, options.channels, options.tls);
+  if (!made.ok()) return made.status();
+  const std::vector<std::shared_ptr<grpc::Channel>> channels = *std::move(made);
+  // 10 s, and more for thousands of connections (a connection per rank),
+  // and more again for their TLS handshakes.
+  const absl::Duration connect_timeout = std::max(
+      absl::Seconds(10), absl::Milliseconds(options.tls.enabled() ? 20 : 5) * options.channels);
+  const absl::Time connect_start = absl::Now();
   if (absl::Status s = Connect(channels, connect_timeout); !s.ok()) {
     return absl::UnavailableError(
         absl::StrCat("coordinator ", result.coordinator, ": ", s.message()));
   }
+  result.connect_s = absl::ToDoubleSeconds(absl::Now() - connect_start);
   std::vector<std::unique_ptr<WorkerService::Stub>> workers;
   std::vector<std::unique_ptr<HealthStub>> health;
   for (const auto& channel : channels) {
@@ -701,6 +740,8 @@ nlohmann::json ToJson(const RendezvousBenchResult& result) {
           {"via_agent", result.via_agent},
           {"ranks_per_node", result.ranks_per_node},
           {"grpc_deadlines", result.grpc_deadlines},
+          {"tls", result.tls},
+          {"connect_s", result.connect_s},
           {"load_average", result.load_average},
           {"rounds", result.mesh.size()},
           {"mesh",

@@ -46,10 +46,32 @@ namespace mesh::bench {
 
 // ---- Shared by the simulated-rank benchmarks ---------------------------------
 
-// `count` insecure channels to `address`, each on its own TCP connection: a
-// distinct channel argument keeps gRPC from sharing one subchannel among
-// them. Channels have no keepalive (a quiet pending wait must not trigger
-// ping policing) and no message-size cap beyond the server's.
+// TLS for a benchmark's connections, and for its in-process coordinator.
+// Off while ca_file is empty. scripts/bench-pki.sh writes a throw-away set.
+struct BenchTls {
+  // PEM CA that verifies the coordinator's certificate.
+  std::string ca_file;
+  // The in-process coordinator's PEM certificate chain and key. Required
+  // with ca_file when the benchmark starts its own coordinator; refused
+  // against --coordinator, whose certificate is its own business.
+  std::string cert_file;
+  std::string key_file;
+  // The name checked against the certificate; empty: the target's host.
+  std::string server_name;
+
+  bool enabled() const { return !ca_file.empty(); }
+};
+
+// `count` channels to `address`, each on its own TCP connection: a distinct
+// channel argument keeps gRPC from sharing one subchannel among them.
+// Channels have no keepalive (a quiet pending wait must not trigger ping
+// policing) and no message-size cap beyond the server's. With `tls`
+// enabled, every connection makes its own full TLS handshake (one set of
+// credentials, no session cache). Errors: those of
+// security::MakeChannelCredentials for unreadable or inconsistent files.
+absl::StatusOr<std::vector<std::shared_ptr<grpc::Channel>>> MakeConnections(
+    const std::string& address, int count, const BenchTls& tls);
+// Plaintext channels, as above.
 std::vector<std::shared_ptr<grpc::Channel>> MakeConnections(const std::string& address, int count);
 
 // Connects every channel. Possible errors: UNAVAILABLE when a connection
@@ -61,8 +83,9 @@ absl::Status Connect(const std::vector<std::shared_ptr<grpc::Channel>>& channels
 // the default configuration. `ranks_heartbeat` false (simulated ranks that
 // never heartbeat, as waiters_bench's) raises its heartbeat timeout far
 // above any round's length instead.
+// With tls.cert_file set it serves TLS with it and tls.key_file.
 absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> StartBenchCoordinator(
-    bool ranks_heartbeat = true);
+    bool ranks_heartbeat = true, const BenchTls& tls = {});
 
 // This process's resource use, from /proc/self.
 struct ProcessStats {
@@ -102,6 +125,8 @@ struct RendezvousBenchOptions {
   // Coordinator to measure; empty starts one in this process (own threads)
   // and creates jobs directly, otherwise jobs come from AdminService.CreateJob.
   std::string coordinator;
+  // TLS on every connection (and on the in-process coordinator).
+  BenchTls tls;
   // Measured rounds of each kind, and unmeasured warm-up rounds before them.
   // Every round of the coordinator uses a fresh job.
   int repeat = 3;
@@ -147,6 +172,12 @@ struct RendezvousBenchResult {
   bool via_agent = false;
   int ranks_per_node = 0;  // With via_agent.
   bool grpc_deadlines = false;
+  bool tls = false;
+  // How long opening every connection took, all started at once (TCP, and
+  // the TLS handshakes with tls), before the first round. Agents hold their
+  // connection before a job starts; ranks of a real job open theirs as they
+  // start, so with a connection per rank this is part of a job's start.
+  double connect_s = 0;
   double load_average = 0;            // When the run started.
   std::vector<RoundResult> mesh;      // One per measured round.
   std::vector<RoundResult> baseline;  // Likewise, interleaved with mesh.

@@ -140,11 +140,14 @@ class Report:
                 peers.setdefault(int(m.group(1)), {})[int(m.group(2))] = load(path)
         self.suites["tcpstore_rendezvous"] = {str(n): {str(k): v for k, v in p.items()}
                                               for n, p in peers.items()}
-        # Ranks calling the coordinator themselves, then through agents
-        # (mesh-bench rendezvous --via-agent), each against the same peer runs.
-        self.rendezvous_rows("rendezvous", "rendezvous", "", peers, peer_note)
+        # Every rank its own connection: ranks calling the coordinator
+        # themselves, then through agents (mesh-bench rendezvous --via-agent),
+        # plaintext and TLS, each against the same peer runs.
+        self.rendezvous_rows("rendezvous", "rendezvous", ", a connection each", peers, peer_note)
         self.rendezvous_rows("rendezvous_agents", "rendezvous_agents",
                              " through agents of 8", peers, peer_note)
+        self.rendezvous_rows("rendezvous_agents_tls", "rendezvous_agents_tls",
+                             " through agents of 8, TLS", peers, peer_note)
 
     def rendezvous_rows(self, prefix, suite, how, peers, peer_note):
         by_n = {}
@@ -162,10 +165,15 @@ class Report:
             mesh = median(ok_mesh.values())
             if mesh is None:
                 mesh = "failed"
-            row = f"{n} ranks{how}: join + barrier + 128 B ID (s) vs TCPStore"
+            row = f"{n} ranks{how}: join + barrier + 128 B ID (s) vs TCPStore, a connection each"
             notes = [f"{len(ok_mesh)} pass(es)"]
             if floor:
                 notes.append(f"Mesh's gRPC floor {fmt(floor)} s")
+            connect = median(r.get("connect_s") for r in mesh_runs.values())
+            if connect is not None:
+                notes.append(f"Mesh connected in {fmt(connect)} s before the round")
+            if any(r.get("in_process") is False for r in mesh_runs.values()):
+                notes.append("coordinator in its own process (mesh-bench serve)")
             if n not in peers:
                 if peer_note.startswith("skipped"):
                     self.add("rendezvous", row, mesh, "skipped", note="; ".join(notes + [peer_note]))
@@ -181,6 +189,9 @@ class Report:
             ratio = median(paired)
             if peer is None:
                 peer = "timed out" if any("timed out" in e or "Timeout" in e for e in errors) else "failed"
+            peer_connect = median(r.get("connect_s") for r in peer_runs.values())
+            if peer_connect is not None:
+                notes.append(f"TCPStore connected in {fmt(peer_connect)} s (plaintext)")
             if errors:
                 notes.append(f"TCPStore {len(errors)}/{len(peer_runs)} failed: {errors[0][:120]}")
             self.add("rendezvous", row, mesh, peer, ratio, "; ".join(notes))

@@ -19,9 +19,12 @@
 # Knobs (environment):
 #   MESH_BENCH_OUT             results folder (default bench/results)
 #   MESH_BENCH_PASSES          alternating Mesh/peer passes per suite (default 3)
-#   MESH_BENCH_RENDEZVOUS_RANKS  default "256 1024 4096 16384"; 65536 exists
-#                              but takes minutes on 2 cores: add it here
-#   MESH_BENCH_PEER_MAX_RANKS  largest N the TCPStore peer runs (default 4096)
+#   MESH_BENCH_RENDEZVOUS_RANKS  default "1024 4096 16384": Mesh (direct,
+#                              through agents, through agents over TLS) and
+#                              TCPStore, every rank its own connection
+#   MESH_BENCH_RENDEZVOUS_LARGE_RANKS  default "65536 131072": Mesh through
+#                              agents only, one pass each (minutes on 2 cores)
+#   MESH_BENCH_PEER_MAX_RANKS  largest N the TCPStore peer runs (default 16384)
 #   MESH_BENCH_PEER_TIMEOUT    seconds before a peer run counts as timed out (300)
 #   MESH_BENCH_WAITERS_RANKS   default 10000
 #   MESH_BENCH_REDISTRIBUTE_SIZES  default "16M,64M"
@@ -54,12 +57,14 @@ peer_timeout=${MESH_BENCH_PEER_TIMEOUT:-300}
 if $smoke; then
   passes=1
   rendezvous_ranks="64"
+  rendezvous_large_ranks=""
   peer_max_ranks=64
   smoke_flag=(--smoke)
 else
   passes=${MESH_BENCH_PASSES:-3}
-  rendezvous_ranks=${MESH_BENCH_RENDEZVOUS_RANKS:-256 1024 4096 16384}
-  peer_max_ranks=${MESH_BENCH_PEER_MAX_RANKS:-4096}
+  rendezvous_ranks=${MESH_BENCH_RENDEZVOUS_RANKS:-1024 4096 16384}
+  rendezvous_large_ranks=${MESH_BENCH_RENDEZVOUS_LARGE_RANKS:-65536 131072}
+  peer_max_ranks=${MESH_BENCH_PEER_MAX_RANKS:-16384}
   smoke_flag=()
 fi
 
@@ -139,22 +144,92 @@ PY
 run_mesh ping ping
 
 # ---- Rendezvous: Mesh vs TCPStore, alternating passes --------------------------
+# Every rank its own connection, as in a real job, on both sides. Mesh runs
+# three ways: ranks calling the coordinator directly, through agents of 8
+# (the coordinator's side of the rank relay), and through agents over TLS.
+# A run that needs more descriptors than this process may open (a client
+# and a server end per connection) measures a `mesh-bench serve` process.
+pki="$out/pki"
+have_pki=false
+if "$repo/scripts/bench-pki.sh" "$pki" 2>>"$log.stderr"; then
+  have_pki=true
+else
+  say "scripts/bench-pki.sh failed (no openssl?); the TLS rows are left out"
+fi
+fd_limit=$(ulimit -Hn)
+[[ "$fd_limit" == unlimited ]] && fd_limit=1048576
+declare -A serve_pids=() serve_addresses=()
+stop_serves() {
+  local pid
+  for pid in "${serve_pids[@]}"; do
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  serve_pids=()
+  serve_addresses=()
+}
+trap stop_serves EXIT
+# start_serve KIND ARGS...: one `mesh-bench serve ARGS...` per KIND, started
+# on first use; its address lands in serve_addresses[KIND].
+start_serve() {
+  local kind=$1
+  shift
+  [[ -n "${serve_pids[$kind]:-}" ]] && return 0
+  local listening="$out/serve_$kind.out" address=
+  : >"$listening"
+  "$bench" serve "$@" >"$listening" 2>>"$log.stderr" &
+  serve_pids[$kind]=$!
+  for _ in $(seq 100); do
+    address=$(sed -n 's/^mesh-bench serve listening on //p' "$listening")
+    if [[ -n "$address" ]]; then
+      serve_addresses[$kind]=$address
+      return 0
+    fi
+    kill -0 "${serve_pids[$kind]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  say "mesh-bench serve $* did not start (see $log.stderr)"
+  return 1
+}
+# rendezvous_run NAME CONNECTIONS plain|tls ARGS...: in process when a client
+# and a server end per connection fit this process's descriptors, else
+# against a `mesh-bench serve` process (with the PKI above for tls).
+rendezvous_run() {
+  local name=$1 connections=$2 kind=$3
+  shift 3
+  local tls=()
+  if [[ "$kind" == tls ]]; then
+    $have_pki || return 0
+    tls=(--tls-ca "$pki/ca.crt")
+  fi
+  if ((2 * connections + 512 <= fd_limit)); then
+    [[ "$kind" == tls ]] && tls+=(--tls-cert "$pki/server.crt" --tls-key "$pki/server.key")
+    run_mesh "$name" rendezvous "$@" "${tls[@]}"
+  elif [[ "$kind" == tls ]]; then
+    start_serve tls --tls-cert "$pki/server.crt" --tls-key "$pki/server.key" &&
+      run_mesh "$name" rendezvous --coordinator "${serve_addresses[tls]}" "$@" "${tls[@]}"
+  else
+    start_serve plain && run_mesh "$name" rendezvous --coordinator "${serve_addresses[plain]}" "$@"
+  fi
+}
 for ranks in $rendezvous_ranks; do
+  agents=$(((ranks + 7) / 8))
   for ((pass = 1; pass <= passes; pass++)); do
     rounds=(--repeat 1 --warmup 1)
-    if ((ranks > 16384)); then rounds=(--repeat 1 --warmup 0); fi
     $smoke && rounds=()
-    run_mesh "rendezvous_${ranks}_$pass" rendezvous --ranks "$ranks" "${rounds[@]}"
-    # Through agents, 8 ranks each (the coordinator's side of the rank relay).
-    run_mesh "rendezvous_agents_${ranks}_$pass" rendezvous --ranks "$ranks" --via-agent \
-      --ranks-per-node 8 "${rounds[@]}"
+    rendezvous_run "rendezvous_${ranks}_$pass" "$ranks" plain --ranks "$ranks" \
+      --connection-per-rank "${rounds[@]}"
+    rendezvous_run "rendezvous_agents_${ranks}_$pass" "$agents" plain --ranks "$ranks" \
+      --via-agent --ranks-per-node 8 "${rounds[@]}"
+    rendezvous_run "rendezvous_agents_tls_${ranks}_$pass" "$agents" tls --ranks "$ranks" \
+      --via-agent --ranks-per-node 8 "${rounds[@]}"
     if $have_torch && ((ranks <= peer_max_ranks)); then
-      say "tcpstore_rendezvous.py --ranks $ranks (pass $pass)"
+      say "tcpstore_rendezvous.py --ranks $ranks --connection-per-rank (pass $pass)"
       # A failure or a timeout is the peer's result at this N, not a lost row.
       rc=0
       timeout -k 10 "$peer_timeout" "$python" "$peers/tcpstore_rendezvous.py" --ranks "$ranks" \
-        --repeat 1 --warmup 1 --timeout "$peer_timeout" >"$raw/tcpstore_${ranks}_$pass.json" \
-        2>>"$log.stderr" || rc=$?
+        --connection-per-rank --repeat 1 --warmup 1 --timeout "$peer_timeout" \
+        >"$raw/tcpstore_${ranks}_$pass.json" 2>>"$log.stderr" || rc=$?
       if ((rc == 124 || rc == 137)); then
         printf '{"ranks": %d, "error": "timed out after %d s"}\n' "$ranks" "$peer_timeout" \
           >"$raw/tcpstore_${ranks}_$pass.json"
@@ -165,6 +240,15 @@ for ranks in $rendezvous_ranks; do
     fi
   done
 done
+# Mesh alone at the sizes no peer reaches: through agents of 8, once each.
+for ranks in $rendezvous_large_ranks; do
+  agents=$(((ranks + 7) / 8))
+  rendezvous_run "rendezvous_agents_${ranks}_1" "$agents" plain --ranks "$ranks" --via-agent \
+    --ranks-per-node 8 --repeat 1 --warmup 0
+  rendezvous_run "rendezvous_agents_tls_${ranks}_1" "$agents" tls --ranks "$ranks" --via-agent \
+    --ranks-per-node 8 --repeat 1 --warmup 0
+done
+stop_serves
 if $smoke; then
   run_mesh waiters waiters
 else

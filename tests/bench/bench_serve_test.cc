@@ -3,6 +3,10 @@
 // Small sizes; asserts behaviour, never a time.
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -10,6 +14,7 @@
 #include "absl/strings/strip.h"
 #include "bench/rendezvous_bench.h"
 #include "tests/util/subprocess.h"
+#include "tests/util/test_pki.h"
 
 namespace mesh::bench {
 namespace bench_serve_test {
@@ -40,6 +45,54 @@ TEST(BenchServe, ServesARendezvousFromAnotherProcessAndStopsOnSigterm) {
   ASSERT_TRUE(status.ok()) << status.status();
   ASSERT_TRUE(WIFEXITED(*status));
   EXPECT_EQ(WEXITSTATUS(*status), 0);
+}
+
+TEST(BenchServe, ServesTlsWithTheGivenCertificate) {
+  if (!testing::HaveOpenssl()) GTEST_SKIP() << "no openssl binary to make a test PKI";
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("mesh_bench_serve_tls_" + std::to_string(::getpid())))
+                              .string();
+  auto pki = testing::MakeTestPki(dir);
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  auto serve = testing::Subprocess::Start(
+      {MESH_BENCH_BIN, "serve", "--tls-cert", pki->server_cert, "--tls-key", pki->server_key});
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  auto line = serve->ReadLine(absl::Seconds(20));
+  ASSERT_TRUE(line.ok()) << line.status();
+  absl::string_view address(*line);
+  ASSERT_TRUE(absl::ConsumePrefix(&address, "mesh-bench serve listening on ")) << *line;
+
+  RendezvousBenchOptions options;
+  options.coordinator = std::string(address);
+  options.ranks = 16;
+  options.via_agent = true;
+  options.ranks_per_node = 8;
+  options.tls.ca_file = pki->ca_cert;
+  options.repeat = 1;
+  options.warmup = 0;
+  auto result = RunRendezvousBench(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->tls);
+  EXPECT_EQ(result->mesh[0].rank_latency.count, 16);
+
+  // A plaintext client cannot speak to it.
+  options.tls = BenchTls{};
+  EXPECT_EQ(RunRendezvousBench(options).status().code(), absl::StatusCode::kUnavailable);
+
+  serve->Signal(SIGTERM);
+  auto status = serve->Wait(absl::Seconds(20));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(BenchServe, RefusesACertificateWithoutItsKey) {
+  auto serve = testing::Subprocess::Start({MESH_BENCH_BIN, "serve", "--tls-cert", "server.crt"});
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  auto status = serve->Wait(absl::Seconds(20));
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 2);
 }
 
 }  // namespace bench_serve_test

@@ -2,7 +2,11 @@
 // should; never asserts a time.
 #include "bench/rendezvous_bench.h"
 
+#include <filesystem>
+
 #include <gtest/gtest.h>
+
+#include "tests/util/test_pki.h"
 
 namespace mesh::bench {
 namespace rendezvous_bench_smoke_test {
@@ -103,6 +107,109 @@ TEST(RendezvousBenchSmoke, EachRankOnItsOwnConnection) {
   ExpectRound(result->mesh[0], 24, MeshStepNames().size());
   // A client end and a server end per connection, in this one process.
   EXPECT_GE(result->process.open_fds, 48);
+}
+
+class RendezvousBenchTlsSmoke : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::HaveOpenssl()) GTEST_SKIP() << "no openssl binary to make a test PKI";
+    const std::string dir =
+        (std::filesystem::temp_directory_path() /
+         ("mesh_bench_tls_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+          "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+            .string();
+    auto pki = testing::MakeTestPki(dir);
+    ASSERT_TRUE(pki.ok()) << pki.status();
+    pki_ = *std::move(pki);
+  }
+  void TearDown() override {
+    if (!pki_.dir.empty()) std::filesystem::remove_all(pki_.dir);
+  }
+  BenchTls Tls() const {
+    BenchTls tls;
+    tls.ca_file = pki_.ca_cert;
+    tls.cert_file = pki_.server_cert;
+    tls.key_file = pki_.server_key;
+    return tls;
+  }
+
+  testing::TestPki pki_;
+};
+
+TEST_F(RendezvousBenchTlsSmoke, EachRankItsOwnTlsConnection) {
+  RendezvousBenchOptions options;
+  options.ranks = 16;
+  options.connection_per_rank = true;
+  options.tls = Tls();
+  options.repeat = 1;
+  options.warmup = 0;
+  auto result = RunRendezvousBench(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->tls);
+  EXPECT_EQ(result->channels, 16);
+  EXPECT_GT(result->connect_s, 0);
+  ASSERT_EQ(result->mesh.size(), 1u);
+  ExpectRound(result->mesh[0], 16, MeshStepNames().size());
+  const nlohmann::json json = ToJson(*result);
+  EXPECT_EQ(json["tls"], true);
+  EXPECT_GT(json["connect_s"].get<double>(), 0);
+}
+
+TEST_F(RendezvousBenchTlsSmoke, ThroughAgentsOverTls) {
+  RendezvousBenchOptions options;
+  options.ranks = 20;
+  options.via_agent = true;
+  options.ranks_per_node = 8;
+  options.tls = Tls();
+  options.repeat = 1;
+  options.warmup = 0;
+  auto result = RunRendezvousBench(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->tls);
+  EXPECT_EQ(result->channels, 3);  // 8 + 8 + 4 ranks.
+  ASSERT_EQ(result->mesh.size(), 1u);
+  ExpectRound(result->mesh[0], 20, MeshStepNames().size());
+}
+
+TEST_F(RendezvousBenchTlsSmoke, ACoordinatorOutsideTheCaIsUnavailable) {
+  RendezvousBenchOptions options;
+  options.ranks = 2;
+  options.channels = 1;
+  options.tls = Tls();
+  options.tls.cert_file = pki_.other_server_cert;
+  options.tls.key_file = pki_.other_server_key;
+  options.repeat = 1;
+  options.warmup = 0;
+  EXPECT_EQ(RunRendezvousBench(options).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(RendezvousBenchSmoke, RejectsIncompleteTlsOptions) {
+  RendezvousBenchOptions options;
+  options.ranks = 2;
+  options.tls.cert_file = "server.crt";
+  options.tls.key_file = "server.key";
+  auto no_ca = RunRendezvousBench(options);
+  EXPECT_EQ(no_ca.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(no_ca.status().message().find("--tls-ca"), std::string::npos) << no_ca.status();
+
+  options.tls = BenchTls{};
+  options.tls.ca_file = "ca.crt";
+  auto no_server_files = RunRendezvousBench(options);
+  EXPECT_EQ(no_server_files.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(no_server_files.status().message().find("--tls-cert"), std::string::npos)
+      << no_server_files.status();
+
+  options.coordinator = "127.0.0.1:1";
+  options.tls.cert_file = "server.crt";
+  options.tls.key_file = "server.key";
+  auto remote_with_server_files = RunRendezvousBench(options);
+  EXPECT_EQ(remote_with_server_files.status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A CA file that cannot be read is reported as such, before connecting.
+  options.tls.cert_file.clear();
+  options.tls.key_file.clear();
+  options.tls.ca_file = "/nonexistent/ca.crt";
+  EXPECT_EQ(RunRendezvousBench(options).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(RendezvousBenchSmoke, RejectsBadOptionsAndUnreachableCoordinators) {
