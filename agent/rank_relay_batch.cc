@@ -13,9 +13,11 @@
 namespace mesh::agent::relay_internal {
 namespace {
 
+// Half the interval the ranks heartbeat at, so that the coordinator hears of
+// a live rank at least every 1.5 intervals (the coordinator keeps intervals
+// within a third of the timeout).
 absl::Duration FlushIntervalFor(double heartbeat_interval_seconds) {
-  return std::clamp(absl::Seconds(heartbeat_interval_seconds) / 2, absl::Milliseconds(50),
-                    absl::Seconds(1));
+  return std::max(absl::Seconds(heartbeat_interval_seconds) / 2, absl::Milliseconds(50));
 }
 
 // Keeps, for each group a newer heartbeat sends without members, the members

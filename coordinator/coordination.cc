@@ -11,6 +11,7 @@
 #include "coordinator/coordination_internal.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include <spdlog/spdlog.h>
@@ -58,6 +59,11 @@ absl::Status ValidateOptions(const CoordinationOptions& o) {
         "heartbeat_timeout (", FormatDurationShort(o.heartbeat_timeout),
         ") must exceed heartbeat_interval (", FormatDurationShort(o.heartbeat_interval), ")"));
   }
+  if (!(o.rank_heartbeat_rate >= 0) || std::isinf(o.rank_heartbeat_rate)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank_heartbeat_rate must be 0 (off) or a positive number of heartbeats a second, not ",
+        o.rank_heartbeat_rate));
+  }
   if (o.default_wait <= absl::ZeroDuration() || o.max_wait < o.default_wait) {
     return absl::InvalidArgumentError("need 0 < default_wait <= max_wait");
   }
@@ -69,6 +75,13 @@ absl::Status ValidateOptions(const CoordinationOptions& o) {
     }
   }
   return ValidateKvLimits(o.kv);
+}
+
+absl::Duration RankHeartbeatInterval(const CoordinationOptions& o, int world_size) {
+  if (o.rank_heartbeat_rate <= 0 || world_size <= 0) return o.heartbeat_interval;
+  const absl::Duration spread = absl::Seconds(world_size / o.rank_heartbeat_rate);
+  const absl::Duration longest = std::max(o.heartbeat_interval, o.heartbeat_timeout / 3);
+  return std::clamp(spread, o.heartbeat_interval, longest);
 }
 
 namespace {
@@ -383,7 +396,7 @@ JoinResult Coordination::JoinResultLocked(const Generation& gen, int rank) const
   r.mesh_dim_names = gen.layout->mesh_dim_names;
   r.generation = gen.number;
   r.nccl_unique_id = gen.rendezvous.world_unique_id();
-  r.heartbeat_interval = options_.heartbeat_interval;
+  r.heartbeat_interval = RankHeartbeatInterval(options_, gen.world_size());
   r.heartbeat_timeout = options_.heartbeat_timeout;
   r.membership_epoch = gen.epoch;
   r.in_place = gen.layout->in_place;

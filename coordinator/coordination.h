@@ -105,6 +105,14 @@ struct CoordinationOptions {
   // declared dead and fails its generation.
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // Large jobs heartbeat less often, so that their heartbeats alone cannot
+  // saturate the coordinator: a job's ranks are told an interval long enough
+  // that they send at most this many heartbeats a second in all (world size
+  // / rate), never shorter than heartbeat_interval and never longer than a
+  // third of heartbeat_timeout (RankHeartbeatInterval). The timeout, and so
+  // how soon a silent rank is declared dead, does not change. 0 tells every
+  // job heartbeat_interval.
+  double rank_heartbeat_rate = 8192;
   // Wait used when a request gives no timeout, and the cap on any wait.
   absl::Duration default_wait = absl::Minutes(5);
   absl::Duration max_wait = absl::Hours(1);
@@ -122,6 +130,12 @@ struct CoordinationOptions {
 
 // Possible errors of Validate: INVALID_ARGUMENT naming the bad field.
 absl::Status ValidateOptions(const CoordinationOptions& options);
+
+// The heartbeat interval a job of `world_size` ranks is told in its Join
+// replies (see CoordinationOptions::rank_heartbeat_rate): 1 s up to 8192
+// ranks with the defaults, 2 s at 16384, and 3.33 s (a third of the 10 s
+// timeout) from 27307 ranks on.
+absl::Duration RankHeartbeatInterval(const CoordinationOptions& options, int world_size);
 
 // A rank lost or back in a generation with in-place recovery, and the
 // membership epoch that began with it.

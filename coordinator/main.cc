@@ -194,6 +194,13 @@ int main(int argc, char** argv) {
       ->envname("MESH_HEARTBEAT_TIMEOUT")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--rank-heartbeat-rate", coordination.rank_heartbeat_rate,
+                 "Heartbeats a second a job's ranks may send in all: a larger job is told a "
+                 "longer interval (up to a third of the timeout); 0 = always "
+                 "--heartbeat-interval")
+      ->envname("MESH_RANK_HEARTBEAT_RATE")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--default-wait", default_wait_s,
                  "Seconds a join, get, barrier or unique-ID wait lasts when the request "
                  "gives no timeout")

@@ -5,6 +5,7 @@
 
 #include "coordinator/coordination.h"
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -216,6 +217,54 @@ TEST_F(CoordinationTest, ValidateOptionsAcceptsDefaultsAndNamesTheBadField) {
   negative_timeout.heartbeat_timeout = absl::Seconds(-1);
   EXPECT_THAT(ValidateOptions(negative_timeout),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("heartbeat_timeout")));
+}
+
+TEST(RankHeartbeatIntervalTest, GrowsWithTheJobWithinAThirdOfTheTimeout) {
+  const CoordinationOptions defaults;  // 1 s, 10 s, 8192 a second.
+  EXPECT_EQ(RankHeartbeatInterval(defaults, 1), absl::Seconds(1));
+  EXPECT_EQ(RankHeartbeatInterval(defaults, 8192), absl::Seconds(1));
+  EXPECT_EQ(RankHeartbeatInterval(defaults, 16384), absl::Seconds(2));
+  EXPECT_EQ(RankHeartbeatInterval(defaults, 65536), absl::Seconds(10) / 3);
+  EXPECT_EQ(RankHeartbeatInterval(defaults, 1 << 20), absl::Seconds(10) / 3);
+
+  CoordinationOptions off = defaults;
+  off.rank_heartbeat_rate = 0;
+  EXPECT_EQ(RankHeartbeatInterval(off, 1 << 20), absl::Seconds(1));
+
+  // Never shorter than the configured interval, even where that exceeds a
+  // third of the timeout.
+  CoordinationOptions slow = defaults;
+  slow.heartbeat_interval = absl::Seconds(4);
+  EXPECT_EQ(RankHeartbeatInterval(slow, 1), absl::Seconds(4));
+  EXPECT_EQ(RankHeartbeatInterval(slow, 1 << 20), absl::Seconds(4));
+}
+
+TEST(RankHeartbeatIntervalTest, ValidateOptionsRefusesABadRate) {
+  for (double rate : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    CoordinationOptions options;
+    options.rank_heartbeat_rate = rate;
+    EXPECT_THAT(ValidateOptions(options),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank_heartbeat_rate")))
+        << rate;
+  }
+  CoordinationOptions off;
+  off.rank_heartbeat_rate = 0;
+  EXPECT_THAT(ValidateOptions(off), IsOk());
+}
+
+// A job's Join replies carry its interval.
+TEST_F(CoordinationTest, JoinRepliesCarryTheJobsHeartbeatInterval) {
+  CoordinationOptions options = TestOptions();
+  options.heartbeat_interval = absl::Seconds(1);
+  options.heartbeat_timeout = absl::Seconds(30);
+  options.rank_heartbeat_rate = 1;  // 2 ranks: 2 s.
+  Recreate(options);
+  const std::vector<JoinResult> joined = StartJob("job", {"h", "h"});
+  ASSERT_EQ(joined.size(), 2u);
+  for (const JoinResult& r : joined) {
+    EXPECT_EQ(r.heartbeat_interval, absl::Seconds(2));
+    EXPECT_EQ(r.heartbeat_timeout, absl::Seconds(30));
+  }
 }
 
 TEST_F(CoordinationTest, BarrierUniqueIdAndPerRequestCapsLeaveStateUnchanged) {

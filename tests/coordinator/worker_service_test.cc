@@ -32,11 +32,13 @@ std::unique_ptr<grpc::ClientContext> Context(int seconds = 30) {
 
 class WorkerServiceTest : public ::testing::Test {
  protected:
-  void StartServer(absl::Duration interval, absl::Duration timeout) {
+  void StartServer(absl::Duration interval, absl::Duration timeout,
+                   double rank_heartbeat_rate = CoordinationOptions().rank_heartbeat_rate) {
     CoordinatorConfig config;
     config.port = 0;
     config.coordination.heartbeat_interval = interval;
     config.coordination.heartbeat_timeout = timeout;
+    config.coordination.rank_heartbeat_rate = rank_heartbeat_rate;
     auto server = CoordinatorServer::Start(config);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -146,6 +148,31 @@ TEST_F(WorkerServiceTest, SixtyFourRanksJoinExchangeKeysBarrierAndShareUniqueIds
   for (int r = 0; r < kRanks; ++r)
     EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << errors[r];
   EXPECT_EQ(server_->coordination().PendingWaits(), 0u);
+}
+
+// The Join reply's interval is the job's (RankHeartbeatInterval): 64 ranks
+// at 16 heartbeats a second in all are told 4 s, within a third of the 30 s
+// timeout; the timeout itself is unchanged.
+TEST_F(WorkerServiceTest, JoinRepliesGiveALargeJobALongerHeartbeatInterval) {
+  StartServer(absl::Seconds(1), absl::Seconds(30), /*rank_heartbeat_rate=*/16);
+  std::vector<JoinResponse> replies(kRanks);
+  std::vector<grpc::Status> statuses(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      JoinRequest join;
+      *join.mutable_context() = Rank(r);
+      join.set_host("host-" + std::to_string(r / 8));
+      join.set_timeout_seconds(30);
+      statuses[r] = stub_->Join(Context().get(), join, &replies[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(statuses[r].ok()) << r << ": " << statuses[r].error_message();
+    EXPECT_DOUBLE_EQ(replies[r].heartbeat_interval_seconds(), 4.0) << r;
+    EXPECT_DOUBLE_EQ(replies[r].heartbeat_timeout_seconds(), 30.0) << r;
+  }
 }
 
 TEST_F(WorkerServiceTest, ARankKilledMidBarrierIsNamedToEveryOtherRank) {
