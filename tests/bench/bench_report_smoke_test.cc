@@ -80,10 +80,13 @@ TEST(BenchReportSmoke, PipelineWritesOneTableWithEverySuite) {
   EXPECT_TRUE(doc["machine"].contains("cores"));
 
   std::set<std::string> suites;
+  // The rendezvous rows: every rank its own connection, three ways.
+  std::set<std::string> rendezvous_rows;
   for (const nlohmann::json& row : doc["rows"]) {
     const std::string suite = row["suite"];
     const std::string name = row["row"];
     suites.insert(suite);
+    if (suite == "rendezvous") rendezvous_rows.insert(name.substr(0, name.find(':')));
     // Mesh's figure is a number, except where the GPU section skips and
     // where python_bench.py's collectives skip for want of torch.
     if (suite == "gpu" || suite == "python") {
@@ -104,7 +107,11 @@ TEST(BenchReportSmoke, PipelineWritesOneTableWithEverySuite) {
   }
   EXPECT_EQ(suites, (std::set<std::string>{"rpc latency", "rendezvous", "waiters",
                                            "collectives (2 procs)", "redistribute", "launch",
-                                           "metrics", "progress", "store", "python", "gpu"}));
+                                           "recovery", "metrics", "progress", "store", "python",
+                                           "gpu"}));
+  EXPECT_EQ(rendezvous_rows,
+            (std::set<std::string>{"64 ranks, a connection each", "64 ranks through agents of 8",
+                                   "64 ranks through agents of 8, TLS"}));
   std::filesystem::remove_all(out);
 }
 
