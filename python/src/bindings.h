@@ -29,6 +29,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -37,7 +38,9 @@
 #include "absl/time/time.h"
 
 namespace mesh {
+class Runtime;
 class Store;
+class Tensor;
 }  // namespace mesh
 
 namespace meshrt {
@@ -78,10 +81,20 @@ py::object ExceptionObject(absl::Status status, ErrorClass error_class = ErrorCl
 // positive and finite.
 absl::Duration SecondsArg(const py::handle& seconds, absl::Duration fallback, const char* what);
 
+// A Python tensor (anything with __dlpack__) as a libmesh tensor over the
+// same memory (tensors.cc). Raises TypeError, ValueError or
+// InvalidArgumentError as the ops do, naming `what`. Needs the GIL.
+mesh::Tensor ImportTensor(const py::handle& obj, const char* what);
+
 // Registration, one per translation unit (called from PYBIND11_MODULE).
 void RegisterErrors(py::module_& m);     // module.cc
 void RegisterTensors(py::module_& m);    // tensors.cc: groups, meshes, DTensor
 void RegisterJobClient(py::module_& m);  // job_client.cc
+// elastic.cc: meshrt.ElasticMesh. `runtime_of` returns the mesh::Runtime
+// behind a meshrt.Runtime (whose wrapper class is private to module.cc), or
+// raises FAILED_PRECONDITION once it was closed.
+using RuntimeOf = std::shared_ptr<mesh::Runtime> (*)(py::handle runtime);
+void RegisterElastic(py::module_& m, RuntimeOf runtime_of);
 
 // Benchmark hooks, not API (bench_hooks.cc): the private submodule
 // meshrt._meshrt._bench that bench/python_bench.py times the bindings

@@ -822,6 +822,11 @@ PYBIND11_MODULE(_meshrt, m) {
   meshrt::BindProgress(m);
   meshrt::BindRuntime(m);
   meshrt::RegisterJobClient(m);
+  meshrt::RegisterElastic(m, [](pybind11::handle rt) -> std::shared_ptr<mesh::Runtime> {
+    meshrt::PyRuntime& self = rt.cast<meshrt::PyRuntime&>();
+    meshrt::Rt(self);  // FAILED_PRECONDITION once closed.
+    return self.rt;
+  });
   meshrt::RegisterBenchHooks(
       m, [](pybind11::handle s) -> mesh::Store& { return s.cast<meshrt::PyStore&>().store(); });
   pybind11::module_::import("atexit").attr("register")(

@@ -662,6 +662,8 @@ void BindDTensor(py::module_& m) {
 
 }  // namespace
 
+mesh::Tensor ImportTensor(const py::handle& obj, const char* what) { return Import(obj, what); }
+
 void RegisterTensors(py::module_& m) {
   BindGroups(m);
   BindDeviceMesh(m);

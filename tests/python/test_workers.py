@@ -39,6 +39,15 @@ class WorkersTest(unittest.TestCase):
         results = self.cluster.run_workers("in_place", 3, timeout=60, in_place=True)
         self.check_all_ok("in_place", results)
 
+    def test_elastic_mesh_carries_on_and_takes_back_a_replacement(self):
+        results = self.cluster.run_workers("elastic_mesh", 4, mesh_shape=[4, 1],
+                                           dim_names=["dp", "tp"], timeout=90, in_place=True)
+        self.check_all_ok("elastic_mesh", results)
+
+    def test_elastic_mesh_errors(self):
+        results = self.cluster.run_workers("elastic_errors", 2, timeout=60)
+        self.check_all_ok("elastic_errors", results)
+
     def test_op_timeout_is_a_timeout_error(self):
         results = self.cluster.run_workers("op_timeout", 2, timeout=60)
         self.check_all_ok("op_timeout", results)

@@ -430,6 +430,96 @@ def in_place():
     print("OK in_place", flush=True)
 
 
+# ---- elastic_mesh: meshrt.ElasticMesh over a (4, 1) dp x tp job -------------
+
+ELASTIC_FINAL_STEP = 40
+
+
+def elastic_mesh():
+    """Rank 2 fails after 3 steps; the others carry on as 3 replicas; a new
+    process for rank 2 takes the state from a peer and the mesh is 4 again.
+    Every committed step's sum of ones over dp is the replica count."""
+    replacement = os.environ.get("MESH_TEST_REPLACEMENT") == "1"
+    rt = meshrt.init(hostname=HOST, timeout=60)
+    r = rt.rank
+    marks = f"/tmp/meshrt-elastic-{rt.job_id}"
+    os.makedirs(marks, exist_ok=True)
+    weights = torch.zeros(4)
+    step = torch.zeros(1, dtype=torch.int64)
+    em = meshrt.ElasticMesh(rt, state=lambda: [weights, step], timeout=30)
+    assert em.dim == "dp", em.dim
+    first_step = int(step.item())
+    if replacement:
+        assert em.has_state and em.last_donor is not None, repr(em)
+        assert first_step > 3, f"the replacement started at step {first_step}, not a peer's"
+        assert torch.equal(weights, torch.full((4,), float(weights[0]))), weights
+    log = []
+    deadline = time.monotonic() + 90
+    while True:
+        assert time.monotonic() < deadline, f"rank {r} at step {int(step.item())}: {repr(em)}"
+        em.sync()
+        if not em.is_member:
+            continue
+        ones = torch.ones(4)
+        try:
+            em.mesh.get_group("dp").all_reduce(ones)
+        except meshrt.Error:
+            continue  # Not committed: the next sync() rebuilds without the lost rank.
+        weights += ones
+        step += 1
+        log.append((int(step.item()), em.replicas, float(ones[0])))
+        # Every member stops at the same commit: past the final step, in the
+        # mesh rebuilt for the replacement (AliveRanks round 3: the start,
+        # the loss, the return).
+        if int(step.item()) >= ELASTIC_FINAL_STEP and em.round >= 3:
+            break
+        if em.replicas == 3:
+            open(os.path.join(marks, f"three-{r}"), "w").close()
+        if r == 2 and not replacement and len(log) == 3:
+            rt.report_error("rank 2 crashed on purpose")
+            break
+        time.sleep(0.01)
+    if r == 2 and not replacement:
+        # A new process takes the rank once the others run as three replicas.
+        while not any(name.startswith("three-") for name in os.listdir(marks)):
+            assert time.monotonic() < deadline, "the survivors never ran as three replicas"
+            time.sleep(0.02)
+        del em
+        env = dict(os.environ, MESH_TEST_REPLACEMENT="1")
+        import subprocess
+        rc = subprocess.run([sys.executable, os.path.abspath(__file__), "elastic_mesh"],
+                            env=env, timeout=120).returncode
+        assert rc == 0, f"the replacement exited with {rc}"
+        print("OK elastic_mesh", flush=True)
+        return
+    for s, replicas, total in log:
+        assert total == replicas, f"rank {r} step {s}: sum {total} with {replicas} replicas"
+    replicas_seen = [replicas for _, replicas, _ in log]
+    if replacement:
+        assert set(replicas_seen) == {4}, replicas_seen
+    else:
+        assert 3 in replicas_seen, replicas_seen
+        assert replicas_seen[-1] == 4, (repr(em), replicas_seen)
+    assert int(step.item()) >= ELASTIC_FINAL_STEP
+    assert torch.equal(weights, torch.full((4,), float(weights[0]))), weights
+    rt.shutdown()
+    print("OK elastic_mesh", flush=True)
+
+
+def elastic_errors():
+    """meshrt.ElasticMesh's errors, each raised before any collective."""
+    with meshrt.init(hostname=HOST, timeout=60) as rt:
+        e = expect_raises(meshrt.Error, meshrt.ElasticMesh, rt, contains="in-place recovery")
+        assert e.code == "FAILED_PRECONDITION", e.code
+        expect_raises(TypeError, meshrt.ElasticMesh, rt, state=5, contains="callable")
+        expect_raises(meshrt.InvalidArgumentError, meshrt.ElasticMesh, rt, shape=[2],
+                      contains="dim_names")
+        expect_raises(meshrt.InvalidArgumentError, meshrt.ElasticMesh, rt, device="gpu:0")
+        expect_raises(meshrt.InvalidArgumentError, meshrt.ElasticMesh, rt, timeout=-1)
+        expect_raises(TypeError, meshrt.ElasticMesh, rt, "dp")  # keywords only
+    print("OK elastic_errors", flush=True)
+
+
 # ---- agent: launched by a mesh-agent (test_job_client.py) ------------------
 
 def agent():
@@ -537,5 +627,5 @@ def torch_nccl():
 
 if __name__ == "__main__":
     {"core": core, "failure": failure, "op_timeout": op_timeout, "agent": agent,
-     "in_place": in_place,
+     "in_place": in_place, "elastic_mesh": elastic_mesh, "elastic_errors": elastic_errors,
      "nccl_cuda": nccl_cuda, "torch_nccl": torch_nccl}[sys.argv[1]]()
