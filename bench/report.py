@@ -192,6 +192,8 @@ class Report:
             peer_connect = median(r.get("connect_s") for r in peer_runs.values())
             if peer_connect is not None:
                 notes.append(f"TCPStore connected in {fmt(peer_connect)} s (plaintext)")
+            if any(r.get("server_process") for r in peer_runs.values()):
+                notes.append("TCPStore's server in its own process")
             if errors:
                 notes.append(f"TCPStore {len(errors)}/{len(peer_runs)} failed: {errors[0][:120]}")
             self.add("rendezvous", row, mesh, peer, ratio, "; ".join(notes))

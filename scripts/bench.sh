@@ -224,11 +224,16 @@ for ranks in $rendezvous_ranks; do
     rendezvous_run "rendezvous_agents_tls_${ranks}_$pass" "$agents" tls --ranks "$ranks" \
       --via-agent --ranks-per-node 8 "${rounds[@]}"
     if $have_torch && ((ranks <= peer_max_ranks)); then
-      say "tcpstore_rendezvous.py --ranks $ranks --connection-per-rank (pass $pass)"
+      # torch 1.13's client holds two connections, so with its server in the
+      # same process a rank costs about five descriptors: past this
+      # process's limit the server runs as its own process, as Mesh's does.
+      peer_args=()
+      ((5 * ranks + 512 > fd_limit)) && peer_args=(--server-process)
+      say "tcpstore_rendezvous.py --ranks $ranks --connection-per-rank ${peer_args[*]} (pass $pass)"
       # A failure or a timeout is the peer's result at this N, not a lost row.
       rc=0
       timeout -k 10 "$peer_timeout" "$python" "$peers/tcpstore_rendezvous.py" --ranks "$ranks" \
-        --connection-per-rank --repeat 1 --warmup 1 --timeout "$peer_timeout" \
+        --connection-per-rank "${peer_args[@]}" --repeat 1 --warmup 1 --timeout "$peer_timeout" \
         >"$raw/tcpstore_${ranks}_$pass.json" 2>>"$log.stderr" || rc=$?
       if ((rc == 124 || rc == 137)); then
         printf '{"ranks": %d, "error": "timed out after %d s"}\n' "$ranks" "$peer_timeout" \

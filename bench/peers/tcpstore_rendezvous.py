@@ -25,6 +25,7 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -40,6 +41,31 @@ def unique_id(seed):
         x = (x * 1664525 + 1013904223) & 0xFFFFFFFF
         out.append(x >> 24)
     return bytes(out)
+
+
+SERVER_CODE = """
+import datetime, resource, sys
+import torch.distributed as dist
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                      timeout=datetime.timedelta(seconds=float(sys.argv[1])))
+print(store.port, flush=True)
+sys.stdin.read()  # Until the parent closes it (or exits).
+"""
+
+
+def start_server_process(timeout):
+    """The TCPStore server in a child process, as `mesh-bench serve` runs
+    Mesh's coordinator: this process then holds only the clients' ends.
+    Returns (process, port)."""
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_CODE, str(timeout.total_seconds())],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    line = proc.stdout.readline()
+    if not line.strip():
+        proc.kill()
+        raise RuntimeError("the TCPStore server process did not start")
+    return proc, int(line)
 
 
 def run_round(dist, port, n, connections, prefix, expected_id, timeout):
@@ -108,6 +134,9 @@ def main():
     p.add_argument("--connection-per-rank", action="store_true",
                    help="one connection and one client thread per rank, as in a real job "
                         "(overrides --connections)")
+    p.add_argument("--server-process", action="store_true",
+                   help="run the TCPStore server in a child process (CPU time is then the "
+                        "clients' alone), as mesh-bench's --coordinator runs against serve")
     p.add_argument("-r", "--repeat", type=int, default=3)
     p.add_argument("-w", "--warmup", type=int, default=1)
     p.add_argument("--timeout", type=float, default=120, help="per round, seconds")
@@ -137,12 +166,18 @@ def main():
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     threading.stack_size(256 * 1024)
+    result["server_process"] = args.server_process
+    server_proc = None
     try:
-        server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                               timeout=timeout)
+        if args.server_process:
+            server_proc, port = start_server_process(timeout)
+        else:
+            server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                   timeout=timeout)
+            port = server.port
         for i in range(args.warmup + args.repeat):
             prefix = f"round{i}"
-            r = run_round(dist, server.port, args.ranks, connections, prefix,
+            r = run_round(dist, port, args.ranks, connections, prefix,
                           unique_id(i), timeout)
             if i >= args.warmup:
                 result["rounds"].append(r)
@@ -152,6 +187,8 @@ def main():
         result["total_s"] = statistics.median(r["total_s"] for r in result["rounds"])
         result["cpu_s"] = statistics.median(r["cpu_s"] for r in result["rounds"])
         result["connect_s"] = statistics.median(r["connect_s"] for r in result["rounds"])
+    if server_proc is not None:
+        server_proc.kill()
     print(json.dumps(result, indent=1))
     sys.stdout.flush()
     # A thread stuck in a store call must not keep the interpreter alive.
