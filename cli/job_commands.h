@@ -56,7 +56,7 @@ class JobCommands {
   // Runs the parsed job command; returns meshctl's exit code.
   int Run(const JobCommandContext& context, std::ostream& out, std::ostream& err);
 
-  // The parsed flags of every job command (defined in job_commands.cc).
+  // The parsed flags of every job command (defined in job_commands_internal.h).
   struct Options;
 
  private:

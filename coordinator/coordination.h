@@ -62,7 +62,11 @@
 //   key_waits.h        KeyWaitIndex: waits for lists of keys, in any table
 //   waiter_registry.h  WaiterRegistry: every pending wait, its deadline
 // Coordination itself does fencing (ResolveLocked), turns the classes'
-// results into callbacks, and runs those after unlocking.
+// results into callbacks, and runs those after unlocking. Its definitions
+// are split by concern, as the sections below name: coordination.cc (core,
+// jobs, fencing), coordination_rendezvous.cc, coordination_kv.cc,
+// coordination_liveness.cc and membership.cc; the private records are in
+// coordination_internal.h.
 //
 // Metrics (docs/metrics.md, "Coordinator"): KV calls by op, rendezvous
 // durations, barrier waits and timeouts, unique IDs published are recorded
@@ -265,7 +269,7 @@ class Coordination {
 
   const CoordinationOptions& options() const { return options_; }
 
-  // ---- Jobs --------------------------------------------------------------
+  // ---- Jobs (coordination.cc) ---------------------------------------------
 
   // Creates a job at `generation` (0 for a new job; the stored generation
   // when a restarted coordinator re-creates a job that was running).
@@ -306,7 +310,7 @@ class Coordination {
   // Returns the new generation. Errors: NOT_FOUND, UNAVAILABLE.
   absl::StatusOr<int64_t> BumpGeneration(const std::string& job_id, const std::string& reason);
 
-  // ---- Rendezvous ----------------------------------------------------------
+  // ---- Rendezvous (coordination_rendezvous.cc) ---------------------------
 
   // Registers the caller and completes once the whole world of the
   // generation has joined. Re-joining with the same incarnation is
@@ -330,7 +334,7 @@ class Coordination {
   absl::StatusOr<std::vector<RankDescription>> DescribeRanks(const Caller& caller,
                                                              const std::vector<int>& ranks);
 
-  // ---- Key-value store, scoped to (job, generation) ------------------------
+  // ---- Key-value store, scoped to (job, generation) (coordination_kv.cc) ---
   // Keys and limits as in kv_table.h: an empty key (an empty prefix is
   // fine) is INVALID_ARGUMENT; a limit (key or value size, key count, total
   // bytes) is RESOURCE_EXHAUSTED and leaves stored data unchanged. A
@@ -367,7 +371,7 @@ class Coordination {
   absl::Status KvMultiSet(const Caller& caller,
                           std::vector<std::pair<std::string, std::string>> entries);
 
-  // ---- Barriers --------------------------------------------------------------
+  // ---- Barriers (coordination_rendezvous.cc) -------------------------------
 
   // Completes, for every participant alike, once all of `ranks` (empty: the
   // world) have arrived; the result is the participant count. The first
@@ -382,7 +386,7 @@ class Coordination {
   void Barrier(const Caller& caller, const std::string& name, std::vector<int> ranks,
                absl::Duration timeout, Callback<int> done);
 
-  // ---- NCCL unique-ID broker ---------------------------------------------------
+  // ---- NCCL unique-ID broker (coordination_kv.cc) ----------------------------
 
   // Publishes 128-byte IDs under group keys, all or none. Same bytes again:
   // no-op. Keys follow the KV key rules. Extra errors: INVALID_ARGUMENT
@@ -397,7 +401,7 @@ class Coordination {
   void GetUniqueIds(const Caller& caller, std::vector<std::string> keys, absl::Duration timeout,
                     Callback<std::vector<std::string>> done);
 
-  // ---- Liveness and errors -----------------------------------------------------
+  // ---- Liveness and errors (coordination_liveness.cc) ------------------------
 
   // Records that the caller is alive. Returns the generation's JobError when
   // it has failed (the call itself succeeds then).
@@ -478,7 +482,7 @@ class Coordination {
   // Returns whether it was dropped.
   bool Unwatch(uint64_t handle);
 
-  // ---- Time and shutdown ---------------------------------------------------------
+  // ---- Time and shutdown (coordination_liveness.cc) --------------------------
 
   // Expires waits whose deadline has passed and declares silent ranks dead:
   // silent for longer than heartbeat_timeout plus the server's grace
@@ -565,7 +569,9 @@ class Coordination {
                absl::Duration timeout, Callback<std::vector<std::string>> done);
   // Samples the gauges (KV totals, pending waits).
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ---- In-place recovery and AliveRanks (membership.cc) ----
+  // ---- In-place recovery and AliveRanks (membership.cc; the exit-report
+  // helpers ExitReportTargetLocked and LoseExitedRankLocked:
+  // coordination_liveness.cc) ----
   // A rank failed (error.rank >= 0): with in-place recovery and a formed
   // world it is lost, else the generation fails.
   void RankFailedLocked(Generation& gen, JobError error, Completions& done)

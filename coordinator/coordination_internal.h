@@ -1,7 +1,9 @@
 // Private to Coordination's implementation files (coordination.cc,
-// membership.cc): the records a generation keeps, the pending waits, and
-// the callbacks a locked section leaves to run after unlocking. Every field
-// is guarded by Coordination's mutex.
+// coordination_rendezvous.cc, coordination_kv.cc, coordination_liveness.cc,
+// membership.cc): the records a generation keeps, the pending waits, the
+// callbacks a locked section leaves to run after unlocking, and the helpers
+// more than one of those files uses. Every field is guarded by
+// Coordination's mutex.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,7 @@
 
 #include "absl/container/btree_set.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "coordinator/barrier_table.h"
@@ -26,6 +29,11 @@
 #include "coordinator/unique_id_table.h"
 
 namespace mesh::coordinator {
+
+// What every call gets once Shutdown has run.
+inline absl::Status UnavailableShutDown() {
+  return absl::UnavailableError("coordinator is shutting down");
+}
 
 // Callbacks collected under the lock and run after it is released, so that
 // a callback may call back into Coordination. Declare before the MutexLock

@@ -89,6 +89,7 @@ mesh::Tensor ImportTensor(const py::handle& obj, const char* what);
 // Registration, one per translation unit (called from PYBIND11_MODULE).
 void RegisterErrors(py::module_& m);     // module.cc
 void RegisterTensors(py::module_& m);    // tensors.cc: groups, meshes, DTensor
+void BindStore(py::module_& m);          // store.cc: meshrt.Store
 void RegisterJobClient(py::module_& m);  // job_client.cc
 // elastic.cc: meshrt.ElasticMesh. `runtime_of` returns the mesh::Runtime
 // behind a meshrt.Runtime (whose wrapper class is private to module.cc), or
@@ -99,7 +100,7 @@ void RegisterElastic(py::module_& m, RuntimeOf runtime_of);
 // Benchmark hooks, not API (bench_hooks.cc): the private submodule
 // meshrt._meshrt._bench that bench/python_bench.py times the bindings
 // against. `store_of` returns the mesh::Store behind a meshrt.Store (whose
-// wrapper class is private to module.cc).
+// wrapper class, PyStore, is private to store.h).
 using StoreOf = mesh::Store& (*)(py::handle store);
 void RegisterBenchHooks(py::module_& m, StoreOf store_of);
 
