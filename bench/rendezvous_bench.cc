@@ -67,9 +67,16 @@ std::vector<std::shared_ptr<grpc::Channel>> MakeConnections(const std::string& a
 absl::Status Connect(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
                      absl::Duration timeout) {
   const auto deadline = std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout);
-  // Every connection starts at once; then each is waited for.
-  for (const auto& channel : channels) channel->GetState(/*try_to_connect=*/true);
+  // In waves: a wave's connections start at once, then each is waited for.
+  // One storm of 16384 TLS handshakes outlasts gRPC's 20 s connect deadline
+  // on this kind of machine, and the hosts of a cluster come up over time.
+  constexpr size_t kWave = 1024;
   for (size_t i = 0; i < channels.size(); ++i) {
+    if (i % kWave == 0) {
+      for (size_t j = i; j < std::min(channels.size(), i + kWave); ++j) {
+        channels[j]->GetState(/*try_to_connect=*/true);
+      }
+    }
     grpc_connectivity_state state = channels[i]->GetState(/*try_to_connect=*/true);
     while (state != GRPC_CHANNEL_READY) {
       // A refused connection shows as TRANSIENT_FAILURE at once; waiting out

@@ -74,8 +74,9 @@ absl::StatusOr<std::vector<std::shared_ptr<grpc::Channel>>> MakeConnections(
 // Plaintext channels, as above.
 std::vector<std::shared_ptr<grpc::Channel>> MakeConnections(const std::string& address, int count);
 
-// Connects every channel. Possible errors: UNAVAILABLE when a connection
-// fails, or is not up within `timeout`.
+// Connects every channel, in waves of at most 1024 connections at a time.
+// Possible errors: UNAVAILABLE when a connection fails, or is not up within
+// `timeout`.
 absl::Status Connect(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
                      absl::Duration timeout);
 

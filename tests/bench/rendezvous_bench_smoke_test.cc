@@ -125,6 +125,15 @@ class RendezvousBenchTlsSmoke : public ::testing::Test {
   void TearDown() override {
     if (!pki_.dir.empty()) std::filesystem::remove_all(pki_.dir);
   }
+  // One measured round of `ranks` ranks over TLS.
+  RendezvousBenchOptions TlsOptions(int ranks) const {
+    RendezvousBenchOptions options;
+    options.ranks = ranks;
+    options.tls = Tls();
+    options.repeat = 1;
+    options.warmup = 0;
+    return options;
+  }
   BenchTls Tls() const {
     BenchTls tls;
     tls.ca_file = pki_.ca_cert;
@@ -137,12 +146,8 @@ class RendezvousBenchTlsSmoke : public ::testing::Test {
 };
 
 TEST_F(RendezvousBenchTlsSmoke, EachRankItsOwnTlsConnection) {
-  RendezvousBenchOptions options;
-  options.ranks = 16;
+  RendezvousBenchOptions options = TlsOptions(16);
   options.connection_per_rank = true;
-  options.tls = Tls();
-  options.repeat = 1;
-  options.warmup = 0;
   auto result = RunRendezvousBench(options);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_TRUE(result->tls);
@@ -156,13 +161,9 @@ TEST_F(RendezvousBenchTlsSmoke, EachRankItsOwnTlsConnection) {
 }
 
 TEST_F(RendezvousBenchTlsSmoke, ThroughAgentsOverTls) {
-  RendezvousBenchOptions options;
-  options.ranks = 20;
+  RendezvousBenchOptions options = TlsOptions(20);
   options.via_agent = true;
   options.ranks_per_node = 8;
-  options.tls = Tls();
-  options.repeat = 1;
-  options.warmup = 0;
   auto result = RunRendezvousBench(options);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_TRUE(result->tls);
@@ -172,14 +173,10 @@ TEST_F(RendezvousBenchTlsSmoke, ThroughAgentsOverTls) {
 }
 
 TEST_F(RendezvousBenchTlsSmoke, ACoordinatorOutsideTheCaIsUnavailable) {
-  RendezvousBenchOptions options;
-  options.ranks = 2;
+  RendezvousBenchOptions options = TlsOptions(2);
   options.channels = 1;
-  options.tls = Tls();
   options.tls.cert_file = pki_.other_server_cert;
   options.tls.key_file = pki_.other_server_key;
-  options.repeat = 1;
-  options.warmup = 0;
   EXPECT_EQ(RunRendezvousBench(options).status().code(), absl::StatusCode::kUnavailable);
 }
 
