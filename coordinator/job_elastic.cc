@@ -1,6 +1,8 @@
-// JobManager's elastic membership (docs/elastic.md): a lost node shrinks an
-// elastic job instead of counting as a failure, spec.grow decides when the
-// job takes more nodes, and every change of its node count is recorded.
+// JobManager's elastic membership (docs/elastic.md): a job that recovers in
+// place moves a lost node's ranks to a free node while the others carry on,
+// a lost node shrinks an elastic job instead of counting as a failure,
+// spec.grow decides when the job takes more nodes, and every change of its
+// node count is recorded.
 // The rest of the restart path is in job_manager.cc (RelaunchLocked).
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/check.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/job_manager_internal.h"
 #include "spdlog/spdlog.h"
@@ -50,7 +53,94 @@ int JobManager::NodeCapLocked(const Job& job) const {
   return std::min(max, static_cast<int>(job.placement->nodes.size()));
 }
 
+bool JobManager::ReplaceLostNodeInPlaceLocked(Job& job, const RootCause& cause, Effects& effects) {
+  if (job.spec.restart_policy() != mesh::v1::RESTART_POLICY_IN_PLACE ||
+      job.state() != JOB_STATE_RUNNING || !job.holds || !job.placement.has_value() ||
+      job.machine->restarts() >= job.machine->max_restarts()) {
+    return false;
+  }
+  // A rank that already finished will not rebuild a mesh with the new
+  // processes, which would wait for it.
+  if (std::any_of(job.ranks.begin(), job.ranks.end(),
+                  [](Job::Rank r) { return r == Job::Rank::kSucceeded; })) {
+    return false;
+  }
+  const Placement& placement = *job.placement;
+  const auto lost_at = std::find(placement.nodes.begin(), placement.nodes.end(), cause.node());
+  if (lost_at == placement.nodes.end()) return false;
+  const size_t node_rank = static_cast<size_t>(lost_at - placement.nodes.begin());
+  std::vector<int> moved;
+  for (const RankPlacement& r : placement.ranks) {
+    if (r.node == cause.node()) moved.push_back(r.rank);
+  }
+  if (moved.empty()) return false;
+
+  // A READY node outside the job with room for one node's worth of its
+  // ranks: a trial pass against every allocation held, this job's included.
+  std::vector<NodeView> views = NodeViewsLocked();
+  std::erase_if(views, [&](const NodeView& v) {
+    return std::find(placement.nodes.begin(), placement.nodes.end(), v.name) !=
+           placement.nodes.end();
+  });
+  JobRequest request;
+  request.job_id = absl::StrCat(job.id, "/replacement");
+  request.sequence = job.number;
+  request.nproc_per_node = placement.nproc_per_node;
+  request.gpus_per_proc = job.spec.gpus_per_proc();
+  absl::StatusOr<SchedulePassResult> trial = SchedulePass(views, {request}, scheduler_.Running());
+  if (!trial.ok() || trial->placements.empty()) return false;
+  const Placement& spare = trial->placements.front();
+  auto node = nodes_.find(spare.nodes.front());
+  if (node == nodes_.end()) return false;
+
+  // Coordination decides whether the others can carry on: only once the
+  // world has formed and while the generation has not failed. A later rank
+  // refused (it left) ends in a restart of the whole job, by the caller.
+  for (int rank : moved) {
+    absl::StatusOr<bool> lost =
+        coordination_->LoseRankInPlace(job.id, job.generation(), rank, cause.message());
+    if (!lost.ok() || !*lost) return false;
+  }
+
+  Placement moved_placement = placement;
+  moved_placement.nodes[node_rank] = spare.nodes.front();
+  moved_placement.node_addresses[node_rank] = spare.node_addresses.front();
+  for (int rank : moved) {
+    RankPlacement& r = moved_placement.ranks[rank];
+    r.node = spare.nodes.front();
+    r.gpus = spare.ranks[r.local_rank].gpus;
+  }
+  MESH_CHECK(scheduler_.Release(job.id).ok(), "a job that holds has an allocation");
+  MESH_CHECK(scheduler_.Adopt(moved_placement).ok(), "the allocation was just released");
+  job.placement = std::move(moved_placement);
+  job.replacement_nodes.insert(node->first);
+
+  RootCause recovered = cause;
+  recovered.set_message(absl::StrCat(cause.message(), "; its ", moved.size(),
+                                     moved.size() == 1 ? " rank moves" : " ranks move", " to node ",
+                                     node->first));
+  MESH_CHECK(job.machine->RecoverInPlace(std::move(recovered)).ok(),
+             "RUNNING with restarts left recovers in place");
+  metrics_.in_place_recoveries->Increment();
+  metrics_.restarts->Increment();
+  ++stats_.restarts;
+  spdlog::warn("job {}: {}", job.id, job.machine->events().back().reason);
+  (void)PersistLocked(job);
+  NotifyWatchersLocked(job);
+  const absl::Time deadline = clock_->Now() + InPlaceStartTimeout();
+  for (int rank : moved) {
+    job.ranks[rank] = Job::Rank::kLaunching;
+    if (static_cast<size_t>(rank) < job.pids.size()) job.pids[rank] = 0;
+    // Unreported by then, the job restarts as a whole.
+    job.ExpectStartedBy(rank, deadline);
+  }
+  SendLaunchLocked(job, *node->second);
+  effects.Reschedule();
+  return true;
+}
+
 void JobManager::NodeOfJobLostLocked(Job& job, RootCause cause, Effects& effects) {
+  if (ReplaceLostNodeInPlaceLocked(job, cause, effects)) return;
   const int min = job.spec.nodes().min();
   const bool elastic = min < job.spec.nodes().max();
   const bool placed = job.state() == JOB_STATE_SCHEDULED || job.state() == JOB_STATE_RUNNING;

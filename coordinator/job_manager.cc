@@ -316,8 +316,10 @@ void JobManager::SendLaunchLocked(Job& job, Node& node) {
   order.set_memory_per_proc_bytes(job.spec.memory_per_proc_bytes());
   order.set_max_pids(job.spec.max_pids());
   // Every rank of a RUNNING job was started: a rank to launch now replaces
-  // one that failed (in-place recovery).
-  order.set_replace(job.state() == mesh::v1::JOB_STATE_RUNNING);
+  // one that failed (in-place recovery), except on a node that takes over a
+  // lost node's ranks, which starts the generation.
+  order.set_replace(job.state() == mesh::v1::JOB_STATE_RUNNING &&
+                    !job.replacement_nodes.contains(node.name));
   if (order.replace())
     order.set_reason(absl::StrCat("generation ", job.generation(), ": in place"));
   node.sink->Send(order);
@@ -331,6 +333,7 @@ void JobManager::LaunchLocked(Job& job, Effects& effects) {
   job.pids.assign(placement.world_size, 0);
   job.gone_at.clear();
   job.unaccounted_deadline = absl::InfiniteFuture();
+  job.replacement_nodes.clear();
   // Workers rendezvous in Coordination at the job's generation.
   auto info = coordination_->GetJob(job.id);
   if (info.ok() && info->generation != job.generation()) {

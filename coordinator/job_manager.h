@@ -399,10 +399,20 @@ class JobManager {
   void RelaunchLocked(Job& job, const std::string& why, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Elastic membership (job_elastic.cc; docs/elastic.md). A node of `job`
-  // was lost: an elastic job with at least nodes.min of its nodes left
-  // resizes without counting a restart; any other job fails as for a
-  // worker failure.
+  // was lost: a job that recovers in place moves the node's ranks to a free
+  // node (ReplaceLostNodeInPlaceLocked) when it can; else an elastic job
+  // with at least nodes.min of its nodes left resizes without counting a
+  // restart; any other job fails as for a worker failure.
   void NodeOfJobLostLocked(Job& job, mesh::v1::RootCause cause, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With restart_policy IN_PLACE, the job RUNNING, restarts left, no rank
+  // exited 0 and a READY node outside the job with room for the lost
+  // node's ranks: Coordination loses those ranks in place (LoseRankInPlace,
+  // once the world has formed), the placement moves them to that node (the
+  // lost node's place, node rank and local ranks), a restart is counted and
+  // the node gets a LAUNCH of the running generation for them; the others
+  // carry on. Returns true then; else changes nothing and returns false.
+  bool ReplaceLostNodeInPlaceLocked(Job& job, const mesh::v1::RootCause& cause, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The most nodes the job's next placement may take under spec.grow.
   int NodeCapLocked(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,6 +73,10 @@ struct JobManager::Job {
     ranks[rank] = Rank::kUnaccounted;
     unaccounted_deadline = std::min(unaccounted_deadline, gone_at[rank]);
   }
+  // Nodes that took over a lost node's ranks in place during this
+  // generation (ReplaceLostNodeInPlaceLocked) and have not reported them
+  // started yet: their LAUNCH starts the generation there, not a replace.
+  std::set<std::string> replacement_nodes;
   std::map<uint64_t, JobStateSink*> watchers;
   // Elastic membership (job_elastic.cc). Every change of the node count,
   // oldest first (stored).

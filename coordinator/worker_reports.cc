@@ -41,6 +41,8 @@ absl::Status JobManager::ReportWorkersStarted(
       }
     }
     if (job->pids.size() != job->ranks.size()) job->pids.assign(job->ranks.size(), 0);
+    // The generation runs there now: later orders for its ranks replace.
+    job->replacement_nodes.erase(request.name());
     for (const auto& worker : request.workers()) {
       Job::Rank& status = job->ranks[worker.rank()];
       if (status != Job::Rank::kSucceeded) status = Job::Rank::kRunning;

@@ -327,6 +327,120 @@ TEST_F(JobManagerInPlaceTest, AReplacementReportedStartedInTimeKeepsTheJobRunnin
   EXPECT_EQ(job.restarts(), 1);
 }
 
+// ---- A lost node's ranks move to a free node ------------------------------------
+
+// node-b (ranks 2 and 3) is lost while node-c is free: both ranks move to
+// node-c in place, in node-b's place of the job; node-a carries on.
+TEST_F(JobManagerInPlaceTest, ALostNodesRanksMoveToAFreeNodeWhileTheOthersCarryOn) {
+  const std::string id = RunAndFormWorld(InPlaceSpec(2));
+  Agent* c = &AddAgent("node-c");
+  const int events_before = Job(id).events_size();
+
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  ASSERT_EQ(NodeInfo("node-b").state(), v1::NODE_STATE_LOST);
+
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.generation(), 0);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_THAT(job.nodes(), ElementsAre("node-a", "node-c"));
+  ASSERT_EQ(job.events_size(), events_before + 1);
+  EXPECT_THAT(job.events(job.events_size() - 1).reason(),
+              AllOf(HasSubstr("node node-b lost"), HasSubstr("its 2 ranks move to node node-c"),
+                    HasSubstr("relaunched in place, restart 1 of 2")));
+  EXPECT_EQ(job.root_cause().node(), "node-b");
+  EXPECT_EQ(Count(kInPlaceRecoveries), 1);
+  EXPECT_EQ(Count(kJobRestarts), 1);
+
+  // node-c starts generation 0 for ranks 2 and 3 (local ranks 0 and 1 of
+  // node rank 1): a plain LAUNCH, since the generation never ran there.
+  ASSERT_THAT(ActionsOf(c->orders->messages()), ElementsAre(Pair(kLaunch, 0)));
+  const v1::Assignment& launch = c->orders->messages()[0];
+  EXPECT_FALSE(launch.replace());
+  EXPECT_THAT(RanksOf(launch), ElementsAre(Pair(2, 0), Pair(3, 1)));
+  EXPECT_EQ(launch.node_rank(), 1);
+  EXPECT_EQ(launch.world_size(), 4);
+  EXPECT_EQ(launch.num_nodes(), 2);
+  EXPECT_EQ(launch.restart_count(), 1);
+  // node-a hears nothing new, and nothing is killed.
+  EXPECT_THAT(ActionsOf(a_->orders->messages()), ElementsAre(Pair(kLaunch, 0)));
+
+  // Coordination lost both ranks; rank 0 is still a member.
+  absl::StatusOr<JobInfo> info = coordination_->GetJob(id);
+  ASSERT_THAT(info, IsOk());
+  EXPECT_FALSE(info->failed);
+  EXPECT_EQ(info->membership_epoch, 2);
+  EXPECT_THAT(ChangesOf(job), ElementsAre(Change{2, v1::MembershipChange::KIND_LOST, 1, 0},
+                                          Change{3, v1::MembershipChange::KIND_LOST, 2, 0}));
+  EXPECT_THAT(coordination_->Heartbeat(Caller{id, 0, 0, FirstIncarnation(0)}), IsOk());
+
+  // node-c reports them started, and they join from node-c as new processes.
+  ASSERT_THAT(Started(*c, id, 0, {2, 3}), IsOk());
+  for (int rank : {2, 3}) {
+    JoinReply reply;
+    JoinArgs args;
+    args.caller = Caller{id, 0, rank, 300u + static_cast<uint64_t>(rank)};
+    args.host = "node-c";
+    coordination_->Join(std::move(args), reply.Done());
+    ASSERT_TRUE(reply.fired()) << rank;
+    ASSERT_THAT(reply.get(), IsOk()) << rank;
+    EXPECT_EQ(reply.get()->generation, 0);
+  }
+  EXPECT_EQ(EpochOf(id), 4);
+  AdvanceWithHeartbeats(kKillGrace + kHeartbeatTimeout + absl::Seconds(5), {a_, c});
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_RUNNING);
+
+  // The generation runs on node-c now: a later failure there is replaced in
+  // place by node-c, like any other.
+  ASSERT_THAT(Exited(*c, id, 0, 3, 1), IsOk());
+  ASSERT_THAT(ActionsOf(c->orders->messages()), ElementsAre(Pair(kLaunch, 0), Pair(kLaunch, 0)));
+  EXPECT_TRUE(c->orders->messages()[1].replace());
+  EXPECT_THAT(RanksOf(c->orders->messages()[1]), ElementsAre(Pair(3, 1)));
+  EXPECT_EQ(Job(id).restarts(), 2);
+}
+
+TEST_F(JobManagerInPlaceTest, ALostNodeWithNoFreeNodeRestartsTheWholeJob) {
+  const std::string id = RunAndFormWorld(InPlaceSpec(2));
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_});
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+  EXPECT_THAT(OrdersWith(a_->orders->messages(), kKill), SizeIs(1));
+}
+
+TEST_F(JobManagerInPlaceTest, ALostNodeBeforeTheWorldFormedRestartsTheWholeJob) {
+  AddTwoNodes();
+  const std::string id = RunJob(InPlaceSpec(2));
+  Agent* c = &AddAgent("node-c");
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+  // node-c takes node-b's place in generation 1, as a restart places it.
+  for (const v1::Assignment& order : c->orders->messages()) EXPECT_EQ(order.generation(), 1);
+}
+
+TEST_F(JobManagerInPlaceTest, AMovedRankNeverReportedStartedRestartsTheWholeJob) {
+  const std::string id = RunAndFormWorld(InPlaceSpec(2));
+  Agent* c = &AddAgent("node-c");
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  ASSERT_EQ(Job(id).generation(), 0);
+  AdvanceWithHeartbeats(kKillGrace + kHeartbeatTimeout + absl::Seconds(5), {a_, c});
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts(), 2);
+  EXPECT_THAT(job.root_cause().message(), HasSubstr("did not report it started within"));
+}
+
+TEST_F(JobManagerInPlaceTest, AGroupJobsLostNodeIsNotMovedInPlace) {
+  const std::string id = RunAndFormWorld(SpecWithRestarts(2));
+  Agent* c = &AddAgent("node-c");
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  EXPECT_EQ(Job(id).generation(), 1);
+  EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+}
+
 TEST_F(JobManagerInPlaceTest, AFailureAfterAnotherRankFinishedRestartsTheWholeJob) {
   const std::string id = RunAndFormWorld(InPlaceSpec(2));
   // Rank 0 is done; rank 1 fails: a new rank 1 could not rebuild a mesh
