@@ -26,7 +26,8 @@
 // one window and the coordinator's diagnostics (the ranks missing from a
 // Join or a barrier) name exactly the ranks that did not call. Heartbeats go
 // up every flush interval (half the generation's heartbeat interval, at
-// least 50 ms); a rank that stops heartbeating is no longer sent, so the
+// most half of what the timeout leaves after an interval, at least 50 ms);
+// a rank that stops heartbeating is no longer sent, so the
 // coordinator declares it dead as it would without the relay, at most one
 // flush interval later. A Heartbeat answered by the relay carries the
 // coordinator's latest answer for that process (its generation's error,

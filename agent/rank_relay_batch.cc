@@ -13,11 +13,18 @@
 namespace mesh::agent::relay_internal {
 namespace {
 
-// Half the interval the ranks heartbeat at, so that the coordinator hears of
-// a live rank at least every 1.5 intervals (the coordinator keeps intervals
-// within a third of the timeout).
-absl::Duration FlushIntervalFor(double heartbeat_interval_seconds) {
-  return std::max(absl::Seconds(heartbeat_interval_seconds) / 2, absl::Milliseconds(50));
+// Half the interval the ranks heartbeat at, and at most half of what the
+// timeout leaves after an interval: a live rank's heartbeats reach the
+// coordinator at least every interval plus one flush, always short of the
+// timeout. At least 50 ms.
+absl::Duration FlushIntervalFor(double heartbeat_interval_seconds,
+                                double heartbeat_timeout_seconds) {
+  const absl::Duration interval = absl::Seconds(heartbeat_interval_seconds);
+  absl::Duration flush = interval / 2;
+  if (heartbeat_timeout_seconds > heartbeat_interval_seconds) {
+    flush = std::min(flush, (absl::Seconds(heartbeat_timeout_seconds) - interval) / 2);
+  }
+  return std::max(flush, absl::Milliseconds(50));
 }
 
 // Keeps, for each group a newer heartbeat sends without members, the members
@@ -201,7 +208,8 @@ void RelayImpl::NoteJoined(const GenKey& key, const v1::JoinResponse& reply) {
   if (it == gens_.end()) return;
   it->second.formed = true;
   if (reply.heartbeat_interval_seconds() > 0) {
-    it->second.flush_interval = FlushIntervalFor(reply.heartbeat_interval_seconds());
+    it->second.flush_interval =
+        FlushIntervalFor(reply.heartbeat_interval_seconds(), reply.heartbeat_timeout_seconds());
   }
 }
 

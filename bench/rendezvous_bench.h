@@ -174,8 +174,8 @@ struct RendezvousBenchResult {
   int ranks_per_node = 0;  // With via_agent.
   bool grpc_deadlines = false;
   bool tls = false;
-  // How long opening every connection took, all started at once (TCP, and
-  // the TLS handshakes with tls), before the first round. Agents hold their
+  // How long opening every connection took, in waves of 1024 (TCP, and the
+  // TLS handshakes with tls), before the first round. Agents hold their
   // connection before a job starts; ranks of a real job open theirs as they
   // start, so with a connection per rank this is part of a job's start.
   double connect_s = 0;

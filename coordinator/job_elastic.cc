@@ -31,6 +31,30 @@ constexpr absl::Duration kGrowCheckInterval = absl::Seconds(1);
 
 const char* Nodes(int n) { return n == 1 ? "node" : "nodes"; }
 
+// Whether some replica along the mesh dim `dim` (the ranks that share a
+// coordinate along it) has every rank `running` and off `lost_node`: the
+// survivors can only carry on, and hand the state to the moved ranks, from
+// a whole replica.
+bool HasWholeReplica(const Placement& placement, const std::vector<bool>& running,
+                     const std::string& dim, const std::string& lost_node) {
+  const auto at = std::find(placement.mesh_dim_names.begin(), placement.mesh_dim_names.end(), dim);
+  if (at == placement.mesh_dim_names.end() || running.size() != placement.ranks.size()) {
+    return false;
+  }
+  const size_t d = static_cast<size_t>(at - placement.mesh_dim_names.begin());
+  int64_t inner = 1;  // Ranks per step along dim d (row-major).
+  for (size_t i = d + 1; i < placement.mesh_shape.size(); ++i) inner *= placement.mesh_shape[i];
+  const int64_t replicas = placement.mesh_shape[d];
+  std::vector<bool> whole(static_cast<size_t>(replicas), true);
+  for (const RankPlacement& r : placement.ranks) {
+    const int64_t replica = (r.rank / inner) % replicas;
+    if (r.node == lost_node || !running[static_cast<size_t>(r.rank)]) {
+      whole[static_cast<size_t>(replica)] = false;
+    }
+  }
+  return std::find(whole.begin(), whole.end(), true) != whole.end();
+}
+
 }  // namespace
 
 std::string EncodeResizes(const std::vector<mesh::v1::JobResize>& resizes) {
@@ -68,6 +92,15 @@ bool JobManager::ReplaceLostNodeInPlaceLocked(Job& job, const RootCause& cause, 
   const Placement& placement = *job.placement;
   const auto lost_at = std::find(placement.nodes.begin(), placement.nodes.end(), cause.node());
   if (lost_at == placement.nodes.end()) return false;
+  // Nodes lost in the same pass are decided together, as a restart: moving
+  // one and restarting for the other would count two restarts for one event.
+  for (const std::string& name : placement.nodes) {
+    auto it = nodes_.find(name);
+    if (name != cause.node() && (it == nodes_.end() || !it->second->ready)) return false;
+  }
+  std::vector<bool> running;
+  for (Job::Rank r : job.ranks) running.push_back(r == Job::Rank::kRunning);
+  if (!HasWholeReplica(placement, running, job.spec.in_place_dim(), cause.node())) return false;
   const size_t node_rank = static_cast<size_t>(lost_at - placement.nodes.begin());
   std::vector<int> moved;
   for (const RankPlacement& r : placement.ranks) {
@@ -77,10 +110,13 @@ bool JobManager::ReplaceLostNodeInPlaceLocked(Job& job, const RootCause& cause, 
 
   // A READY node outside the job with room for one node's worth of its
   // ranks: a trial pass against every allocation held, this job's included.
+  // Not a node that held this generation before: its agent ignores a
+  // LAUNCH of a generation it has seen.
   std::vector<NodeView> views = NodeViewsLocked();
   std::erase_if(views, [&](const NodeView& v) {
     return std::find(placement.nodes.begin(), placement.nodes.end(), v.name) !=
-           placement.nodes.end();
+               placement.nodes.end() ||
+           job.left_generation.contains(v.name);
   });
   JobRequest request;
   request.job_id = absl::StrCat(job.id, "/replacement");
@@ -114,6 +150,7 @@ bool JobManager::ReplaceLostNodeInPlaceLocked(Job& job, const RootCause& cause, 
   MESH_CHECK(scheduler_.Adopt(moved_placement).ok(), "the allocation was just released");
   job.placement = std::move(moved_placement);
   job.replacement_nodes.insert(node->first);
+  job.left_generation.insert(cause.node());
 
   RootCause recovered = cause;
   recovered.set_message(absl::StrCat(cause.message(), "; its ", moved.size(),

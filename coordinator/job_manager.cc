@@ -334,6 +334,7 @@ void JobManager::LaunchLocked(Job& job, Effects& effects) {
   job.gone_at.clear();
   job.unaccounted_deadline = absl::InfiniteFuture();
   job.replacement_nodes.clear();
+  job.left_generation.clear();
   // Workers rendezvous in Coordination at the job's generation.
   auto info = coordination_->GetJob(job.id);
   if (info.ok() && info->generation != job.generation()) {

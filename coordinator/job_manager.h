@@ -406,12 +406,15 @@ class JobManager {
   void NodeOfJobLostLocked(Job& job, mesh::v1::RootCause cause, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With restart_policy IN_PLACE, the job RUNNING, restarts left, no rank
-  // exited 0 and a READY node outside the job with room for the lost
-  // node's ranks: Coordination loses those ranks in place (LoseRankInPlace,
-  // once the world has formed), the placement moves them to that node (the
-  // lost node's place, node rank and local ranks), a restart is counted and
-  // the node gets a LAUNCH of the running generation for them; the others
-  // carry on. Returns true then; else changes nothing and returns false.
+  // exited 0, no other node of the job lost, a replica along in_place_dim
+  // left whole, and a READY node outside the job (and not one that left its
+  // generation) with room for the lost node's ranks: Coordination loses
+  // those ranks in place (LoseRankInPlace, once the world has formed), the
+  // placement moves them to that node (the lost node's place, node rank and
+  // local ranks), a restart is counted and the node gets a LAUNCH of the
+  // running generation for them; the others carry on. Returns true then;
+  // else returns false: restart the job as a whole. (A rank Coordination
+  // refuses to lose after others were lost also returns false.)
   bool ReplaceLostNodeInPlaceLocked(Job& job, const mesh::v1::RootCause& cause, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The most nodes the job's next placement may take under spec.grow.

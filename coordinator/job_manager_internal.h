@@ -77,6 +77,10 @@ struct JobManager::Job {
   // generation (ReplaceLostNodeInPlaceLocked) and have not reported them
   // started yet: their LAUNCH starts the generation there, not a replace.
   std::set<std::string> replacement_nodes;
+  // Nodes whose ranks moved away during this generation: never taken to
+  // replace another, since an agent ignores a LAUNCH of a generation it has
+  // seen (it killed it).
+  std::set<std::string> left_generation;
   std::map<uint64_t, JobStateSink*> watchers;
   // Elastic membership (job_elastic.cc). Every change of the node count,
   // oldest first (stored).

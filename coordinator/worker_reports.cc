@@ -163,6 +163,9 @@ bool JobManager::RecoverInPlaceLocked(Job& job, Node& node, const mesh::v1::Root
   // exit again (an agent re-sends its exits after a reconnect), not a new
   // failure. Only the replacement failing to start is one.
   if (job.ranks[cause.rank()] == Job::Rank::kLaunching && !launch_error) return true;
+  // A node that took over a lost node's ranks and cannot start them: one
+  // restart of the whole job, not one per rank it reports.
+  if (launch_error && job.replacement_nodes.contains(node.name)) return false;
   if (job.machine->restarts() >= job.machine->max_restarts()) return false;
   // A rank that already finished will not rebuild a mesh with the new
   // process, which would wait for it: the job restarts as a whole instead.

@@ -81,6 +81,10 @@ py::object ExceptionObject(absl::Status status, ErrorClass error_class = ErrorCl
 // positive and finite.
 absl::Duration SecondsArg(const py::handle& seconds, absl::Duration fallback, const char* what);
 
+// Whether the interpreter is shutting down: then no thread may take the GIL
+// (module.cc).
+bool PythonIsFinalizing();
+
 // A Python tensor (anything with __dlpack__) as a libmesh tensor over the
 // same memory (tensors.cc). Raises TypeError, ValueError or
 // InvalidArgumentError as the ops do, naming `what`. Needs the GIL.

@@ -12,7 +12,9 @@
 //           continue                   # not committed; sync() rebuilds
 //
 // `state` is the application's state (torchft's state_dict): a callable
-// returning tensors (anything with __dlpack__: torch.Tensor, numpy.ndarray).
+// returning tensors (anything with __dlpack__: torch.Tensor, numpy.ndarray;
+// a tensor that requires grad, such as a parameter, is taken detached, which
+// shares its memory).
 // At a rebuild that needs it, the lowest-ranked member holding the state
 // broadcasts those tensors to every member, and a member's tensors are
 // overwritten in place, through DLPack views of their memory, once all have
@@ -20,8 +22,8 @@
 // step apart, carry on from the same values. The callable runs on the thread
 // that called sync(), with the GIL.
 //
-// Lifetimes: the ElasticMesh holds its Runtime (mesh::Runtime) alive, and
-// the state callable until it is destroyed. Groups of an older mesh stay
+// Lifetimes: the ElasticMesh holds its meshrt.Runtime alive, and the state
+// callable until it is destroyed. Groups of an older mesh stay
 // usable objects but are aborted: their ops raise.
 //
 // `device` is where the small tensors of its protocol live: the CPU (the
@@ -63,6 +65,9 @@ using PyCallable = std::shared_ptr<py::object>;
 
 PyCallable HoldCallable(py::object fn) {
   return PyCallable(new py::object(std::move(fn)), [](py::object* o) {
+    // An interpreter that is shutting down may not be entered: leak the
+    // reference, as the process is ending.
+    if (!Py_IsInitialized() || PythonIsFinalizing()) return;
     py::gil_scoped_acquire gil;
     delete o;
   });
@@ -80,7 +85,13 @@ absl::StatusOr<std::vector<mesh::Tensor>> CallState(const PyCallable& state) {
     }
     std::vector<mesh::Tensor> tensors;
     for (const py::handle item : result) {
-      tensors.push_back(ImportTensor(item, "state() tensor"));
+      // torch refuses to export a tensor that requires grad (a parameter);
+      // its detached view shares the memory a transfer overwrites.
+      if (py::hasattr(item, "requires_grad") && py::bool_(item.attr("requires_grad"))) {
+        tensors.push_back(ImportTensor(item.attr("detach")(), "state() tensor"));
+      } else {
+        tensors.push_back(ImportTensor(item, "state() tensor"));
+      }
     }
     return tensors;
   } catch (py::error_already_set& e) {
@@ -96,13 +107,18 @@ absl::StatusOr<std::vector<mesh::Tensor>> CallState(const PyCallable& state) {
 }
 
 struct PyElasticMesh {
+  // The meshrt.Runtime, kept alive so that its own destructor (which shuts
+  // the mesh::Runtime down with the GIL released) runs after this one.
+  py::object runtime_owner;
   std::shared_ptr<mesh::Runtime> runtime;  // Outlives `elastic`.
   std::unique_ptr<mesh::ElasticMesh> elastic;
 
   ~PyElasticMesh() {
-    // Aborting groups may block on their connections.
+    // Aborting groups may block on their connections, and ~Runtime (if this
+    // holds the last reference) joins threads that may wait for the GIL.
     py::gil_scoped_release release;
     elastic.reset();
+    runtime.reset();
   }
 };
 
@@ -116,6 +132,7 @@ std::unique_ptr<PyElasticMesh> Create(RuntimeOf runtime_of, py::handle rt,
                                       py::handle timeout) {
   auto self = std::make_unique<PyElasticMesh>();
   self->runtime = runtime_of(rt);
+  self->runtime_owner = py::reinterpret_borrow<py::object>(rt);
   mesh::ElasticMeshOptions options;
   options.dim = dim.value_or("");
   if (shape.has_value() != dim_names.has_value()) {

@@ -104,14 +104,6 @@ PyObject* MakeException(const StatusError& error) {
 
 // ---- Failure callback ------------------------------------------------------
 
-bool PythonIsFinalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing() != 0;
-#else
-  return _Py_IsFinalizing() != 0;
-#endif
-}
-
 // The user's on_failure, shared between the Python Runtime and the
 // std::function libmesh calls. `fn` is read and written only with the GIL.
 struct FailureCallback {
@@ -584,6 +576,14 @@ void RegisterErrors(py::module_& m) {
       PyErr_SetString(PyExc_TypeError, e.what());
     }
   });
+}
+
+bool PythonIsFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
 }
 
 }  // namespace meshrt

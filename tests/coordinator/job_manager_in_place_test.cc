@@ -418,7 +418,72 @@ TEST_F(JobManagerInPlaceTest, ALostNodeBeforeTheWorldFormedRestartsTheWholeJob) 
   EXPECT_EQ(job.generation(), 1);
   EXPECT_EQ(Count(kInPlaceRecoveries), 0);
   // node-c takes node-b's place in generation 1, as a restart places it.
+  ASSERT_THAT(c->orders->messages(), Not(IsEmpty()));
   for (const v1::Assignment& order : c->orders->messages()) EXPECT_EQ(order.generation(), 1);
+}
+
+// With in_place_dim tp, the replicas are ranks {0, 2} and {1, 3}: node-b's
+// loss breaks both, so no survivor could hand the moved ranks the state.
+TEST_F(JobManagerInPlaceTest, ALostNodeThatBreaksEveryReplicaRestartsTheWholeJob) {
+  v1::JobSpec spec = InPlaceSpec(2);
+  spec.set_in_place_dim("tp");
+  const std::string id = RunAndFormWorld(spec);
+  Agent* c = &AddAgent("node-c");
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+}
+
+// Both nodes lost in one pass (node-c free): one whole restart, counted
+// once, and nothing moved.
+TEST_F(JobManagerInPlaceTest, NodesLostInOnePassRestartTheJobOnce) {
+  const std::string id = RunAndFormWorld(InPlaceSpec(2));
+  Agent* c = &AddAgent("node-c");
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {c});
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+}
+
+// node-b's ranks moved to node-c; node-b comes back, then node-c is lost.
+// node-b's agent killed generation 0 and would ignore a LAUNCH of it, so it
+// is not taken: the job restarts as a whole.
+TEST_F(JobManagerInPlaceTest, ANodeThatLeftTheGenerationIsNotTakenAgain) {
+  const std::string id = RunAndFormWorld(InPlaceSpec(2));
+  Agent* c = &AddAgent("node-c");
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  ASSERT_THAT(Job(id).nodes(), ElementsAre("node-a", "node-c"));
+  ASSERT_THAT(Started(*c, id, 0, {2, 3}), IsOk());
+  ASSERT_THAT(Register(*b_), IsOk());
+  ASSERT_THAT(Watch(*b_), IsOk());
+  ASSERT_EQ(NodeInfo("node-b").state(), v1::NODE_STATE_READY);
+
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, b_});
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts(), 2);
+  EXPECT_EQ(Count(kInPlaceRecoveries), 1);
+  for (const v1::Assignment& order : OrdersWith(b_->orders->messages(), kLaunch)) {
+    EXPECT_NE(order.generation(), 0) << order.DebugString();
+  }
+}
+
+// The new node cannot start the moved ranks and says so for each: the job
+// restarts as a whole once, not once per rank.
+TEST_F(JobManagerInPlaceTest, ALaunchErrorOnTheNewNodeRestartsTheWholeJobOnce) {
+  const std::string id = RunAndFormWorld(InPlaceSpec(3));
+  Agent* c = &AddAgent("node-c");
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  ASSERT_EQ(Job(id).restarts(), 1);
+  ASSERT_THAT(LaunchFailed(*c, id, 0, 2, "no memory cgroup"), IsOk());
+  ASSERT_THAT(LaunchFailed(*c, id, 0, 3, "no memory cgroup"), IsOk());
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts(), 2);
+  EXPECT_EQ(Count(kInPlaceRecoveries), 1);
 }
 
 TEST_F(JobManagerInPlaceTest, AMovedRankNeverReportedStartedRestartsTheWholeJob) {

@@ -446,7 +446,9 @@ def elastic_mesh():
     os.makedirs(marks, exist_ok=True)
     weights = torch.zeros(4)
     step = torch.zeros(1, dtype=torch.int64)
-    em = meshrt.ElasticMesh(rt, state=lambda: [weights, step], timeout=30)
+    # A parameter (requires grad): the state takes it detached.
+    param = torch.nn.Parameter(torch.zeros(2))
+    em = meshrt.ElasticMesh(rt, state=lambda: [weights, step, param], timeout=30)
     assert em.dim == "dp", em.dim
     first_step = int(step.item())
     if replacement:
@@ -467,6 +469,8 @@ def elastic_mesh():
             continue  # Not committed: the next sync() rebuilds without the lost rank.
         weights += ones
         step += 1
+        with torch.no_grad():
+            param += 1
         log.append((int(step.item()), em.replicas, float(ones[0])))
         # Every member stops at the same commit: past the final step, in the
         # mesh rebuilt for the replacement (AliveRanks round 3: the start,
@@ -501,6 +505,7 @@ def elastic_mesh():
         assert 3 in replicas_seen, replicas_seen
         assert replicas_seen[-1] == 4, (repr(em), replicas_seen)
     assert int(step.item()) >= ELASTIC_FINAL_STEP
+    assert float(param[0]) == float(step.item()), (param, step)
     assert torch.equal(weights, torch.full((4,), float(weights[0]))), weights
     rt.shutdown()
     print("OK elastic_mesh", flush=True)
