@@ -422,6 +422,36 @@ TEST_F(JobManagerInPlaceTest, ALostNodeBeforeTheWorldFormedRestartsTheWholeJob) 
   for (const v1::Assignment& order : c->orders->messages()) EXPECT_EQ(order.generation(), 1);
 }
 
+// The moved placement is stored: a restarted coordinator finds ranks 2 and
+// 3 on node-c, takes node-c's reports for them, and the job finishes.
+TEST_F(JobManagerInPlaceTest, AMovedPlacementSurvivesACoordinatorRestart) {
+  UseFileStore();
+  const std::string id = RunAndFormWorld(InPlaceSpec(2));
+  Agent* c = &AddAgent("node-c");
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  ASSERT_THAT(Started(*c, id, 0, {2, 3}), IsOk());
+  ASSERT_THAT(Job(id).nodes(), ElementsAre("node-a", "node-c"));
+
+  RestartCoordinator();
+  ASSERT_FALSE(HasFatalFailure());
+  const v1::Job after = Job(id);
+  EXPECT_EQ(after.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(after.generation(), 0);
+  EXPECT_EQ(after.restarts(), 1);
+  EXPECT_THAT(after.nodes(), ElementsAre("node-a", "node-c"));
+
+  ASSERT_THAT(Register(*a_, {Worker(id, 0, 0), Worker(id, 0, 1)}), IsOk());
+  ASSERT_THAT(Register(*c, {Worker(id, 0, 2), Worker(id, 0, 3)}), IsOk());
+  ASSERT_THAT(Watch(*a_), IsOk());
+  ASSERT_THAT(Watch(*c), IsOk());
+  EXPECT_THAT(OrdersWith(a_->orders->messages(), kKill), IsEmpty());
+  EXPECT_THAT(OrdersWith(c->orders->messages(), kKill), IsEmpty());
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_THAT(Exited(rank < 2 ? *a_ : *c, id, 0, rank, 0), IsOk()) << rank;
+  }
+  EXPECT_EQ(StateOf(id), v1::JOB_STATE_SUCCEEDED);
+}
+
 // With in_place_dim tp, the replicas are ranks {0, 2} and {1, 3}: node-b's
 // loss breaks both, so no survivor could hand the moved ranks the state.
 TEST_F(JobManagerInPlaceTest, ALostNodeThatBreaksEveryReplicaRestartsTheWholeJob) {
