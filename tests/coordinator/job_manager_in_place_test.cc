@@ -422,6 +422,32 @@ TEST_F(JobManagerInPlaceTest, ALostNodeBeforeTheWorldFormedRestartsTheWholeJob) 
   for (const v1::Assignment& order : c->orders->messages()) EXPECT_EQ(order.generation(), 1);
 }
 
+// A GPU job's ranks move only to a node with their GPUs free (node-c has one
+// GPU for two ranks of one GPU each; node-d has four), and take that node's.
+TEST_F(JobManagerInPlaceTest, AGpuJobsRanksMoveToANodeWithTheirGpusFree) {
+  a_ = &AddAgent("node-a", /*slots=*/2, /*gpus=*/2);
+  b_ = &AddAgent("node-b", /*slots=*/2, /*gpus=*/2);
+  v1::JobSpec spec = InPlaceSpec(2);
+  spec.set_gpus_per_proc(1);
+  const std::string id = RunJob(spec);
+  for (JoinReply& reply : JoinRanks(id, {0, 1, 2, 3})) ASSERT_TRUE(reply.fired());
+  Agent* c = &AddAgent("node-c", /*slots=*/2, /*gpus=*/1);
+  Agent* d = &AddAgent("node-d", /*slots=*/2, /*gpus=*/4);
+
+  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c, d});
+  const v1::Job job = Job(id);
+  EXPECT_EQ(job.generation(), 0);
+  EXPECT_THAT(job.nodes(), ElementsAre("node-a", "node-d"));
+  EXPECT_THAT(c->orders->messages(), IsEmpty());
+  ASSERT_THAT(ActionsOf(d->orders->messages()), ElementsAre(Pair(kLaunch, 0)));
+  const v1::Assignment& launch = d->orders->messages()[0];
+  EXPECT_TRUE(launch.gpu_job());
+  ASSERT_EQ(launch.ranks_size(), 2);
+  EXPECT_THAT(launch.ranks(0).gpus(), ElementsAre(0));
+  EXPECT_THAT(launch.ranks(1).gpus(), ElementsAre(1));
+  EXPECT_EQ(NodeInfo("node-d").free_gpus(), 2);
+}
+
 // The moved placement is stored: a restarted coordinator finds ranks 2 and
 // 3 on node-c, takes node-c's reports for them, and the job finishes.
 TEST_F(JobManagerInPlaceTest, AMovedPlacementSurvivesACoordinatorRestart) {
