@@ -33,8 +33,9 @@ JobManager::Metrics::Metrics(metrics::Registry& registry)
       in_place_recoveries(
           registry
               .AddCounter("mesh_coordinator_in_place_recoveries_total",
-                          "Failed workers relaunched alone while the others carried on "
-                          "(restart_policy IN_PLACE; docs/elastic.md).")
+                          "Failed workers relaunched alone, or a lost node's ranks moved to "
+                          "a free node, while the others carried on (restart_policy IN_PLACE; "
+                          "docs/elastic.md).")
               ->Get()),
       shrinks(registry
                   .AddCounter("mesh_coordinator_job_resizes_total",
