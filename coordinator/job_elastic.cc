@@ -156,22 +156,7 @@ bool JobManager::ReplaceLostNodeInPlaceLocked(Job& job, const RootCause& cause, 
   recovered.set_message(absl::StrCat(cause.message(), "; its ", moved.size(),
                                      moved.size() == 1 ? " rank moves" : " ranks move", " to node ",
                                      node->first));
-  MESH_CHECK(job.machine->RecoverInPlace(std::move(recovered)).ok(),
-             "RUNNING with restarts left recovers in place");
-  metrics_.in_place_recoveries->Increment();
-  metrics_.restarts->Increment();
-  ++stats_.restarts;
-  spdlog::warn("job {}: {}", job.id, job.machine->events().back().reason);
-  (void)PersistLocked(job);
-  NotifyWatchersLocked(job);
-  const absl::Time deadline = clock_->Now() + InPlaceStartTimeout();
-  for (int rank : moved) {
-    job.ranks[rank] = Job::Rank::kLaunching;
-    if (static_cast<size_t>(rank) < job.pids.size()) job.pids[rank] = 0;
-    // Unreported by then, the job restarts as a whole.
-    job.ExpectStartedBy(rank, deadline);
-  }
-  SendLaunchLocked(job, *node->second);
+  RelaunchInPlaceLocked(job, std::move(recovered), moved, *node->second);
   effects.Reschedule();
   return true;
 }

@@ -387,6 +387,13 @@ class JobManager {
   // the job as usual.
   bool RecoverInPlaceLocked(Job& job, Node& node, const mesh::v1::RootCause& cause,
                             bool launch_error, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The relaunch of `ranks` of a RUNNING IN_PLACE job on `node` once
+  // Coordination lost them: counts the restart (RecoverInPlace with
+  // `cause`, the metrics), stores and publishes the job, marks the ranks
+  // launching with InPlaceStartTimeout to report them started, and sends
+  // the node its LAUNCH.
+  void RelaunchInPlaceLocked(Job& job, mesh::v1::RootCause cause, const std::vector<int>& ranks,
+                             Node& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How long an agent has to report a rank relaunched in place as started
   // before the job restarts as a whole: its kill grace (what the replaced
   // process left is killed first) plus a node heartbeat timeout.

@@ -178,8 +178,13 @@ bool JobManager::RecoverInPlaceLocked(Job& job, Node& node, const mesh::v1::Root
   absl::StatusOr<bool> lost =
       coordination_->LoseRankInPlace(job.id, cause.generation(), cause.rank(), cause.message());
   if (!lost.ok() || !*lost) return false;
-  const int rank = cause.rank();
-  const absl::Status recovered = job.machine->RecoverInPlace(cause);
+  RelaunchInPlaceLocked(job, cause, {cause.rank()}, node);
+  return true;
+}
+
+void JobManager::RelaunchInPlaceLocked(Job& job, mesh::v1::RootCause cause,
+                                       const std::vector<int>& ranks, Node& node) {
+  const absl::Status recovered = job.machine->RecoverInPlace(std::move(cause));
   MESH_CHECK(recovered.ok(), "RUNNING with restarts left recovers in place");
   metrics_.in_place_recoveries->Increment();
   metrics_.restarts->Increment();
@@ -187,13 +192,15 @@ bool JobManager::RecoverInPlaceLocked(Job& job, Node& node, const mesh::v1::Root
   spdlog::warn("job {}: {}", job.id, job.machine->events().back().reason);
   (void)PersistLocked(job);
   NotifyWatchersLocked(job);
-  job.ranks[rank] = Job::Rank::kLaunching;
-  if (static_cast<size_t>(rank) < job.pids.size()) job.pids[rank] = 0;
   // An order the agent cannot carry out must not leave the others waiting
-  // for the rank for ever: unreported by then, the job restarts as a whole.
-  job.ExpectStartedBy(rank, clock_->Now() + InPlaceStartTimeout());
+  // for the ranks for ever: unreported by then, the job restarts as a whole.
+  const absl::Time deadline = clock_->Now() + InPlaceStartTimeout();
+  for (int rank : ranks) {
+    job.ranks[rank] = Job::Rank::kLaunching;
+    if (static_cast<size_t>(rank) < job.pids.size()) job.pids[rank] = 0;
+    job.ExpectStartedBy(rank, deadline);
+  }
   SendLaunchLocked(job, node);
-  return true;
 }
 
 }  // namespace mesh::coordinator

@@ -126,6 +126,19 @@ class JobManagerInPlaceTest : public JobManagerTest {
 
   double Count(const std::string& name) const { return registry_.CounterValue(name); }
 
+  // Every registered agent not in `alive` falls silent until it is LOST.
+  void LoseAllBut(const std::vector<Agent*>& alive) {
+    AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), alive);
+  }
+
+  // node-c registers, free; then node-b is LOST while node-a and node-c
+  // heartbeat. Returns node-c.
+  Agent* LoseNodeBWithNodeCFree() {
+    Agent* c = &AddAgent("node-c");
+    LoseAllBut({a_, c});
+    return c;
+  }
+
   // The 2 × 2 job of RunJob restarted as a whole after one failure at
   // generation 0: generation 1 is scheduled with one restart counted, and
   // both nodes got a KILL of generation 0 and a plain LAUNCH of 1.
@@ -336,7 +349,7 @@ TEST_F(JobManagerInPlaceTest, ALostNodesRanksMoveToAFreeNodeWhileTheOthersCarryO
   Agent* c = &AddAgent("node-c");
   const int events_before = Job(id).events_size();
 
-  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  LoseAllBut({a_, c});
   ASSERT_EQ(NodeInfo("node-b").state(), v1::NODE_STATE_LOST);
 
   const v1::Job job = Job(id);
@@ -401,7 +414,7 @@ TEST_F(JobManagerInPlaceTest, ALostNodesRanksMoveToAFreeNodeWhileTheOthersCarryO
 
 TEST_F(JobManagerInPlaceTest, ALostNodeWithNoFreeNodeRestartsTheWholeJob) {
   const std::string id = RunAndFormWorld(InPlaceSpec(2));
-  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_});
+  LoseAllBut({a_});
   const v1::Job job = Job(id);
   EXPECT_EQ(job.generation(), 1);
   EXPECT_EQ(job.restarts(), 1);
@@ -412,8 +425,7 @@ TEST_F(JobManagerInPlaceTest, ALostNodeWithNoFreeNodeRestartsTheWholeJob) {
 TEST_F(JobManagerInPlaceTest, ALostNodeBeforeTheWorldFormedRestartsTheWholeJob) {
   AddTwoNodes();
   const std::string id = RunJob(InPlaceSpec(2));
-  Agent* c = &AddAgent("node-c");
-  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  Agent* c = LoseNodeBWithNodeCFree();
   const v1::Job job = Job(id);
   EXPECT_EQ(job.generation(), 1);
   EXPECT_EQ(Count(kInPlaceRecoveries), 0);
@@ -434,7 +446,7 @@ TEST_F(JobManagerInPlaceTest, AGpuJobsRanksMoveToANodeWithTheirGpusFree) {
   Agent* c = &AddAgent("node-c", /*slots=*/2, /*gpus=*/1);
   Agent* d = &AddAgent("node-d", /*slots=*/2, /*gpus=*/4);
 
-  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c, d});
+  LoseAllBut({a_, c, d});
   const v1::Job job = Job(id);
   EXPECT_EQ(job.generation(), 0);
   EXPECT_THAT(job.nodes(), ElementsAre("node-a", "node-d"));
@@ -453,8 +465,7 @@ TEST_F(JobManagerInPlaceTest, AGpuJobsRanksMoveToANodeWithTheirGpusFree) {
 TEST_F(JobManagerInPlaceTest, AMovedPlacementSurvivesACoordinatorRestart) {
   UseFileStore();
   const std::string id = RunAndFormWorld(InPlaceSpec(2));
-  Agent* c = &AddAgent("node-c");
-  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  Agent* c = LoseNodeBWithNodeCFree();
   ASSERT_THAT(Started(*c, id, 0, {2, 3}), IsOk());
   ASSERT_THAT(Job(id).nodes(), ElementsAre("node-a", "node-c"));
 
@@ -484,12 +495,12 @@ TEST_F(JobManagerInPlaceTest, ALostNodeThatBreaksEveryReplicaRestartsTheWholeJob
   v1::JobSpec spec = InPlaceSpec(2);
   spec.set_in_place_dim("tp");
   const std::string id = RunAndFormWorld(spec);
-  Agent* c = &AddAgent("node-c");
-  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  Agent* c = LoseNodeBWithNodeCFree();
   const v1::Job job = Job(id);
   EXPECT_EQ(job.generation(), 1);
   EXPECT_EQ(job.restarts(), 1);
   EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+  for (const v1::Assignment& order : c->orders->messages()) EXPECT_EQ(order.generation(), 1);
 }
 
 // Both nodes lost in one pass (node-c free): one whole restart, counted
@@ -497,7 +508,7 @@ TEST_F(JobManagerInPlaceTest, ALostNodeThatBreaksEveryReplicaRestartsTheWholeJob
 TEST_F(JobManagerInPlaceTest, NodesLostInOnePassRestartTheJobOnce) {
   const std::string id = RunAndFormWorld(InPlaceSpec(2));
   Agent* c = &AddAgent("node-c");
-  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {c});
+  LoseAllBut({c});
   const v1::Job job = Job(id);
   EXPECT_EQ(job.generation(), 1);
   EXPECT_EQ(job.restarts(), 1);
@@ -509,15 +520,14 @@ TEST_F(JobManagerInPlaceTest, NodesLostInOnePassRestartTheJobOnce) {
 // is not taken: the job restarts as a whole.
 TEST_F(JobManagerInPlaceTest, ANodeThatLeftTheGenerationIsNotTakenAgain) {
   const std::string id = RunAndFormWorld(InPlaceSpec(2));
-  Agent* c = &AddAgent("node-c");
-  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  Agent* c = LoseNodeBWithNodeCFree();
   ASSERT_THAT(Job(id).nodes(), ElementsAre("node-a", "node-c"));
   ASSERT_THAT(Started(*c, id, 0, {2, 3}), IsOk());
   ASSERT_THAT(Register(*b_), IsOk());
   ASSERT_THAT(Watch(*b_), IsOk());
   ASSERT_EQ(NodeInfo("node-b").state(), v1::NODE_STATE_READY);
 
-  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, b_});
+  LoseAllBut({a_, b_});
   const v1::Job job = Job(id);
   EXPECT_EQ(job.generation(), 1);
   EXPECT_EQ(job.restarts(), 2);
@@ -531,8 +541,7 @@ TEST_F(JobManagerInPlaceTest, ANodeThatLeftTheGenerationIsNotTakenAgain) {
 // restarts as a whole once, not once per rank.
 TEST_F(JobManagerInPlaceTest, ALaunchErrorOnTheNewNodeRestartsTheWholeJobOnce) {
   const std::string id = RunAndFormWorld(InPlaceSpec(3));
-  Agent* c = &AddAgent("node-c");
-  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  Agent* c = LoseNodeBWithNodeCFree();
   ASSERT_EQ(Job(id).restarts(), 1);
   ASSERT_THAT(LaunchFailed(*c, id, 0, 2, "no memory cgroup"), IsOk());
   ASSERT_THAT(LaunchFailed(*c, id, 0, 3, "no memory cgroup"), IsOk());
@@ -544,8 +553,7 @@ TEST_F(JobManagerInPlaceTest, ALaunchErrorOnTheNewNodeRestartsTheWholeJobOnce) {
 
 TEST_F(JobManagerInPlaceTest, AMovedRankNeverReportedStartedRestartsTheWholeJob) {
   const std::string id = RunAndFormWorld(InPlaceSpec(2));
-  Agent* c = &AddAgent("node-c");
-  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  Agent* c = LoseNodeBWithNodeCFree();
   ASSERT_EQ(Job(id).generation(), 0);
   AdvanceWithHeartbeats(kKillGrace + kHeartbeatTimeout + absl::Seconds(5), {a_, c});
   const v1::Job job = Job(id);
@@ -556,10 +564,10 @@ TEST_F(JobManagerInPlaceTest, AMovedRankNeverReportedStartedRestartsTheWholeJob)
 
 TEST_F(JobManagerInPlaceTest, AGroupJobsLostNodeIsNotMovedInPlace) {
   const std::string id = RunAndFormWorld(SpecWithRestarts(2));
-  Agent* c = &AddAgent("node-c");
-  AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), {a_, c});
+  Agent* c = LoseNodeBWithNodeCFree();
   EXPECT_EQ(Job(id).generation(), 1);
   EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+  for (const v1::Assignment& order : c->orders->messages()) EXPECT_EQ(order.generation(), 1);
 }
 
 TEST_F(JobManagerInPlaceTest, AFailureAfterAnotherRankFinishedRestartsTheWholeJob) {

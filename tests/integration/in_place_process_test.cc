@@ -47,6 +47,57 @@ struct Step {
   int64_t ms = 0;
 };
 
+// Every step line of a rank's log (both processes' when it was replaced).
+std::vector<Step> StepsIn(const std::string& path) {
+  std::ifstream file(path);
+  std::vector<Step> steps;
+  std::string line;
+  while (std::getline(file, line)) {
+    const std::vector<std::string> f = absl::StrSplit(line, ' ');
+    if (f.size() != 12 || f[0] != "step") continue;
+    Step s;
+    if (absl::SimpleAtoi(f[1], &s.step) && absl::SimpleAtoi(f[3], &s.replicas) &&
+        absl::SimpleAtod(f[5], &s.sum) && absl::SimpleAtoi(f[9], &s.pid) &&
+        absl::SimpleAtoi(f[11], &s.ms)) {
+      steps.push_back(s);
+    }
+  }
+  return steps;
+}
+
+// A (4, 1) dp x tp job of elastic_train under IN_PLACE with 2 restarts, on
+// `nodes` nodes of 4 / `nodes` processes, its workers tagged with `marker`.
+// A replacement waits 1.5 s before it joins, as a real one spends starting
+// up, so the survivors run with fewer replicas first.
+mesh::v1::JobSpec ElasticTrainSpec(const std::string& marker, int nodes, int steps) {
+  mesh::v1::JobSpec spec;
+  spec.set_name("elastic");
+  spec.add_command(ELASTIC_TRAIN_BIN);
+  for (const std::string& arg :
+       {std::string("--steps"), absl::StrCat(steps), std::string("--step-ms"), std::string("20"),
+        std::string("--gloo-host"), std::string("127.0.0.1"), std::string("--restart-delay-ms"),
+        std::string("1500")}) {
+    spec.add_command(arg);
+  }
+  (*spec.mutable_env())["MARKER"] = marker;
+  spec.mutable_nodes()->set_min(nodes);
+  spec.set_nproc_per_node(kWorld / nodes);
+  spec.add_mesh_shape(kWorld);
+  spec.add_mesh_shape(1);
+  spec.add_mesh_dim_names("dp");
+  spec.add_mesh_dim_names("tp");
+  spec.set_restart_policy(mesh::v1::RESTART_POLICY_IN_PLACE);
+  spec.set_max_restarts(2);
+  return spec;
+}
+
+std::string FileText(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
 class InPlaceProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -70,32 +121,11 @@ class InPlaceProcessTest : public ::testing::Test {
         {"MARKER=" + marker_, "MESH_JOB_ID=" + id, absl::StrCat("MESH_RANK=", rank)});
   }
 
-  // Every step line of `rank`'s log (both processes' when it was replaced).
-  std::vector<Step> Steps(const std::string& id, int rank) {
-    std::ifstream file(
-        absl::StrCat(cluster_.dir(), "/agent-0/jobs/", id, "/gen-0/rank-", rank, ".log"));
-    std::vector<Step> steps;
-    std::string line;
-    while (std::getline(file, line)) {
-      const std::vector<std::string> f = absl::StrSplit(line, ' ');
-      if (f.size() != 12 || f[0] != "step") continue;
-      Step s;
-      if (absl::SimpleAtoi(f[1], &s.step) && absl::SimpleAtoi(f[3], &s.replicas) &&
-          absl::SimpleAtod(f[5], &s.sum) && absl::SimpleAtoi(f[9], &s.pid) &&
-          absl::SimpleAtoi(f[11], &s.ms)) {
-        steps.push_back(s);
-      }
-    }
-    return steps;
+  std::string LogPath(const std::string& id, int rank) {
+    return absl::StrCat(cluster_.dir(), "/agent-0/jobs/", id, "/gen-0/rank-", rank, ".log");
   }
-
-  std::string Log(const std::string& id, int rank) {
-    std::ifstream file(
-        absl::StrCat(cluster_.dir(), "/agent-0/jobs/", id, "/gen-0/rank-", rank, ".log"));
-    std::stringstream text;
-    text << file.rdbuf();
-    return text.str();
-  }
+  std::vector<Step> Steps(const std::string& id, int rank) { return StepsIn(LogPath(id, rank)); }
+  std::string Log(const std::string& id, int rank) { return FileText(LogPath(id, rank)); }
 
   ::mesh::testing::CommandOutput Meshctl(std::vector<std::string> args) {
     args.insert(args.begin(), {MESHCTL_BIN, "--coordinator", cluster_.address()});
@@ -108,24 +138,7 @@ class InPlaceProcessTest : public ::testing::Test {
 };
 
 TEST_F(InPlaceProcessTest, SurvivorsCarryOnAndTheReplacementRejoinsWithAPeersState) {
-  mesh::v1::JobSpec spec;
-  spec.set_name("elastic");
-  spec.add_command(ELASTIC_TRAIN_BIN);
-  // The replacement waits 1.5 s before it joins, as a real one spends
-  // starting up, so the survivors run as three replicas first.
-  for (const char* arg : {"--steps", "250", "--step-ms", "20", "--gloo-host", "127.0.0.1",
-                          "--restart-delay-ms", "1500"}) {
-    spec.add_command(arg);
-  }
-  (*spec.mutable_env())["MARKER"] = marker_;
-  spec.mutable_nodes()->set_min(1);
-  spec.set_nproc_per_node(kWorld);
-  spec.add_mesh_shape(kWorld);
-  spec.add_mesh_shape(1);
-  spec.add_mesh_dim_names("dp");
-  spec.add_mesh_dim_names("tp");
-  spec.set_restart_policy(mesh::v1::RESTART_POLICY_IN_PLACE);
-  spec.set_max_restarts(2);
+  const mesh::v1::JobSpec spec = ElasticTrainSpec(marker_, /*nodes=*/1, /*steps=*/250);
   absl::StatusOr<mesh::v1::Job> submitted = mesh::testing::SubmitJob(cluster_.jobs(), spec);
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   const std::string id = submitted->id();
@@ -258,27 +271,10 @@ class InPlaceNodeProcessTest : public ::testing::Test {
   }
 
   std::vector<Step> Steps(const std::string& id, int agent, int rank) {
-    std::ifstream file(LogPath(id, agent, rank));
-    std::vector<Step> steps;
-    std::string line;
-    while (std::getline(file, line)) {
-      const std::vector<std::string> f = absl::StrSplit(line, ' ');
-      if (f.size() != 12 || f[0] != "step") continue;
-      Step s;
-      if (absl::SimpleAtoi(f[1], &s.step) && absl::SimpleAtoi(f[3], &s.replicas) &&
-          absl::SimpleAtod(f[5], &s.sum) && absl::SimpleAtoi(f[9], &s.pid) &&
-          absl::SimpleAtoi(f[11], &s.ms)) {
-        steps.push_back(s);
-      }
-    }
-    return steps;
+    return StepsIn(LogPath(id, agent, rank));
   }
-
   std::string Log(const std::string& id, int agent, int rank) {
-    std::ifstream file(LogPath(id, agent, rank));
-    std::stringstream text;
-    text << file.rdbuf();
-    return text.str();
+    return FileText(LogPath(id, agent, rank));
   }
 
   MeshCluster cluster_{{MESH_COORDINATOR_BIN, MESH_AGENT_BIN}, "mesh-in-place-node-test"};
@@ -287,22 +283,7 @@ class InPlaceNodeProcessTest : public ::testing::Test {
 };
 
 TEST_F(InPlaceNodeProcessTest, ALostNodesRanksMoveToTheFreeNodeWhileTheOthersCarryOn) {
-  mesh::v1::JobSpec spec;
-  spec.set_name("elastic");
-  spec.add_command(ELASTIC_TRAIN_BIN);
-  for (const char* arg : {"--steps", "400", "--step-ms", "20", "--gloo-host", "127.0.0.1",
-                          "--restart-delay-ms", "1500"}) {
-    spec.add_command(arg);
-  }
-  (*spec.mutable_env())["MARKER"] = marker_;
-  spec.mutable_nodes()->set_min(2);
-  spec.set_nproc_per_node(2);
-  spec.add_mesh_shape(4);
-  spec.add_mesh_shape(1);
-  spec.add_mesh_dim_names("dp");
-  spec.add_mesh_dim_names("tp");
-  spec.set_restart_policy(mesh::v1::RESTART_POLICY_IN_PLACE);
-  spec.set_max_restarts(2);
+  const mesh::v1::JobSpec spec = ElasticTrainSpec(marker_, /*nodes=*/2, /*steps=*/400);
   absl::StatusOr<mesh::v1::Job> submitted = mesh::testing::SubmitJob(cluster_.jobs(), spec);
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   const std::string id = submitted->id();
