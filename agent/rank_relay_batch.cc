@@ -13,20 +13,6 @@
 namespace mesh::agent::relay_internal {
 namespace {
 
-// Half the interval the ranks heartbeat at, and at most half of what the
-// timeout leaves after an interval: a live rank's heartbeats reach the
-// coordinator at least every interval plus one flush, always short of the
-// timeout. At least 50 ms.
-absl::Duration FlushIntervalFor(double heartbeat_interval_seconds,
-                                double heartbeat_timeout_seconds) {
-  const absl::Duration interval = absl::Seconds(heartbeat_interval_seconds);
-  absl::Duration flush = interval / 2;
-  if (heartbeat_timeout_seconds > heartbeat_interval_seconds) {
-    flush = std::min(flush, (absl::Seconds(heartbeat_timeout_seconds) - interval) / 2);
-  }
-  return std::max(flush, absl::Milliseconds(50));
-}
-
 // Keeps, for each group a newer heartbeat sends without members, the members
 // an unsent older one carried (members are sent once, or when asked).
 void MergeHeartbeat(const v1::HeartbeatRequest& older, v1::HeartbeatRequest* newer) {
@@ -63,6 +49,18 @@ bool FetcherOwnError(const grpc::Status& status) {
 }
 
 }  // namespace
+
+// A live rank's heartbeats reach the coordinator at least every interval
+// plus one flush, always short of the timeout.
+absl::Duration FlushIntervalFor(double heartbeat_interval_seconds,
+                                double heartbeat_timeout_seconds) {
+  const absl::Duration interval = absl::Seconds(heartbeat_interval_seconds);
+  absl::Duration flush = interval / 2;
+  if (heartbeat_timeout_seconds > heartbeat_interval_seconds) {
+    flush = std::min(flush, (absl::Seconds(heartbeat_timeout_seconds) - interval) / 2);
+  }
+  return std::max(flush, absl::Milliseconds(50));
+}
 
 // ---- Join and barriers: batched -------------------------------------------------
 

@@ -57,6 +57,12 @@ using Stub = v1::WorkerService::Stub;
 using Ctx = grpc::CallbackServerContext;
 using Unary = grpc::ServerUnaryReactor;
 
+// How often a generation's heartbeats go up, for the heartbeat interval and
+// timeout its Join replies gave (rank_relay_batch.cc): half the interval, at
+// most half of what the timeout leaves after an interval, at least 50 ms.
+absl::Duration FlushIntervalFor(double heartbeat_interval_seconds,
+                                double heartbeat_timeout_seconds);
+
 // One process holding a rank: (rank, incarnation).
 using ProcessKey = std::pair<int, uint64_t>;
 inline ProcessKey ProcessOf(const v1::RankContext& context) {

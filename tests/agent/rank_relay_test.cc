@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "agent/rank_relay_internal.h"
 #include "mesh/v1/worker.grpc.pb.h"
 #include "tests/agent/rank_relay_test_util.h"
 #include "tests/util/in_process_coordinator.h"
@@ -888,6 +889,20 @@ TEST_F(RankRelayTest, ARankLostThroughTheRelayLeavesTheRoundAndTheHeartbeatsName
   EXPECT_EQ(again.lost_ranks_size(), 1);
   EXPECT_FALSE(coordinator_->JobFailed(kJob));
   WaitForFlushesToStop(*relay);
+}
+
+// The flush keeps a live rank heard of before its timeout, whatever the two
+// flags are: interval + flush < timeout.
+TEST(RankRelayFlushTest, HalfTheIntervalWithinWhatTheTimeoutLeaves) {
+  using relay_internal::FlushIntervalFor;
+  EXPECT_EQ(FlushIntervalFor(1, 10), absl::Milliseconds(500));
+  EXPECT_EQ(FlushIntervalFor(10.0 / 3, 10), absl::Seconds(10.0 / 3) / 2);
+  // 4 s and 5 s: half the interval would leave a live rank unheard for 6 s.
+  EXPECT_EQ(FlushIntervalFor(4, 5), absl::Milliseconds(500));
+  EXPECT_LT(absl::Seconds(4) + FlushIntervalFor(4, 5), absl::Seconds(5));
+  // Never below 50 ms, and a reply without a timeout keeps half the interval.
+  EXPECT_EQ(FlushIntervalFor(0.02, 10), absl::Milliseconds(50));
+  EXPECT_EQ(FlushIntervalFor(2, 0), absl::Seconds(1));
 }
 
 }  // namespace rank_relay_test
