@@ -105,10 +105,10 @@ TEST(BenchReportSmoke, PipelineWritesOneTableWithEverySuite) {
       }
     }
   }
-  EXPECT_EQ(suites, (std::set<std::string>{"rpc latency", "rendezvous", "waiters",
-                                           "collectives (2 procs)", "redistribute", "launch",
-                                           "recovery", "metrics", "progress", "store", "python",
-                                           "gpu"}));
+  EXPECT_EQ(suites,
+            (std::set<std::string>{"rpc latency", "rendezvous", "waiters", "collectives (2 procs)",
+                                   "redistribute", "launch", "recovery", "metrics", "progress",
+                                   "store", "python", "gpu"}));
   EXPECT_EQ(rendezvous_rows,
             (std::set<std::string>{"64 ranks, a connection each", "64 ranks through agents of 8",
                                    "64 ranks through agents of 8, TLS"}));

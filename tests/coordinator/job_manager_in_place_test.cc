@@ -131,6 +131,16 @@ class JobManagerInPlaceTest : public JobManagerTest {
     AdvanceWithHeartbeats(kHeartbeatTimeout + absl::Seconds(1), alive);
   }
 
+  // The job restarted as a whole once more (generation 1), with `restarts`
+  // counted in all, `recoveries` of them in place. Returns the job.
+  v1::Job ExpectWholeRestart(const std::string& id, int restarts, int recoveries) {
+    const v1::Job job = Job(id);
+    EXPECT_EQ(job.generation(), 1);
+    EXPECT_EQ(job.restarts(), restarts);
+    EXPECT_EQ(Count(kInPlaceRecoveries), recoveries);
+    return job;
+  }
+
   // node-c registers, free; then node-b is LOST while node-a and node-c
   // heartbeat. Returns node-c.
   Agent* LoseNodeBWithNodeCFree() {
@@ -415,10 +425,7 @@ TEST_F(JobManagerInPlaceTest, ALostNodesRanksMoveToAFreeNodeWhileTheOthersCarryO
 TEST_F(JobManagerInPlaceTest, ALostNodeWithNoFreeNodeRestartsTheWholeJob) {
   const std::string id = RunAndFormWorld(InPlaceSpec(2));
   LoseAllBut({a_});
-  const v1::Job job = Job(id);
-  EXPECT_EQ(job.generation(), 1);
-  EXPECT_EQ(job.restarts(), 1);
-  EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+  ExpectWholeRestart(id, 1, 0);
   EXPECT_THAT(OrdersWith(a_->orders->messages(), kKill), SizeIs(1));
 }
 
@@ -496,10 +503,7 @@ TEST_F(JobManagerInPlaceTest, ALostNodeThatBreaksEveryReplicaRestartsTheWholeJob
   spec.set_in_place_dim("tp");
   const std::string id = RunAndFormWorld(spec);
   Agent* c = LoseNodeBWithNodeCFree();
-  const v1::Job job = Job(id);
-  EXPECT_EQ(job.generation(), 1);
-  EXPECT_EQ(job.restarts(), 1);
-  EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+  ExpectWholeRestart(id, 1, 0);
   for (const v1::Assignment& order : c->orders->messages()) EXPECT_EQ(order.generation(), 1);
 }
 
@@ -509,10 +513,7 @@ TEST_F(JobManagerInPlaceTest, NodesLostInOnePassRestartTheJobOnce) {
   const std::string id = RunAndFormWorld(InPlaceSpec(2));
   Agent* c = &AddAgent("node-c");
   LoseAllBut({c});
-  const v1::Job job = Job(id);
-  EXPECT_EQ(job.generation(), 1);
-  EXPECT_EQ(job.restarts(), 1);
-  EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+  const v1::Job job = ExpectWholeRestart(id, 1, 0);
 }
 
 // node-b's ranks moved to node-c; node-b comes back, then node-c is lost.
@@ -528,10 +529,7 @@ TEST_F(JobManagerInPlaceTest, ANodeThatLeftTheGenerationIsNotTakenAgain) {
   ASSERT_EQ(NodeInfo("node-b").state(), v1::NODE_STATE_READY);
 
   LoseAllBut({a_, b_});
-  const v1::Job job = Job(id);
-  EXPECT_EQ(job.generation(), 1);
-  EXPECT_EQ(job.restarts(), 2);
-  EXPECT_EQ(Count(kInPlaceRecoveries), 1);
+  ExpectWholeRestart(id, 2, 1);
   for (const v1::Assignment& order : OrdersWith(b_->orders->messages(), kLaunch)) {
     EXPECT_NE(order.generation(), 0) << order.DebugString();
   }
@@ -545,10 +543,7 @@ TEST_F(JobManagerInPlaceTest, ALaunchErrorOnTheNewNodeRestartsTheWholeJobOnce) {
   ASSERT_EQ(Job(id).restarts(), 1);
   ASSERT_THAT(LaunchFailed(*c, id, 0, 2, "no memory cgroup"), IsOk());
   ASSERT_THAT(LaunchFailed(*c, id, 0, 3, "no memory cgroup"), IsOk());
-  const v1::Job job = Job(id);
-  EXPECT_EQ(job.generation(), 1);
-  EXPECT_EQ(job.restarts(), 2);
-  EXPECT_EQ(Count(kInPlaceRecoveries), 1);
+  const v1::Job job = ExpectWholeRestart(id, 2, 1);
 }
 
 TEST_F(JobManagerInPlaceTest, AMovedRankNeverReportedStartedRestartsTheWholeJob) {
@@ -576,10 +571,7 @@ TEST_F(JobManagerInPlaceTest, AFailureAfterAnotherRankFinishedRestartsTheWholeJo
   // with a rank that has exited, so the job restarts as a whole.
   ASSERT_THAT(Exited(*a_, id, 0, 0, 0), IsOk());
   ASSERT_THAT(Exited(*a_, id, 0, 1, 1), IsOk());
-  const v1::Job job = Job(id);
-  EXPECT_EQ(job.generation(), 1);
-  EXPECT_EQ(job.restarts(), 1);
-  EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+  const v1::Job job = ExpectWholeRestart(id, 1, 0);
 }
 
 TEST_F(JobManagerInPlaceTest, ARepeatedExitReportOfTheReplacedProcessCountsOnce) {
