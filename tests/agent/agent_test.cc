@@ -29,6 +29,8 @@
 #include "tests/common/test_metrics.h"
 
 namespace mesh::agent {
+
+using testing::EnvValue;
 namespace agent_test {
 
 using ::mesh::agent::testing::FakeLauncher;
@@ -752,13 +754,6 @@ TEST_F(AgentTest, ShutdownStopsEveryWorker) {
 // ---------------------------------------------------------------------------
 // Metrics.
 // ---------------------------------------------------------------------------
-
-std::string EnvValue(const LaunchSpec& spec, const std::string& name) {
-  for (const std::string& entry : spec.env) {
-    if (entry.rfind(name + "=", 0) == 0) return entry.substr(name.size() + 1);
-  }
-  return "";
-}
 
 TEST(WorkerExitReasonTest, BoundedClasses) {
   auto exited = [](int code) {

@@ -136,4 +136,13 @@ class FakeLauncher final : public ProcessLauncher {
   std::thread thread_;  // last
 };
 
+// The value of `name` in a launched process's environment ("NAME=value"),
+// or "" when it is not set.
+inline std::string EnvValue(const LaunchSpec& spec, const std::string& name) {
+  for (const std::string& entry : spec.env) {
+    if (entry.rfind(name + "=", 0) == 0) return entry.substr(name.size() + 1);
+  }
+  return "";
+}
+
 }  // namespace mesh::agent::testing

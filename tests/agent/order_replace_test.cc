@@ -32,6 +32,8 @@
 #include "tests/util/proc.h"
 
 namespace mesh::agent {
+
+using testing::EnvValue;
 namespace order_replace_test {
 
 using ::mesh::agent::testing::FakeLauncher;
@@ -145,13 +147,6 @@ class FakeCgroupManager final : public CgroupManager {
  private:
   const std::shared_ptr<CgroupRecord> record_ = std::make_shared<CgroupRecord>();
 };
-
-std::string EnvValue(const LaunchSpec& spec, const std::string& name) {
-  for (const std::string& entry : spec.env) {
-    if (entry.rfind(name + "=", 0) == 0) return entry.substr(name.size() + 1);
-  }
-  return "";
-}
 
 v1::Assignment Launch(const std::string& job, int64_t generation, std::vector<int> ranks) {
   v1::Assignment order;

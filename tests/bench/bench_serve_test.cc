@@ -3,9 +3,7 @@
 // Small sizes; asserts behaviour, never a time.
 #include <signal.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#include <filesystem>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -13,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "bench/rendezvous_bench.h"
+#include "tests/util/proc.h"
 #include "tests/util/subprocess.h"
 #include "tests/util/test_pki.h"
 
@@ -49,10 +48,8 @@ TEST(BenchServe, ServesARendezvousFromAnotherProcessAndStopsOnSigterm) {
 
 TEST(BenchServe, ServesTlsWithTheGivenCertificate) {
   if (!testing::HaveOpenssl()) GTEST_SKIP() << "no openssl binary to make a test PKI";
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("mesh_bench_serve_tls_" + std::to_string(::getpid())))
-                              .string();
-  auto pki = testing::MakeTestPki(dir);
+  const testing::ScratchDir dir("mesh-bench-serve-tls");  // Removed however the test ends.
+  auto pki = testing::MakeTestPki(dir / "pki");
   ASSERT_TRUE(pki.ok()) << pki.status();
   auto serve = testing::Subprocess::Start(
       {MESH_BENCH_BIN, "serve", "--tls-cert", pki->server_cert, "--tls-key", pki->server_key});
@@ -83,7 +80,6 @@ TEST(BenchServe, ServesTlsWithTheGivenCertificate) {
   auto status = serve->Wait(absl::Seconds(20));
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_TRUE(WIFEXITED(*status));
-  std::filesystem::remove_all(dir);
 }
 
 TEST(BenchServe, RefusesACertificateWithoutItsKey) {

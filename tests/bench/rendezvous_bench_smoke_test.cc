@@ -2,10 +2,9 @@
 // should; never asserts a time.
 #include "bench/rendezvous_bench.h"
 
-#include <filesystem>
-
 #include <gtest/gtest.h>
 
+#include "tests/util/proc.h"
 #include "tests/util/test_pki.h"
 
 namespace mesh::bench {
@@ -113,17 +112,9 @@ class RendezvousBenchTlsSmoke : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!testing::HaveOpenssl()) GTEST_SKIP() << "no openssl binary to make a test PKI";
-    const std::string dir =
-        (std::filesystem::temp_directory_path() /
-         ("mesh_bench_tls_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-          "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-            .string();
-    auto pki = testing::MakeTestPki(dir);
+    auto pki = testing::MakeTestPki(dir_ / "pki");
     ASSERT_TRUE(pki.ok()) << pki.status();
     pki_ = *std::move(pki);
-  }
-  void TearDown() override {
-    if (!pki_.dir.empty()) std::filesystem::remove_all(pki_.dir);
   }
   // One measured round of `ranks` ranks over TLS.
   RendezvousBenchOptions TlsOptions(int ranks) const {
@@ -142,6 +133,7 @@ class RendezvousBenchTlsSmoke : public ::testing::Test {
     return tls;
   }
 
+  const testing::ScratchDir dir_{"mesh-bench-tls"};  // Removed with the fixture.
   testing::TestPki pki_;
 };
 

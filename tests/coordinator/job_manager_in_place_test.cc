@@ -504,6 +504,7 @@ TEST_F(JobManagerInPlaceTest, ALostNodeThatBreaksEveryReplicaRestartsTheWholeJob
   const std::string id = RunAndFormWorld(spec);
   Agent* c = LoseNodeBWithNodeCFree();
   ExpectWholeRestart(id, 1, 0);
+  ASSERT_THAT(c->orders->messages(), Not(IsEmpty()));
   for (const v1::Assignment& order : c->orders->messages()) EXPECT_EQ(order.generation(), 1);
 }
 
@@ -530,6 +531,7 @@ TEST_F(JobManagerInPlaceTest, ANodeThatLeftTheGenerationIsNotTakenAgain) {
 
   LoseAllBut({a_, b_});
   ExpectWholeRestart(id, 2, 1);
+  ASSERT_THAT(OrdersWith(b_->orders->messages(), kLaunch), Not(IsEmpty()));
   for (const v1::Assignment& order : OrdersWith(b_->orders->messages(), kLaunch)) {
     EXPECT_NE(order.generation(), 0) << order.DebugString();
   }
@@ -562,6 +564,7 @@ TEST_F(JobManagerInPlaceTest, AGroupJobsLostNodeIsNotMovedInPlace) {
   Agent* c = LoseNodeBWithNodeCFree();
   EXPECT_EQ(Job(id).generation(), 1);
   EXPECT_EQ(Count(kInPlaceRecoveries), 0);
+  ASSERT_THAT(c->orders->messages(), Not(IsEmpty()));
   for (const v1::Assignment& order : c->orders->messages()) EXPECT_EQ(order.generation(), 1);
 }
 

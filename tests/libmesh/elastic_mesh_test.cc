@@ -22,6 +22,7 @@
 #include "mesh/process_group_gloo.h"
 #include "mesh/runtime.h"
 #include "tests/util/in_process_coordinator.h"
+#include "tests/util/proc.h"
 #include "tests/util/status_matchers.h"
 
 namespace mesh {
@@ -164,11 +165,13 @@ TEST_F(ElasticMeshTest, SurvivorsCarryOnAsThreeReplicasAndTheReplacementTakesThe
 
   // The replacement: a new process (incarnation) for rank 2, once the
   // others run as three replicas.
-  const absl::Time wait_until = absl::Now() + absl::Seconds(20);
-  while (coordinator_->coordination().GetJob("job")->membership_epoch < 1 &&
-         absl::Now() < wait_until) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  ASSERT_TRUE(::mesh::testing::WaitUntil(
+      [&] {
+        auto info = coordinator_->coordination().GetJob("job");
+        return info.ok() && info->membership_epoch >= 1;
+      },
+      absl::Seconds(20)))
+      << "the coordinator never lost the rank";
   absl::SleepFor(absl::Milliseconds(200));
   auto replacement = Runtime::Init(Options(2));
   ASSERT_TRUE(replacement.ok()) << replacement.status();
@@ -231,11 +234,13 @@ TEST_F(ElasticMeshTest, ATensorParallelReplicaDropsOutWholeAndComesBackWhole) {
   threads[5].join();
   ASSERT_TRUE(results[5].ok()) << results[5];
   runtimes[5].reset();
-  const absl::Time wait_until = absl::Now() + absl::Seconds(20);
-  while (coordinator_->coordination().GetJob("job42")->membership_epoch < 1 &&
-         absl::Now() < wait_until) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  ASSERT_TRUE(::mesh::testing::WaitUntil(
+      [&] {
+        auto info = coordinator_->coordination().GetJob("job42");
+        return info.ok() && info->membership_epoch >= 1;
+      },
+      absl::Seconds(20)))
+      << "the coordinator never lost the rank";
   absl::SleepFor(absl::Milliseconds(300));
   auto replacement = Runtime::Init(Options(5, "job42", kRanks));
   ASSERT_TRUE(replacement.ok()) << replacement.status();
