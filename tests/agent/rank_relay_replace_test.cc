@@ -54,9 +54,7 @@ RankContext Rank(int rank, uint64_t incarnation = 0) {
 }
 
 std::unique_ptr<grpc::ClientContext> Context(absl::Duration deadline = absl::Seconds(30)) {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  return ctx;
+  return ::mesh::agent::testing::CallContext("", deadline);
 }
 
 std::unique_ptr<WorkerService::Stub> StubOf(const RankRelay& relay) {

@@ -33,6 +33,7 @@
 namespace mesh::agent {
 namespace rank_relay_test {
 
+using ::mesh::agent::testing::CallContext;
 using ::mesh::testing::InProcessCoordinator;
 using ::mesh::testing::IsOk;
 using ::mesh::testing::ScratchDir;
@@ -49,15 +50,6 @@ RankContext Rank(int rank, int64_t generation = 0, const std::string& job = kJob
   ctx.set_generation(generation);
   ctx.set_rank(rank);
   ctx.set_incarnation(9000 + rank);
-  return ctx;
-}
-
-// A call's context: a deadline, and the worker token when there is one.
-std::unique_ptr<grpc::ClientContext> Context(const std::string& token = "",
-                                             absl::Duration deadline = absl::Seconds(30)) {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  if (!token.empty()) ctx->AddMetadata("authorization", absl::StrCat("Bearer ", token));
   return ctx;
 }
 
@@ -141,7 +133,7 @@ class RankRelayTest : public ::testing::Test {
                                                         const std::string& host,
                                                         const std::string& token = "") {
     return OnRankThreads<JoinResponse>(ranks, [&](int rank, JoinResponse* reply) {
-      return StubOf(relay)->Join(Context(token).get(), JoinOf(rank, host), reply);
+      return StubOf(relay)->Join(CallContext(token).get(), JoinOf(rank, host), reply);
     });
   }
 
@@ -193,7 +185,7 @@ TEST_F(RankRelayTest, FourLocalRanksJoinInOneBatch) {
   *describe.mutable_context() = Rank(3);
   for (int r = 0; r < 4; ++r) describe.add_ranks(r);
   DescribeRanksResponse described;
-  const grpc::Status s = StubOf(*relay)->DescribeRanks(Context().get(), describe, &described);
+  const grpc::Status s = StubOf(*relay)->DescribeRanks(CallContext().get(), describe, &described);
   ASSERT_TRUE(s.ok()) << s.error_message();
   ASSERT_EQ(described.ranks_size(), 4);
   for (int r = 0; r < 4; ++r) {
@@ -260,7 +252,7 @@ TEST_F(RankRelayTest, BarriersGoUpInOneBatchAndNameTheMissingRank) {
     *barrier.mutable_context() = Rank(rank);
     barrier.set_name("init");
     barrier.set_timeout_seconds(20);
-    return StubOf(*relay)->Barrier(Context().get(), barrier, reply);
+    return StubOf(*relay)->Barrier(CallContext().get(), barrier, reply);
   });
   for (const auto& o : passed) {
     ASSERT_TRUE(o.status.ok()) << o.status.error_message();
@@ -274,7 +266,7 @@ TEST_F(RankRelayTest, BarriersGoUpInOneBatchAndNameTheMissingRank) {
     *barrier.mutable_context() = Rank(rank);
     barrier.set_name("step-1");
     barrier.set_timeout_seconds(0.5);
-    return StubOf(*relay)->Barrier(Context().get(), barrier, reply);
+    return StubOf(*relay)->Barrier(CallContext().get(), barrier, reply);
   });
   for (const auto& o : timed_out) {
     EXPECT_EQ(o.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
@@ -307,7 +299,8 @@ TEST_F(RankRelayTest, UniqueIdsAreFetchedOncePerNode) {
       *publish.mutable_context() = Rank(0);
       (*publish.mutable_ids())["world"] = id;
       PublishUniqueIdsResponse published;
-      if (grpc::Status s = stub->PublishUniqueIds(Context().get(), publish, &published); !s.ok()) {
+      if (grpc::Status s = stub->PublishUniqueIds(CallContext().get(), publish, &published);
+          !s.ok()) {
         return s;
       }
     }
@@ -315,7 +308,7 @@ TEST_F(RankRelayTest, UniqueIdsAreFetchedOncePerNode) {
     *get.mutable_context() = Rank(rank);
     get.add_keys("world");
     get.set_timeout_seconds(20);
-    return stub->GetUniqueIds(Context().get(), get, reply);
+    return stub->GetUniqueIds(CallContext().get(), get, reply);
   });
   for (int r = 0; r < 4; ++r) {
     ASSERT_TRUE(got[r].status.ok()) << "rank " << r << ": " << got[r].status.error_message();
@@ -349,7 +342,8 @@ TEST_F(RankRelayTest, HeartbeatsKeepTheJobAliveAndASilentRankFailsIt) {
         HeartbeatRequest beat;
         *beat.mutable_context() = Rank(r);
         HeartbeatResponse reply;
-        const grpc::Status s = stub->Heartbeat(Context("", absl::Seconds(5)).get(), beat, &reply);
+        const grpc::Status s =
+            stub->Heartbeat(CallContext("", absl::Seconds(5)).get(), beat, &reply);
         {
           absl::MutexLock lock(&mu);
           if (!s.ok()) ++failed_heartbeats;
@@ -369,7 +363,7 @@ TEST_F(RankRelayTest, HeartbeatsKeepTheJobAliveAndASilentRankFailsIt) {
 
   // Rank 0 watches its job through the relay.
   auto watch_stub = StubOf(*relay);
-  auto watch_ctx = Context();
+  auto watch_ctx = CallContext();
   WatchJobRequest watch;
   *watch.mutable_context() = Rank(0);
   auto reader = watch_stub->WatchJob(watch_ctx.get(), watch);
@@ -435,7 +429,7 @@ TEST_F(RankRelayTest, WatchersShareOneUpstreamWatch) {
   std::atomic<int> watching{0};
   const auto watched = OnRankThreads<JobEvent>({0, 1, 2}, [&](int rank, JobEvent* first) {
     auto stub = StubOf(*relay);
-    auto ctx = Context();
+    auto ctx = CallContext();
     WatchJobRequest watch;
     *watch.mutable_context() = Rank(rank);
     auto reader = stub->WatchJob(ctx.get(), watch);
@@ -472,14 +466,14 @@ TEST_F(RankRelayTest, KvCallsAreForwarded) {
       set.set_key("addr/0");
       set.set_value("10.0.0.1:29500");
       KvSetResponse set_reply;
-      return stub->KvSet(Context().get(), set, &set_reply);
+      return stub->KvSet(CallContext().get(), set, &set_reply);
     }
     KvGetRequest get;
     *get.mutable_context() = Rank(1);
     get.set_key("addr/0");
     get.set_wait(true);
     get.set_timeout_seconds(20);
-    return stub->KvGet(Context().get(), get, got);
+    return stub->KvGet(CallContext().get(), get, got);
   });
   ASSERT_TRUE(done[0].status.ok()) << done[0].status.error_message();
   ASSERT_TRUE(done[1].status.ok()) << done[1].status.error_message();
@@ -491,7 +485,7 @@ TEST_F(RankRelayTest, KvCallsAreForwarded) {
   *absent.mutable_context() = Rank(0);
   absent.set_key("nobody-set-this");
   KvGetResponse reply;
-  EXPECT_EQ(StubOf(*relay)->KvGet(Context().get(), absent, &reply).error_code(),
+  EXPECT_EQ(StubOf(*relay)->KvGet(CallContext().get(), absent, &reply).error_code(),
             grpc::StatusCode::NOT_FOUND);
 }
 
@@ -517,23 +511,23 @@ TEST_F(RankRelayTest, AdmissionNeedsARegisteredGenerationAndItsToken) {
   };
 
   // Nothing registered yet.
-  grpc::Status s = set(Rank(0), Context("secret").get());
+  grpc::Status s = set(Rank(0), CallContext("secret").get());
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
   EXPECT_THAT(s.error_message(), HasSubstr("job relay-job generation 0"));
 
   relay->AddGeneration(kJob, 0, {0, 1}, "secret");
   // Another generation, another job: not this node's, whatever the call.
-  EXPECT_EQ(set(Rank(0, 1), Context("secret").get()).error_code(),
+  EXPECT_EQ(set(Rank(0, 1), CallContext("secret").get()).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(set(Rank(0, 0, "another-job"), Context("secret").get()).error_code(),
+  EXPECT_EQ(set(Rank(0, 0, "another-job"), CallContext("secret").get()).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
   HeartbeatRequest beat;
   *beat.mutable_context() = Rank(1, 1);
   HeartbeatResponse beat_reply;
-  EXPECT_EQ(stub->Heartbeat(Context("secret").get(), beat, &beat_reply).error_code(),
+  EXPECT_EQ(stub->Heartbeat(CallContext("secret").get(), beat, &beat_reply).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
   {
-    auto ctx = Context("secret");
+    auto ctx = CallContext("secret");
     WatchJobRequest watch;
     *watch.mutable_context() = Rank(0, 1);
     auto reader = stub->WatchJob(ctx.get(), watch);
@@ -543,9 +537,9 @@ TEST_F(RankRelayTest, AdmissionNeedsARegisteredGenerationAndItsToken) {
   }
 
   // The registered generation, without its token or with another one.
-  s = set(Rank(0), Context("").get());
+  s = set(Rank(0), CallContext("").get());
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
-  EXPECT_EQ(set(Rank(0), Context("not-the-secret").get()).error_code(),
+  EXPECT_EQ(set(Rank(0), CallContext("not-the-secret").get()).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   {
     grpc::ClientContext no_bearer;  // The token, but not as "Bearer <token>".
@@ -554,17 +548,17 @@ TEST_F(RankRelayTest, AdmissionNeedsARegisteredGenerationAndItsToken) {
     EXPECT_EQ(set(Rank(0), &no_bearer).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   }
   JoinResponse joined;
-  EXPECT_EQ(stub->Join(Context("").get(), JoinOf(0, "node-a"), &joined).error_code(),
+  EXPECT_EQ(stub->Join(CallContext("").get(), JoinOf(0, "node-a"), &joined).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   // A Leave without the token is refused before it touches anything: rank
   // 1's pending heartbeat still goes up with the next flush.
   HeartbeatRequest rank1_beat;
   *rank1_beat.mutable_context() = Rank(1);
-  EXPECT_TRUE(stub->Heartbeat(Context("secret").get(), rank1_beat, &beat_reply).ok());
+  EXPECT_TRUE(stub->Heartbeat(CallContext("secret").get(), rank1_beat, &beat_reply).ok());
   LeaveRequest leave;
   *leave.mutable_context() = Rank(1);
   LeaveResponse left;
-  EXPECT_EQ(stub->Leave(Context("").get(), leave, &left).error_code(),
+  EXPECT_EQ(stub->Leave(CallContext("").get(), leave, &left).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(WaitUntil([&] { return relay->stats().heartbeat_batches == 1; }, absl::Seconds(5)))
       << "the refused Leave dropped rank 1's heartbeat";
@@ -573,7 +567,7 @@ TEST_F(RankRelayTest, AdmissionNeedsARegisteredGenerationAndItsToken) {
 
   // With the token the call goes up, and the coordinator answers it (rank 0
   // has not joined).
-  s = set(Rank(0), Context("secret").get());
+  s = set(Rank(0), CallContext("secret").get());
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   EXPECT_EQ(relay->stats().upstream_calls, after_flush + 1);
 
@@ -581,7 +575,7 @@ TEST_F(RankRelayTest, AdmissionNeedsARegisteredGenerationAndItsToken) {
   const int64_t served = relay->stats().served;
   grpc::Status join_status;
   std::thread join([&] {
-    join_status = StubOf(*relay)->Join(Context("secret").get(), JoinOf(0, "node-a"), &joined);
+    join_status = StubOf(*relay)->Join(CallContext("secret").get(), JoinOf(0, "node-a"), &joined);
   });
   const bool queued = WaitUntil([&] { return relay->stats().served > served; }, absl::Seconds(10));
   relay->RemoveGeneration(kJob, 0);
@@ -593,7 +587,7 @@ TEST_F(RankRelayTest, AdmissionNeedsARegisteredGenerationAndItsToken) {
   EXPECT_EQ(relay->stats().upstream_calls, after_flush + 1);
 
   // Removed: refused again, token or not.
-  EXPECT_EQ(set(Rank(0), Context("secret").get()).error_code(),
+  EXPECT_EQ(set(Rank(0), CallContext("secret").get()).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(relay->stats().upstream_calls, after_flush + 1);
   relay->RemoveGeneration(kJob, 0);  // Idempotent.
@@ -608,7 +602,7 @@ TEST_F(RankRelayTest, BatchRpcsAreNotServed) {
   JoinBatchRequest request;
   *request.add_joins() = JoinOf(0, "node-a");
   JoinBatchResponse reply;
-  EXPECT_EQ(StubOf(*relay)->JoinBatch(Context().get(), request, &reply).error_code(),
+  EXPECT_EQ(StubOf(*relay)->JoinBatch(CallContext().get(), request, &reply).error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_EQ(relay->stats().upstream_calls, 0);
 }
@@ -651,7 +645,7 @@ TEST_F(RankRelayTest, ShutdownEndsForwardedCallsAtOnce) {
     get.set_wait(true);
     get.set_timeout_seconds(20);
     KvGetResponse reply;
-    waited = StubOf(*relay)->KvGet(Context().get(), get, &reply);
+    waited = StubOf(*relay)->KvGet(CallContext().get(), get, &reply);
   });
   const bool forwarded =
       WaitUntil([&] { return relay->stats().upstream_calls > calls; }, absl::Seconds(10));
@@ -676,7 +670,7 @@ TEST_F(RankRelayTest, AUniqueIdWaiterKeepsItsOwnTimeout) {
     *request.mutable_context() = Rank(rank);
     request.add_keys("late");
     request.set_timeout_seconds(timeout);
-    return StubOf(*relay)->GetUniqueIds(Context().get(), request, reply);
+    return StubOf(*relay)->GetUniqueIds(CallContext().get(), request, reply);
   };
   grpc::Status impatient, patient;
   GetUniqueIdsResponse impatient_reply, patient_reply;
@@ -689,7 +683,7 @@ TEST_F(RankRelayTest, AUniqueIdWaiterKeepsItsOwnTimeout) {
   *publish.mutable_context() = Rank(0);
   (*publish.mutable_ids())["late"] = std::string(128, 'x');
   PublishUniqueIdsResponse published;
-  const grpc::Status p = StubOf(*relay)->PublishUniqueIds(Context().get(), publish, &published);
+  const grpc::Status p = StubOf(*relay)->PublishUniqueIds(CallContext().get(), publish, &published);
   rank0.join();
   rank1.join();
   ASSERT_TRUE(fetching);
@@ -713,7 +707,7 @@ TEST_F(RankRelayTest, DestroyingTheRelayWithAFetchInFlightIsSafe) {
     request.add_keys("nobody-publishes-this");
     request.set_timeout_seconds(20);
     GetUniqueIdsResponse reply;
-    got = StubOf(*relay)->GetUniqueIds(Context().get(), request, &reply);
+    got = StubOf(*relay)->GetUniqueIds(CallContext().get(), request, &reply);
   });
   const bool fetching =
       WaitUntil([&] { return relay->stats().unique_id_fetches == 1; }, absl::Seconds(10));
@@ -752,7 +746,7 @@ TEST_F(RankRelayTest, AliveRanksIsForwardedAndEveryRankGetsTheSameSet) {
     AliveRanksRequest request;
     *request.mutable_context() = Rank(rank);
     request.set_timeout_seconds(20);
-    return StubOf(*relay)->AliveRanks(Context().get(), request, reply);
+    return StubOf(*relay)->AliveRanks(CallContext().get(), request, reply);
   });
   for (int r = 0; r < 4; ++r) {
     ASSERT_TRUE(alive[r].status.ok()) << "rank " << r << ": " << alive[r].status.error_message();
@@ -801,7 +795,7 @@ TEST_F(RankRelayTest, ARankLostThroughTheRelayLeavesTheRoundAndTheHeartbeatsName
       AliveRanksRequest request;
       *request.mutable_context() = Rank(rank);
       request.set_timeout_seconds(20);
-      return StubOf(*relay)->AliveRanks(Context().get(), request, reply);
+      return StubOf(*relay)->AliveRanks(CallContext().get(), request, reply);
     });
     alive_done = true;
   });
@@ -817,7 +811,7 @@ TEST_F(RankRelayTest, ARankLostThroughTheRelayLeavesTheRoundAndTheHeartbeatsName
   *report.mutable_context() = Rank(2);
   report.set_reason("CUDA error: an illegal memory access");
   ReportErrorResponse reported;
-  const grpc::Status s = StubOf(*relay)->ReportError(Context().get(), report, &reported);
+  const grpc::Status s = StubOf(*relay)->ReportError(CallContext().get(), report, &reported);
   ASSERT_TRUE(s.ok()) << s.error_message();
 
   ASSERT_TRUE(WaitUntil([&] { return alive_done.load(); }, absl::Seconds(10)))
@@ -848,7 +842,7 @@ TEST_F(RankRelayTest, ARankLostThroughTheRelayLeavesTheRoundAndTheHeartbeatsName
   auto beat = [&](int rank, HeartbeatResponse* reply) {
     HeartbeatRequest request;
     *request.mutable_context() = Rank(rank);
-    return stub->Heartbeat(Context("", absl::Seconds(5)).get(), request, reply);
+    return stub->Heartbeat(CallContext("", absl::Seconds(5)).get(), request, reply);
   };
   HeartbeatResponse survivor;
   grpc::Status lost_status;
