@@ -39,6 +39,17 @@ class DecoratingProcessGroupFactory : public ProcessGroupFactory {
       const std::vector<GroupSpec>& specs) final {
     return Adopt(inner_->NewGroupsAmongMembers(specs));
   }
+  // A membership is not a group: it is neither wrapped nor remembered, so
+  // AbortGroupsWith leaves it alone (the backend derives the survivors'
+  // membership from it).
+  absl::StatusOr<std::shared_ptr<Membership>> NewMembership(
+      const GroupSpec& spec, const std::shared_ptr<Membership>& previous) final {
+    return inner_->NewMembership(spec, previous);
+  }
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroupsWithin(
+      const Membership& membership, const std::vector<GroupSpec>& specs) final {
+    return Adopt(inner_->NewGroupsWithin(membership, specs));
+  }
   void AbortAll(absl::Status reason) final { inner_->AbortAll(std::move(reason)); }
 
   // Aborts (ProcessGroup::Abort) every group made here, the world's

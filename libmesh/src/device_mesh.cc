@@ -1,9 +1,11 @@
 #include "mesh/device_mesh.h"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -15,13 +17,22 @@ namespace mesh {
 // from it.
 struct DeviceMesh::Root {
   Root(std::shared_ptr<ProcessGroupFactory> factory, MeshLayout layout, std::string name,
-       bool members_only, std::shared_ptr<ProcessGroup> members_group)
+       bool members_only, std::shared_ptr<ProcessGroup> members_group,
+       std::shared_ptr<Membership> membership)
       : factory(std::move(factory)),
         layout(std::move(layout)),
         name(std::move(name)),
         members_only(members_only),
         members_group(std::move(members_group)),
+        membership(std::move(membership)),
         rank(this->factory->world_rank()) {}
+
+  // The groups of `specs`, from the factory call the options ask for.
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroups(
+      const std::vector<GroupSpec>& specs) const {
+    if (membership != nullptr) return factory->NewGroupsWithin(*membership, specs);
+    return members_only ? factory->NewGroupsAmongMembers(specs) : factory->NewGroups(specs);
+  }
 
   const std::shared_ptr<ProcessGroupFactory> factory;
   const MeshLayout layout;
@@ -29,6 +40,8 @@ struct DeviceMesh::Root {
   const bool members_only;  // DeviceMeshOptions::members_only
   // DeviceMeshOptions::members_group; may be null.
   const std::shared_ptr<ProcessGroup> members_group;
+  // DeviceMeshOptions::membership; may be null.
+  const std::shared_ptr<Membership> membership;
   const int rank;
   // The calling rank's group along each root dim. Written once by Create
   // before the Root is shared, read-only afterwards.
@@ -78,10 +91,13 @@ absl::Status CheckGroup(const ProcessGroup* group, const GroupSpec& spec, int wo
 
 // The calling rank's group along `dims` of `layout`: the factory's world
 // group when that is what the dims span, else one made from `family`.
+// `new_groups` is Root::NewGroups.
+using NewGroupsFn = absl::FunctionRef<absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>>(
+    const std::vector<GroupSpec>&)>;
 absl::StatusOr<std::shared_ptr<ProcessGroup>> MakeGroup(
     ProcessGroupFactory& factory, const MeshLayout& layout, absl::Span<const int> dims,
     const std::string& family, int rank, bool members_only,
-    const std::shared_ptr<ProcessGroup>& members_group) {
+    const std::shared_ptr<ProcessGroup>& members_group, NewGroupsFn new_groups) {
   absl::StatusOr<MeshGroup> members = layout.GroupOf(dims, rank);
   if (!members.ok()) return members.status();
   if (!members_only && IsWorldInOrder(members->ranks, factory.world_size())) {
@@ -89,8 +105,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> MakeGroup(
   }
   if (members_group != nullptr && members->ranks == layout.ranks()) return members_group;
   GroupSpec spec{family, members->color, std::move(members->ranks)};
-  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> groups =
-      members_only ? factory.NewGroupsAmongMembers({spec}) : factory.NewGroups({spec});
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> groups = new_groups({spec});
   if (!groups.ok()) return groups.status();
   if (groups->size() != 1) {
     return absl::InternalError(
@@ -138,8 +153,20 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(std::shared_ptr<ProcessGroupFactor
                      "]) needs members_only and must hold the layout's ranks in layout order"));
   }
 
-  auto root = std::make_shared<Root>(std::move(factory), std::move(layout), options.name,
-                                     options.members_only, options.members_group);
+  if (options.membership != nullptr) {
+    std::vector<int> sorted = layout.ranks();
+    std::sort(sorted.begin(), sorted.end());
+    if (!options.members_only || options.membership->ranks() != sorted) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DeviceMesh membership '", options.membership->family(), "' (ranks [",
+                       absl::StrJoin(options.membership->ranks(), ", "),
+                       "]) needs members_only and must hold exactly the layout's ranks"));
+    }
+  }
+
+  auto root =
+      std::make_shared<Root>(std::move(factory), std::move(layout), options.name,
+                             options.members_only, options.members_group, options.membership);
   const MeshLayout& root_layout = root->layout;
   root->dim_groups.resize(root_layout.ndim());
   // Every dim's group in one NewGroups call (see the header); dims that span
@@ -164,9 +191,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(std::shared_ptr<ProcessGroupFactor
     spec_dims.push_back(d);
   }
   if (!specs.empty()) {
-    absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> groups =
-        options.members_only ? root->factory->NewGroupsAmongMembers(specs)
-                             : root->factory->NewGroups(specs);
+    absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> groups = root->NewGroups(specs);
     if (!groups.ok()) return groups.status();
     if (groups->size() != specs.size()) {
       return absl::InternalError(absl::StrCat("process group factory returned ", groups->size(),
@@ -390,7 +415,8 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Flatten(absl::string_view name) const {
     } else {
       absl::StatusOr<std::shared_ptr<ProcessGroup>> made = MakeGroup(
           *root_->factory, root_->layout, root_dims, absl::StrCat(root_->name, "/", merged),
-          root_->rank, root_->members_only, root_->members_group);
+          root_->rank, root_->members_only, root_->members_group,
+          [this](const std::vector<GroupSpec>& specs) { return root_->NewGroups(specs); });
       if (!made.ok()) return made.status();
       group = *std::move(made);
     }

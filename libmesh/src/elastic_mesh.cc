@@ -174,6 +174,12 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
   Drop(absl::AbortedError(absl::StrCat("rank ", runtime_.rank(),
                                        " is rebuilding the mesh (membership epoch ",
                                        runtime_.membership_epoch(), ")")));
+  // The membership this process held, if any: the new one derives from it
+  // when every new member is a process it held. Whatever happens below, a
+  // failed reconfiguration leaves this process without one (see the header).
+  std::shared_ptr<Membership> previous = std::move(membership_);
+  const std::vector<int> previous_members = members_;
+  const std::vector<uint64_t> previous_incarnations = incarnations_;
   absl::StatusOr<AliveRanksResult> alive = runtime_.AliveRanks(options_.timeout);
   if (!alive.ok()) return alive.status();
   const absl::Time agreed = absl::Now();
@@ -233,12 +239,30 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
   if (!layout.ok()) return layout.status();
   const std::string name = absl::StrCat("elastic", round_);
   const std::shared_ptr<ProcessGroupFactory>& factory = runtime_.process_group_factory();
-  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> all =
-      factory->NewGroupsAmongMembers({GroupSpec{absl::StrCat(name, "/members"), 0, members_}});
+  // Derived from the previous membership only where each new member is a
+  // process of it (same rank, same incarnation): every member then holds
+  // it, since they all built it in the same round. A replacement, or a
+  // rank that rejoins after a broken replica, makes it a new one for all.
+  bool derive = previous != nullptr;
+  for (size_t i = 0; derive && i < members_.size(); ++i) {
+    auto it = std::lower_bound(previous_members.begin(), previous_members.end(), members_[i]);
+    derive = it != previous_members.end() && *it == members_[i] &&
+             previous_incarnations[it - previous_members.begin()] == incarnations_[i];
+  }
+  absl::StatusOr<std::shared_ptr<Membership>> membership = factory->NewMembership(
+      GroupSpec{absl::StrCat(name, "/membership"), 0, members_}, derive ? previous : nullptr);
+  previous.reset();  // Released (NCCL: aborted, a local call) once derived from.
+  membership_derived_ = derive;
+  if (!membership.ok()) {
+    return WithContext(membership.status(), absl::StrCat("membership epoch ", epoch_));
+  }
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> all = factory->NewGroupsWithin(
+      **membership, {GroupSpec{absl::StrCat(name, "/members"), 0, members_}});
   if (!all.ok()) return WithContext(all.status(), absl::StrCat("membership epoch ", epoch_));
   DeviceMeshOptions mesh_options;
   mesh_options.name = name;
   mesh_options.members_only = true;
+  mesh_options.membership = *membership;
   // The dim that spans every member (dp of a (n, 1) mesh) shares this group
   // instead of connecting the same ranks again.
   if (members_ == ordered) mesh_options.members_group = (*all)[0];
@@ -249,20 +273,23 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
   }
   members_group_ = (*all)[0];
   mesh_ = *std::move(mesh);
+  membership_ = *std::move(membership);
   const absl::Time built = absl::Now();
   if (absl::Status s = TransferState(); !s.ok()) {
     Drop(s);
+    membership_.reset();
     return s;
   }
   unfinished_ = false;
   // One line per rebuild in the worker's log: what a slow recovery spent.
   std::fprintf(stderr,
                "mesh: rank %d: membership epoch %lld, %lld of %lld replicas along '%s' "
-               "(AliveRanks %s, groups %s, state %s)\n",
+               "(AliveRanks %s, groups %s %s, state %s)\n",
                self, static_cast<long long>(epoch_), static_cast<long long>(replicas_),
                static_cast<long long>(job_layout_.Size(dim_index_)), dim_.c_str(),
                FormatDurationShort(agreed - start).c_str(),
                FormatDurationShort(built - agreed).c_str(),
+               derive ? "from the previous membership" : "from a new membership",
                FormatDurationShort(absl::Now() - built).c_str());
   return true;
 }

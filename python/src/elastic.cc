@@ -217,6 +217,8 @@ void RegisterElastic(py::module_& m, RuntimeOf runtime_of) {
       .def_property_readonly("round", [](PyElasticMesh& s) { return Em(s).round(); })
       .def_property_readonly("has_state", [](PyElasticMesh& s) { return Em(s).has_state(); })
       .def_property_readonly("last_donor", [](PyElasticMesh& s) { return Em(s).last_donor(); })
+      .def_property_readonly("membership_derived",
+                             [](PyElasticMesh& s) { return Em(s).membership_derived(); })
       .def("__repr__", [](PyElasticMesh& s) {
         mesh::ElasticMesh& em = Em(s);
         return absl::StrCat("ElasticMesh(dim='", em.dim(), "', replicas=", em.replicas(),

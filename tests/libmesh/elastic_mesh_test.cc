@@ -42,6 +42,7 @@ struct Committed {
   int64_t step = 0;
   int64_t replicas = 0;
   float sum = 0;
+  bool derived = false;  // ElasticMesh::membership_derived() at the commit.
 };
 
 class ElasticMeshTest : public ::testing::Test {
@@ -132,7 +133,8 @@ class ElasticMeshTest : public ::testing::Test {
       const float* sum = ones->data_as<float>();
       for (int i = 0; i < 4; ++i) weights[i] += sum[i];
       ++step;
-      log.push_back(Committed{step, (*elastic)->replicas(), sum[0]});
+      log.push_back(
+          Committed{step, (*elastic)->replicas(), sum[0], (*elastic)->membership_derived()});
       if (++commits == die_after) {
         (void)rt.ReportError("rank 2 crashed on purpose");
         return absl::OkStatus();
@@ -195,7 +197,12 @@ TEST_F(ElasticMeshTest, SurvivorsCarryOnAsThreeReplicasAndTheReplacementTakesThe
     bool back_to_four = false;
     for (const Committed& c : log) {
       EXPECT_EQ(c.sum, static_cast<float>(c.replicas)) << "rank " << r << " step " << c.step;
-      if (c.replicas == 3) saw_three = true;
+      if (c.replicas == 3) {
+        saw_three = true;
+        // The survivors' membership is the four's without rank 2 (NCCL:
+        // ncclCommShrink), not a new one.
+        EXPECT_TRUE(c.derived) << "rank " << r << " step " << c.step;
+      }
       if (saw_three && c.replicas == 4) back_to_four = true;
     }
     EXPECT_TRUE(saw_three) << "rank " << r;
@@ -204,6 +211,8 @@ TEST_F(ElasticMeshTest, SurvivorsCarryOnAsThreeReplicasAndTheReplacementTakesThe
   ASSERT_FALSE(new_log.empty());
   EXPECT_EQ(new_log.back().step, kFinalStep);
   for (const Committed& c : new_log) EXPECT_EQ(c.replicas, 4);
+  // The replacement is a new process: everyone made a new membership.
+  EXPECT_FALSE(new_log.front().derived);
   for (int r : {0, 1, 3}) EXPECT_TRUE(runtimes[r]->Shutdown().ok());
   EXPECT_TRUE((*replacement)->Shutdown().ok());
 }

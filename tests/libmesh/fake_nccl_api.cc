@@ -26,6 +26,8 @@ struct FakeNcclApi::Split {
   Comm* parent = nullptr;
   ncclComm_t* slot = nullptr;
   std::string child_name;
+  int child_count = 1;
+  int child_rank = 0;
   SplitScript script;
   int parent_polls_seen = 0;
   bool published = false;
@@ -169,7 +171,7 @@ FakeNcclApi::Comm* FakeNcclApi::NewComm(std::string name, int count, int rank,
 }
 
 void FakeNcclApi::Publish(Split& split) {
-  Comm* child = NewComm(split.child_name, 1, 0, split.script.child);
+  Comm* child = NewComm(split.child_name, split.child_count, split.child_rank, split.script.child);
   split.published = true;
   log_.push_back(absl::StrCat("Publish(", split.child_name, ")"));
   // What NCCL's job thread does at the end of the child's init.
@@ -250,8 +252,52 @@ ncclResult_t FakeNcclApi::CommSplit(ncclComm_t comm, int, int, ncclComm_t* newco
   Comm* parent = Find(comm, "CommSplit");
   if (parent == nullptr) return ncclInvalidArgument;
   log_.push_back(absl::StrCat("CommSplit(", parent->name, ")"));
-  if (parent->polls_left != 0) {
-    Violation(absl::StrCat("CommSplit on '", parent->name, "' while it is in progress"));
+  return StartChild(*parent, newcomm, config, /*count=*/0, /*rank=*/0);
+}
+
+ncclResult_t FakeNcclApi::CommShrink(ncclComm_t comm, int* exclude, int exclude_count,
+                                     ncclComm_t* newcomm, ncclConfig_t* config, int flags) {
+  absl::MutexLock lock(&mu_);
+  Comm* parent = Find(comm, "CommShrink");
+  if (parent == nullptr) return ncclInvalidArgument;
+  if (version_ < NCCL_VERSION(2, 27, 0)) {
+    Violation("ncclCommShrink called on an NCCL older than 2.27");
+    return ncclInvalidUsage;
+  }
+  if (exclude == nullptr || exclude_count <= 0) {
+    Violation(absl::StrCat("ncclCommShrink of '", parent->name, "' excluding no rank"));
+    return ncclInvalidArgument;
+  }
+  if (flags != NCCL_SHRINK_DEFAULT && flags != NCCL_SHRINK_ABORT) {
+    Violation(absl::StrCat("ncclCommShrink with unknown flags ", flags));
+    return ncclInvalidArgument;
+  }
+  std::sort(exclude, exclude + exclude_count);  // As NCCL does, in place.
+  std::string excluded;
+  for (int i = 0; i < exclude_count; ++i) {
+    if (exclude[i] < 0 || exclude[i] >= parent->count || (i > 0 && exclude[i] == exclude[i - 1])) {
+      Violation(absl::StrCat("ncclCommShrink of '", parent->name, "' (", parent->count,
+                             " ranks) excluding rank ", exclude[i]));
+      return ncclInvalidArgument;
+    }
+    absl::StrAppend(&excluded, " ", exclude[i]);
+  }
+  log_.push_back(absl::StrCat("CommShrink(", parent->name, ", excluding", excluded, ", ",
+                              flags == NCCL_SHRINK_ABORT ? "abort" : "default", ")"));
+  if (std::binary_search(exclude, exclude + exclude_count, parent->rank)) {
+    Violation(absl::StrCat("ncclCommShrink of '", parent->name, "' called by its rank ",
+                           parent->rank, ", which it excludes"));
+    return ncclInvalidArgument;
+  }
+  const int below =
+      static_cast<int>(std::lower_bound(exclude, exclude + exclude_count, parent->rank) - exclude);
+  return StartChild(*parent, newcomm, config, parent->count - exclude_count, parent->rank - below);
+}
+
+ncclResult_t FakeNcclApi::StartChild(Comm& parent, ncclComm_t* newcomm, ncclConfig_t* config,
+                                     int count, int rank) {
+  if (parent.polls_left != 0) {
+    Violation(absl::StrCat("a child of '", parent.name, "' started while it is in progress"));
   }
   SplitScript script;
   if (!split_scripts_.empty()) {
@@ -264,12 +310,14 @@ ncclResult_t FakeNcclApi::CommSplit(ncclComm_t comm, int, int, ncclComm_t* newco
     return script.call_result;
   }
   auto split = std::make_unique<Split>();
-  split->parent = parent;
+  split->parent = &parent;
   split->slot = newcomm;
   split->child_name = config != nullptr && config->commName != nullptr ? config->commName : "";
+  split->child_count = count > 0 ? count : 1;
+  split->child_rank = count > 0 ? rank : 0;
   split->script = script;
-  parent->polls_left = script.parent_polls;
-  parent->settled = script.parent_result;
+  parent.polls_left = script.parent_polls;
+  parent.settled = script.parent_result;
   splits_.push_back(std::move(split));
   if (script.publish_after_parent_polls == 0) Publish(*splits_.back());
   return script.call_result;

@@ -15,6 +15,14 @@
 //     `publish_after_parent_polls` polls of the parent, or only when the test
 //     calls PublishPendingSplits. Published, the child reads ncclInProgress
 //     for `child.init_polls` polls, then `child.init_result`.
+//   * ncclCommShrink (2.27 on) is a split whose child has the parent's
+//     members without the excluded ones, in order: it takes the split
+//     scripts the same way, except that the child's count and rank follow
+//     from the exclusions unless the script sets them. NCCL's argument
+//     rules are checked: at least one excluded rank, none out of range, not
+//     the caller, and a flag NCCL knows. Each call is logged as
+//     "CommShrink(parent, excluding a b ..., flags)", the exclusions sorted
+//     as NCCL sorts them in place.
 //   * An operation returns its script's `call_result`; with ncclInProgress,
 //     the communicator then reads ncclInProgress for `polls` polls and then
 //     `after`.
@@ -122,6 +130,8 @@ class FakeNcclApi final : public NcclApi {
   std::vector<ncclUniqueId> scalable_ids() const;
   ncclResult_t CommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                          ncclConfig_t* config) override;
+  ncclResult_t CommShrink(ncclComm_t comm, int* exclude, int exclude_count, ncclComm_t* newcomm,
+                          ncclConfig_t* config, int flags) override;
   ncclResult_t CommGetAsyncError(ncclComm_t comm, ncclResult_t* state) override;
   ncclResult_t CommFinalize(ncclComm_t comm) override;
   ncclResult_t CommDestroy(ncclComm_t comm) override;
@@ -173,6 +183,11 @@ class FakeNcclApi final : public NcclApi {
   Comm* NewComm(std::string name, int count, int rank, const CommScript& script)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Publish(Split& split) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CommSplit and CommShrink after their own checks: takes the next split
+  // script and starts the child's job. `count`/`rank` are the child's shape
+  // when the script does not set one (count 0: 1 and rank 0).
+  ncclResult_t StartChild(Comm& parent, ncclComm_t* newcomm, ncclConfig_t* config, int count,
+                          int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Advances `comm`'s scripted state by one poll and returns what it reads.
   ncclResult_t PollLocked(Comm& comm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ncclResult_t Op(const char* call, ncclComm_t comm, cudaStream_t stream);

@@ -613,6 +613,33 @@ TEST_F(NcclGpuTest, NewGroupsFromUniqueIdsOverAStore) {
   EXPECT_EQ(*store->NumKeys(), 0) << "a group of one needs no brokering";
 }
 
+// In-place recovery's path on a world of one: a membership communicator
+// from a brokered ID, a group split from it, and a second membership of the
+// same ranks sharing it. (ncclCommShrink needs a second rank to exclude.)
+TEST_F(NcclGpuTest, MembershipCommunicatorSplitsWorkingGroups) {
+  NcclProcessGroupFactoryOptions options = DefaultOptions();
+  options.store = std::make_shared<InMemoryStore>();
+  MakeFactory(options);
+  if (!factory_->splits_communicators()) GTEST_SKIP() << "NCCL < 2.19: no ncclCommSplit";
+  auto first = factory_->NewMembership(Spec("e1/m", 0, {0}), nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = factory_->NewMembership(Spec("e2/m", 0, {0}), *first);
+  ASSERT_TRUE(second.ok()) << second.status();
+  first->reset();
+  auto groups = factory_->NewGroupsWithin(**second, {Spec("e2/dp", 0, {0})});
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  absl::StatusOr<Tensor> t = Upload(DType::kFloat32, {6}, Iota(6));
+  ASSERT_TRUE(t.ok());
+  auto work = (*groups)[0]->AllReduce(*t, ReduceOp::kSum);
+  ASSERT_TRUE(work.ok()) << work.status();
+  ASSERT_OK(SynchronizeWork(**work, kSync));
+  EXPECT_EQ(Download(*t), Iota(6));
+  second->reset();  // ncclCommAbort of the membership; the group stays usable.
+  work = (*groups)[0]->AllReduce(*t, ReduceOp::kSum);
+  ASSERT_TRUE(work.ok()) << work.status();
+  ASSERT_OK(SynchronizeWork(**work, kSync));
+}
+
 TEST_F(NcclGpuTest, NewGroupsErrors) {
   auto bad = factory_->NewGroups({Spec("mesh/tp", 0, {1})});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();

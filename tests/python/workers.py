@@ -453,6 +453,7 @@ def elastic_mesh():
     first_step = int(step.item())
     if replacement:
         assert em.has_state and em.last_donor is not None, repr(em)
+        assert not em.membership_derived, "a new process means a new membership"
         assert first_step > 3, f"the replacement started at step {first_step}, not a peer's"
         assert torch.equal(weights, torch.full((4,), float(weights[0]))), weights
     log = []
@@ -478,6 +479,7 @@ def elastic_mesh():
         if int(step.item()) >= ELASTIC_FINAL_STEP and em.round >= 3:
             break
         if em.replicas == 3:
+            assert em.membership_derived, "the survivors' membership derives from the four's"
             open(os.path.join(marks, f"three-{r}"), "w").close()
         if r == 2 and not replacement and len(log) == 3:
             rt.report_error("rank 2 crashed on purpose")

@@ -71,6 +71,12 @@ struct DeviceMeshOptions {
   // in layout order. A dim (or a flattening) whose group is exactly that
   // uses it instead of making another, as a full mesh uses the world group.
   std::shared_ptr<ProcessGroup> members_group = nullptr;
+  // With members_only, optional: a membership of exactly the layout's ranks
+  // (ProcessGroupFactory::NewMembership). The groups then come from
+  // NewGroupsWithin, which NCCL splits from the membership's communicator
+  // rather than initializing each from a brokered unique ID; Create and
+  // Flatten are then collective among all of them, as they are anyway.
+  std::shared_ptr<Membership> membership = nullptr;
 };
 
 class DeviceMesh {

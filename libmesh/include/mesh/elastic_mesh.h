@@ -36,10 +36,17 @@
 //     in a broken replica, is not a member: its Sync() waits (up to
 //     `timeout`, then DEADLINE_EXCEEDED: call it again) until the membership
 //     changes, and rejoins the mesh once its replica is whole again.
-//   - The new groups come from ProcessGroupFactory::NewGroupsAmongMembers,
-//     collective among the members alone (Gloo: new contexts; NCCL: a
-//     brokered re-initialization), in families named after the AliveRanks
-//     round, so no key of an earlier epoch is reused.
+//   - The new groups come from a Membership of the members
+//     (ProcessGroupFactory::NewMembership, then NewGroupsWithin), collective
+//     among the members alone, in families named after the AliveRanks
+//     round, so no key of an earlier epoch is reused. Where every member
+//     was a member of the previous mesh as the same process (rank and
+//     incarnation of the agreed round), the membership derives from the
+//     previous one (NCCL: ncclCommShrink of its communicator, no unique ID
+//     exchanged); otherwise it is new (NCCL: brokered initialization). Gloo
+//     makes new contexts either way; NCCL splits the groups from the
+//     membership's communicator. A failed reconfiguration forgets the
+//     membership, so the next one makes a new one.
 //   - State. At each rebuild, the lowest-ranked member that holds the state
 //     broadcasts every tensor `options.state` returns to all members, whose
 //     tensors are overwritten once every tensor has arrived (a transfer cut
@@ -163,6 +170,11 @@ class ElasticMesh {
   // Whether the latest reconfiguration transferred the state, and from
   // which rank.
   std::optional<int> last_donor() const { return last_donor_; }
+  // Whether the latest rebuild derived the members' Membership from the one
+  // before (ProcessGroupFactory::NewMembership; NCCL: a shrink of its
+  // communicator, or the same one) rather than making a new one: true when
+  // every member was a member of the previous mesh as the same process.
+  bool membership_derived() const { return membership_derived_; }
 
  private:
   ElasticMesh(Runtime& runtime, ElasticMeshOptions options, MeshLayout job_layout, int dim_index);
@@ -190,6 +202,9 @@ class ElasticMesh {
 
   std::optional<DeviceMesh> mesh_;
   std::shared_ptr<ProcessGroup> members_group_;
+  // The members' Membership (ProcessGroupFactory::NewMembership), the next
+  // one's source; kept by a member after a successful rebuild only.
+  std::shared_ptr<Membership> membership_;
   std::vector<int> members_;
   // Incarnation of each member, by position in members_.
   std::vector<uint64_t> incarnations_;
@@ -203,6 +218,7 @@ class ElasticMesh {
   bool unfinished_ = false;
   bool has_state_ = false;
   std::optional<int> last_donor_;
+  bool membership_derived_ = false;
 };
 
 }  // namespace mesh

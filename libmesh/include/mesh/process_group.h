@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -170,6 +171,32 @@ struct GroupSpec {
   std::vector<int> global_ranks;  // Must include the calling rank.
 };
 
+// A set of world ranks that make groups among themselves alone: in-place
+// recovery's live members (mesh/elastic_mesh.h). A backend may keep, per
+// membership, what lets those groups be made without a new rendezvous:
+// NCCL keeps a communicator of the members that no op ever uses, splits
+// their groups from it, and shrinks it when members are lost. Made by
+// ProcessGroupFactory::NewMembership. Immutable and thread-safe. Dropping
+// the last reference releases the backend's resources with a local call
+// (NCCL: ncclCommAbort), since some members may be gone.
+class Membership {
+ public:
+  Membership(std::string family, std::vector<int> ranks)
+      : family_(std::move(family)), ranks_(std::move(ranks)) {}
+  virtual ~Membership() = default;
+  Membership(const Membership&) = delete;
+  Membership& operator=(const Membership&) = delete;
+
+  // The family it was made as (GroupSpec::family).
+  const std::string& family() const { return family_; }
+  // The members: distinct world ranks, ascending.
+  const std::vector<int>& ranks() const { return ranks_; }
+
+ private:
+  const std::string family_;
+  const std::vector<int> ranks_;
+};
+
 // Makes process groups over subsets of the world for one backend. DeviceMesh
 // uses it to build its per-dim groups.
 //
@@ -206,9 +233,44 @@ class ProcessGroupFactory {
   // Errors: NewGroups'; UNIMPLEMENTED for a backend that cannot.
   virtual absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroupsAmongMembers(
       const std::vector<GroupSpec>& specs) = 0;
+  // Collective among `spec.global_ranks` (distinct world ranks, ascending,
+  // the caller's among them; `spec.family` new to every caller, as for
+  // NewGroupsAmongMembers): a Membership of those ranks. `previous`,
+  // optional, is a membership this factory made earlier with the caller
+  // in it, and the call derives the new one from it instead of making one
+  // afresh: NCCL shrinks its communicator (ncclCommShrink with
+  // NCCL_SHRINK_ABORT, NCCL >= 2.27; no unique IDs exchanged) or, with the
+  // same ranks, shares it. Pass one only where it holds every new member
+  // as the same process, and only where every member passes one of the
+  // same ranks: members that disagree fail at the deadline (NCCL's
+  // init_timeout). The default records the ranks and makes nothing.
+  // Errors: INVALID_ARGUMENT for bad ranks or a `previous` that misses a
+  // new member; NewGroupsAmongMembers' errors; the backend's shrink errors.
+  virtual absl::StatusOr<std::shared_ptr<Membership>> NewMembership(
+      const GroupSpec& spec, const std::shared_ptr<Membership>& previous);
+  // As NewGroupsAmongMembers, for groups whose ranks are all in
+  // `membership` (made by this factory), and collective among all of
+  // membership's ranks: each passes its own group of the same families in
+  // the same order, so every family covers the membership, as a mesh's
+  // dims do. NCCL splits each group from the membership's communicator
+  // (one ncclCommSplit per family) where NCCL can split; otherwise, and by
+  // default, this is NewGroupsAmongMembers(specs).
+  // Errors: NewGroupsAmongMembers'; INVALID_ARGUMENT for a group with a
+  // rank outside the membership.
+  virtual absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroupsWithin(
+      const Membership& membership, const std::vector<GroupSpec>& specs);
   // Aborts every group this factory made (see ProcessGroup::Abort) and every
   // group it makes later.
   virtual void AbortAll(absl::Status reason) = 0;
 };
+
+// The argument checks of ProcessGroupFactory::NewMembership and
+// NewGroupsWithin, for backends that override them; INVALID_ARGUMENT
+// naming the family and the ranks, else OK.
+absl::Status CheckMembershipSpec(const GroupSpec& spec, int world_rank, int world_size);
+// Every rank of `spec` is in `previous` (OK when `previous` is null).
+absl::Status CheckWithinPrevious(const GroupSpec& spec, const Membership* previous);
+// Every rank of every spec is in `membership`.
+absl::Status CheckGroupsWithin(const Membership& membership, const std::vector<GroupSpec>& specs);
 
 }  // namespace mesh

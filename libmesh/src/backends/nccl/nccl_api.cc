@@ -41,6 +41,20 @@ class RealApi final : public NcclApi {
     return ncclInvalidUsage;
 #endif
   }
+  ncclResult_t CommShrink(ncclComm_t comm, int* exclude, int exclude_count, ncclComm_t* newcomm,
+                          ncclConfig_t* config, int flags) override {
+#if MESH_NCCL_HAS_SHRINK
+    return ncclCommShrink(comm, exclude, exclude_count, newcomm, config, flags);
+#else
+    (void)comm;
+    (void)exclude;
+    (void)exclude_count;
+    (void)newcomm;
+    (void)config;
+    (void)flags;
+    return ncclInvalidUsage;
+#endif
+  }
   ncclResult_t CommGetAsyncError(ncclComm_t comm, ncclResult_t* state) override {
     return ncclCommGetAsyncError(comm, state);
   }

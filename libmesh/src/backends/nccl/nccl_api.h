@@ -45,6 +45,10 @@ class NcclApi {
   // answers ncclInvalidUsage otherwise.
   virtual ncclResult_t CommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                  ncclConfig_t* config) = 0;
+  // Only called where NCCL has it (MESH_NCCL_HAS_SHRINK); the real one
+  // answers ncclInvalidUsage otherwise. NCCL sorts `exclude` in place.
+  virtual ncclResult_t CommShrink(ncclComm_t comm, int* exclude, int exclude_count,
+                                  ncclComm_t* newcomm, ncclConfig_t* config, int flags) = 0;
   virtual ncclResult_t CommGetAsyncError(ncclComm_t comm, ncclResult_t* state) = 0;
   virtual ncclResult_t CommFinalize(ncclComm_t comm) = 0;
   virtual ncclResult_t CommDestroy(ncclComm_t comm) = 0;

@@ -2,6 +2,7 @@
 // MESH_HAVE_NCCL (nccl_unavailable.cc stands in otherwise).
 #include "backends/nccl/nccl_factory.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <numeric>
@@ -66,6 +67,44 @@ absl::Status CheckCommShape(NcclApi& api, ncclComm_t comm, int size, int rank,
   return absl::OkStatus();
 }
 
+// The communicator of a membership, made for deriving groups only: no op
+// ever runs on it, so a lost member leaves it quiet and it can still be
+// shrunk. Released with ncclCommAbort, a local call (members may be gone);
+// shared by the memberships of the same ranks.
+class MembershipComm {
+ public:
+  explicit MembershipComm(std::shared_ptr<NcclGroup> group) : group_(std::move(group)) {}
+  ~MembershipComm() {
+    group_->Abort(
+        absl::CancelledError(absl::StrCat(group_->name(), ": membership communicator released")));
+  }
+  MembershipComm(const MembershipComm&) = delete;
+  MembershipComm& operator=(const MembershipComm&) = delete;
+
+  GroupCore& core() const { return *group_->core(); }
+
+ private:
+  const std::shared_ptr<NcclGroup> group_;
+};
+
+// A membership with its communicator, when NCCL can split (else the
+// factory makes plain Memberships and brokers every group).
+class NcclMembership final : public Membership {
+ public:
+  NcclMembership(std::string family, std::vector<int> ranks, const void* factory,
+                 std::shared_ptr<MembershipComm> comm)
+      : Membership(std::move(family), std::move(ranks)),
+        factory_(factory),
+        comm_(std::move(comm)) {}
+
+  const void* factory() const { return factory_; }
+  const std::shared_ptr<MembershipComm>& comm() const { return comm_; }
+
+ private:
+  const void* const factory_;  // Identity only.
+  const std::shared_ptr<MembershipComm> comm_;
+};
+
 class NcclFactory final : public NcclProcessGroupFactory {
  public:
   NcclFactory(NcclApi& api, NcclProcessGroupFactoryOptions options, bool split,
@@ -99,12 +138,24 @@ class NcclFactory final : public NcclProcessGroupFactory {
     return MakeGroups(specs, /*members_only=*/true);
   }
 
+  absl::StatusOr<std::shared_ptr<Membership>> NewMembership(
+      const GroupSpec& spec, const std::shared_ptr<Membership>& previous) override;
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroupsWithin(
+      const Membership& membership, const std::vector<GroupSpec>& specs) override;
+
   void AbortAll(absl::Status reason) override;
 
  private:
   // NewGroups, or with `members_only` NewGroupsAmongMembers.
   absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> MakeGroups(
       const std::vector<GroupSpec>& specs, bool members_only);
+  // The calling rank's rank in the membership of `spec` (its index among
+  // the ascending ranks).
+  int MembershipRank(const GroupSpec& spec) const;
+  // Checks `comm`'s shape and wraps it as the communicator of a new
+  // NcclMembership, registered for AbortAll.
+  absl::StatusOr<std::shared_ptr<Membership>> AdoptMembership(const GroupSpec& spec, int rank,
+                                                              ncclComm_t comm);
   // The AbortAll reason, else OK.
   absl::Status Cancelled() const;
   // Wraps `comm` in a group and registers it for AbortAll (aborting it at
@@ -211,6 +262,128 @@ absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::MakeGrou
         split ? world_->core()->Split(spec.color, group_rank, comm_name, what, deadline, cancelled)
               : InitComm(api_, ToUniqueId(ids[i]), size, group_rank, device, comm_name, what,
                          deadline, cancelled);
+    if (!comm.ok()) return comm.status();
+    if (absl::Status s = CheckCommShape(api_, *comm, size, group_rank, what); !s.ok()) {
+      api_.CommAbort(*comm);
+      return s;
+    }
+    absl::StatusOr<std::shared_ptr<NcclGroup>> group = Adopt(spec, group_rank, *comm);
+    if (!group.ok()) return group.status();
+    groups.push_back(*std::move(group));
+  }
+  return groups;
+}
+
+absl::StatusOr<std::shared_ptr<Membership>> NcclFactory::NewMembership(
+    const GroupSpec& spec, const std::shared_ptr<Membership>& previous) {
+  if (absl::Status s = CheckMembershipSpec(spec, options_.world_rank, options_.world_size);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckWithinPrevious(spec, previous.get()); !s.ok()) return s;
+  if (!split_) {
+    // Nothing could be split from a communicator of the members, so none is
+    // made: NewGroupsWithin brokers every group.
+    if (absl::Status s = Cancelled(); !s.ok()) return s;
+    return std::make_shared<Membership>(spec.family, spec.global_ranks);
+  }
+  const auto* before = dynamic_cast<const NcclMembership*>(previous.get());
+  if (before != nullptr && before->factory() == this) {
+    if (before->ranks() == spec.global_ranks) {
+      if (absl::Status s = Cancelled(); !s.ok()) return s;
+      return std::make_shared<NcclMembership>(spec.family, spec.global_ranks, this, before->comm());
+    }
+    if (ShrinkAvailable(api_)) {
+      absl::MutexLock lock(&new_groups_mu_);
+      if (absl::Status s = Cancelled(); !s.ok()) return s;
+      // The excluded members, as ranks of the previous communicator (its
+      // members in ascending world-rank order).
+      std::vector<int> exclude;
+      for (size_t i = 0; i < before->ranks().size(); ++i) {
+        if (!std::binary_search(spec.global_ranks.begin(), spec.global_ranks.end(),
+                                before->ranks()[i])) {
+          exclude.push_back(static_cast<int>(i));
+        }
+      }
+      const int rank = MembershipRank(spec);
+      const int size = static_cast<int>(spec.global_ranks.size());
+      const std::string name = GroupName(spec);
+      const std::string what = GroupWhat(name, rank, size, options_.device.index());
+      absl::StatusOr<ncclComm_t> comm = before->comm()->core().Shrink(
+          std::move(exclude), PersistentName(name), what, absl::Now() + options_.init_timeout,
+          [this] { return Cancelled(); });
+      if (!comm.ok()) return comm.status();
+      return AdoptMembership(spec, rank, *comm);
+    }
+    // Before NCCL 2.27: a new communicator from a brokered unique ID.
+  }
+  absl::MutexLock lock(&new_groups_mu_);
+  if (absl::Status s = Cancelled(); !s.ok()) return s;
+  if (broker_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "NCCL NewMembership: a communicator of the members comes from a unique id, which needs a "
+        "store in NcclProcessGroupFactoryOptions");
+  }
+  const absl::Time deadline = absl::Now() + options_.init_timeout;
+  absl::StatusOr<std::vector<std::string>> ids = ExchangeUniqueIds(
+      {spec}, options_.world_rank, kMembersOnlyCall, *broker_,
+      [this] { return GenerateIdBytes(api_); }, deadline);
+  if (!ids.ok()) return ids.status();
+  const int rank = MembershipRank(spec);
+  const int size = static_cast<int>(spec.global_ranks.size());
+  const std::string name = GroupName(spec);
+  const std::string what = GroupWhat(name, rank, size, options_.device.index());
+  absl::StatusOr<ncclComm_t> comm =
+      InitComm(api_, ToUniqueId((*ids)[0]), size, rank, options_.device.index(),
+               PersistentName(name), what, deadline, [this] { return Cancelled(); });
+  if (!comm.ok()) return comm.status();
+  return AdoptMembership(spec, rank, *comm);
+}
+
+int NcclFactory::MembershipRank(const GroupSpec& spec) const {
+  return static_cast<int>(
+      std::lower_bound(spec.global_ranks.begin(), spec.global_ranks.end(), options_.world_rank) -
+      spec.global_ranks.begin());
+}
+
+absl::StatusOr<std::shared_ptr<Membership>> NcclFactory::AdoptMembership(const GroupSpec& spec,
+                                                                         int rank,
+                                                                         ncclComm_t comm) {
+  const int size = static_cast<int>(spec.global_ranks.size());
+  if (absl::Status s = CheckCommShape(
+          api_, comm, size, rank, GroupWhat(GroupName(spec), rank, size, options_.device.index()));
+      !s.ok()) {
+    api_.CommAbort(comm);
+    return s;
+  }
+  absl::StatusOr<std::shared_ptr<NcclGroup>> group = Adopt(spec, rank, comm);
+  if (!group.ok()) return group.status();
+  return std::make_shared<NcclMembership>(spec.family, spec.global_ranks, this,
+                                          std::make_shared<MembershipComm>(*std::move(group)));
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::NewGroupsWithin(
+    const Membership& membership, const std::vector<GroupSpec>& specs) {
+  if (absl::Status s = CheckGroupsWithin(membership, specs); !s.ok()) return s;
+  const auto* within = dynamic_cast<const NcclMembership*>(&membership);
+  if (within == nullptr || within->factory() != this) return MakeGroups(specs, true);
+  absl::MutexLock lock(&new_groups_mu_);
+  if (absl::Status s = Cancelled(); !s.ok()) return s;
+  absl::StatusOr<std::vector<int>> group_ranks =
+      CheckGroupSpecs(specs, options_.world_rank, options_.world_size);
+  if (!group_ranks.ok()) return group_ranks.status();
+  const absl::Time deadline = absl::Now() + options_.init_timeout;
+  std::vector<std::shared_ptr<ProcessGroup>> groups;
+  groups.reserve(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const GroupSpec& spec = specs[i];
+    const int group_rank = (*group_ranks)[i];
+    const int size = static_cast<int>(spec.global_ranks.size());
+    const std::string name = GroupName(spec);
+    const std::string what = GroupWhat(name, group_rank, size, options_.device.index());
+    absl::StatusOr<ncclComm_t> comm =
+        within->comm()->core().Split(spec.color, group_rank, PersistentName(name), what, deadline,
+                                     [this] { return Cancelled(); });
     if (!comm.ok()) return comm.status();
     if (absl::Status s = CheckCommShape(api_, *comm, size, group_rank, what); !s.ok()) {
       api_.CommAbort(*comm);

@@ -6,6 +6,7 @@
 
 #include "backends/nccl/nccl_group.h"
 
+#include <algorithm>
 #include <thread>
 #include <utility>
 
@@ -325,9 +326,59 @@ absl::StatusOr<ncclComm_t> GroupCore::Split(int color, int key, const char* chil
                                             absl::string_view child_what, absl::Time deadline,
                                             absl::FunctionRef<absl::Status()> cancelled) {
 #if MESH_NCCL_HAS_SPLIT
+  return MakeChild("ncclCommSplit", "split", child_name, child_what, deadline, cancelled,
+                   [&](ncclComm_t parent, ncclComm_t* slot, ncclConfig_t* config) {
+                     return api_.CommSplit(parent, color, key, slot, config);
+                   });
+#else
+  (void)color;
+  (void)key;
+  (void)child_name;
+  (void)deadline;
+  (void)cancelled;
+  return absl::FailedPreconditionError(absl::StrCat("cannot split ", what_, " into ", child_what,
+                                                    ": ncclCommSplit needs NCCL >= 2.19"));
+#endif
+}
+
+absl::StatusOr<ncclComm_t> GroupCore::Shrink(std::vector<int> exclude, const char* child_name,
+                                             absl::string_view child_what, absl::Time deadline,
+                                             absl::FunctionRef<absl::Status()> cancelled) {
+#if MESH_NCCL_HAS_SHRINK
+  if (exclude.empty() || !std::is_sorted(exclude.begin(), exclude.end()) ||
+      std::adjacent_find(exclude.begin(), exclude.end()) != exclude.end() || exclude.front() < 0 ||
+      exclude.back() >= params_.size ||
+      std::binary_search(exclude.begin(), exclude.end(), params_.rank)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot shrink ", what_, " into ", child_what, ": the excluded ranks [",
+                     absl::StrJoin(exclude, ", "), "] must be distinct, sorted, at least one, ",
+                     "within the group and without this rank"));
+  }
+  return MakeChild("ncclCommShrink", "shrink", child_name, child_what, deadline, cancelled,
+                   [&](ncclComm_t parent, ncclComm_t* slot, ncclConfig_t* config) {
+                     // NCCL_SHRINK_ABORT: ops of the parent still in flight (a collective
+                     // that waits for an excluded rank) are ended first.
+                     return api_.CommShrink(parent, exclude.data(),
+                                            static_cast<int>(exclude.size()), slot, config,
+                                            NCCL_SHRINK_ABORT);
+                   });
+#else
+  (void)exclude;
+  (void)child_name;
+  (void)deadline;
+  (void)cancelled;
+  return absl::FailedPreconditionError(absl::StrCat("cannot shrink ", what_, " into ", child_what,
+                                                    ": ncclCommShrink needs NCCL >= 2.27"));
+#endif
+}
+
+absl::StatusOr<ncclComm_t> GroupCore::MakeChild(
+    const char* call, const char* kind, const char* child_name, absl::string_view child_what,
+    absl::Time deadline, absl::FunctionRef<absl::Status()> cancelled,
+    absl::FunctionRef<ncclResult_t(ncclComm_t, ncclComm_t*, ncclConfig_t*)> start) {
   DeviceGuard guard(api_, params_.device);
   if (!guard.status().ok()) return guard.status();
-  const std::string what = absl::StrCat("ncclCommSplit of ", what_, " into ", child_what);
+  const std::string what = absl::StrCat(call, " of ", what_, " into ", child_what);
   auto cancel = [&]() -> absl::Status {
     if (absl::Status s = Cancelled(); !s.ok()) return s;
     return cancelled();
@@ -339,17 +390,17 @@ absl::StatusOr<ncclComm_t> GroupCore::Split(int color, int key, const char* chil
     return WithPrefix(what, reason);
   }
   ncclConfig_t config = NonBlockingConfig(child_name);
-  // NCCL's split job stores the child here from its own thread, at the end
+  // NCCL's child job stores the child here from its own thread, at the end
   // of the child's init, so the slot lives on the heap and is freed only
   // once NCCL has written it (or never started a job).
   auto* slot = new ncclComm_t(nullptr);
   SplitWait wait;
   bool job_started = true;
-  const ncclResult_t r = api_.CommSplit(comm_, color, key, slot, &config);
+  const ncclResult_t r = start(comm_, slot, &config);
   if (r == ncclSuccess || r == ncclInProgress) {
     wait = AwaitSplit(api_, comm_, slot, what, deadline, cancel);
   } else {
-    // A synchronous failure: NCCL cleaned up and launched no split job.
+    // A synchronous failure: NCCL cleaned up and launched no job.
     job_started = false;
     wait.status = NcclError(api_, what, r, comm_, absl::StatusCode::kUnavailable);
   }
@@ -360,10 +411,10 @@ absl::StatusOr<ncclComm_t> GroupCore::Split(int color, int key, const char* chil
   const bool published = wait.child != nullptr || !job_started;
   SetAbortReason(absl::Status(
       wait.status.code(),
-      absl::StrCat(wait.status.message(), "; the parent ", what_,
-                   published ? " is unusable after a failed split and was aborted"
-                             : " is unusable after a failed split and is aborted once NCCL "
-                               "finishes the split")));
+      absl::StrCat(wait.status.message(), "; the parent ", what_, " is unusable after a failed ",
+                   kind,
+                   published ? " and was aborted"
+                             : absl::StrCat(" and is aborted once NCCL finishes the ", kind))));
   if (published) {
     // The child's init is over (published) or never began: abort the child,
     // and the slot is ours again.
@@ -374,15 +425,6 @@ absl::StatusOr<ncclComm_t> GroupCore::Split(int color, int key, const char* chil
   }
   AbortLocked();
   return wait.status;
-#else
-  (void)color;
-  (void)key;
-  (void)child_name;
-  (void)deadline;
-  (void)cancelled;
-  return absl::FailedPreconditionError(absl::StrCat("cannot split ", what_, " into ", child_what,
-                                                    ": ncclCommSplit needs NCCL >= 2.19"));
-#endif
 }
 
 void GroupCore::WatchdogTick(absl::Time now) {

@@ -30,7 +30,7 @@
 //    │                                                   │   still unpublished
 //    └──Close: ncclCommFinalize, ncclCommDestroy ────────┴──────────▶ RELEASED
 //
-// A split that fails before NCCL has published the child (deadline,
+// A split (or shrink) that fails before NCCL has published the child (deadline,
 // cancellation, a parent error; see AwaitSplit) leaves NCCL's split job
 // running on the parent and writing to the child slot later. The core then
 // keeps the slot, fails the group's ops at once, and defers the parent's
@@ -258,6 +258,18 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
                                    absl::string_view child_what, absl::Time deadline,
                                    absl::FunctionRef<absl::Status()> cancelled);
 
+  // ncclCommShrink of this group's communicator without the group ranks in
+  // `exclude` (sorted, distinct, not this rank), with NCCL_SHRINK_ABORT: a
+  // collective among the remaining members only, which first ends any op of
+  // this communicator still in flight. The child keeps the members' order.
+  // Waits, fails and aborts this group exactly as Split does (NCCL publishes
+  // a shrunk child the way it publishes a split one).
+  // Possible errors: Split's, INVALID_ARGUMENT for a bad `exclude`,
+  // FAILED_PRECONDITION when NCCL has no ncclCommShrink (before 2.27).
+  absl::StatusOr<ncclComm_t> Shrink(std::vector<int> exclude, const char* child_name,
+                                    absl::string_view child_what, absl::Time deadline,
+                                    absl::FunctionRef<absl::Status()> cancelled);
+
   // See ProcessGroup::Abort. Waits for an op being issued to notice, so it
   // blocks for at most one poll interval of that op, never on peers.
   void Abort(absl::Status reason);
@@ -279,6 +291,13 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   void Close(absl::Duration destroy_timeout);
 
  private:
+  // Split and Shrink: `start(parent, slot, config)` launches NCCL's child
+  // job (`call`, a `kind` in messages), then the wait and the failure
+  // handling described at Split.
+  absl::StatusOr<ncclComm_t> MakeChild(
+      const char* call, const char* kind, const char* child_name, absl::string_view child_what,
+      absl::Time deadline, absl::FunctionRef<absl::Status()> cancelled,
+      absl::FunctionRef<ncclResult_t(ncclComm_t, ncclComm_t*, ncclConfig_t*)> start);
   // Records `reason` as the abort reason unless one is recorded.
   void SetAbortReason(absl::Status reason) ABSL_LOCKS_EXCLUDED(state_mu_);
   // Fails pending ops with the abort reason (those already complete

@@ -37,6 +37,16 @@ bool ScalableInitAvailable(NcclApi& api) {
 #endif
 }
 
+bool ShrinkAvailable(NcclApi& api) {
+#if MESH_NCCL_HAS_SHRINK
+  int version = 0;
+  return api.GetVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 27, 0);
+#else
+  (void)api;
+  return false;
+#endif
+}
+
 ncclDataType_t ToNcclDataType(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:

@@ -49,6 +49,8 @@
 #define MESH_NCCL_HAS_SPLIT (NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0))
 // ncclCommInitRankScalable (several root unique IDs) arrived in 2.23.
 #define MESH_NCCL_HAS_INIT_SCALABLE (NCCL_VERSION_CODE >= NCCL_VERSION(2, 23, 0))
+// ncclCommShrink (and NCCL_SHRINK_ABORT) arrived in 2.27.
+#define MESH_NCCL_HAS_SHRINK (NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0))
 // ncclConfig_t::commName, shown in NCCL's logs and given to profiler
 // plugins. Guarded conservatively (the field sits after 2.25's trafficClass
 // in the struct; 2.27 certainly has it).
@@ -70,6 +72,10 @@ bool SplitAvailable(NcclApi& api);
 // Whether ncclCommInitRankScalable is usable: compiled in and the loaded
 // library is at least 2.23.
 bool ScalableInitAvailable(NcclApi& api);
+
+// Whether ncclCommShrink is usable: compiled in and the loaded library is
+// at least 2.27.
+bool ShrinkAvailable(NcclApi& api);
 
 // bool travels as uint8. The dtype must have passed CheckTensor (bfloat16
 // needs caps.bfloat16): anything else is a programmer error (checked).
