@@ -28,116 +28,19 @@
 #include "mesh/in_memory_store.h"
 #include "mesh/process_group_nccl.h"
 #include "mesh/tensor.h"
+#include "tests/libmesh/nccl_gpu_test_util.h"
 
 namespace mesh {
 namespace process_group_nccl_gpu_test {
 
+using nccl_gpu_test::Download;
+using nccl_gpu_test::HaveNcclAndDevice;
+using nccl_gpu_test::Iota;
+using nccl_gpu_test::kCuda0;
+using nccl_gpu_test::kSync;
+using nccl_gpu_test::Upload;
+
 using ::testing::HasSubstr;
-
-constexpr Device kCuda0 = Device::Cuda(0);
-constexpr absl::Duration kSync = absl::Seconds(60);
-
-#define ASSERT_OK(expr)                          \
-  do {                                           \
-    const absl::Status _s = (expr);              \
-    ASSERT_TRUE(_s.ok()) << #expr << ": " << _s; \
-  } while (false)
-
-// ---- Host <-> device helpers. ------------------------------------------------
-
-void SetElement(const Tensor& cpu, int64_t i, double v) {
-  switch (cpu.dtype()) {
-    case DType::kFloat32:
-      cpu.data_as<float>()[i] = static_cast<float>(v);
-      return;
-    case DType::kFloat64:
-      cpu.data_as<double>()[i] = v;
-      return;
-    case DType::kFloat16:
-      cpu.data_as<Float16>()[i] = Float16(static_cast<float>(v));
-      return;
-    case DType::kBFloat16:
-      cpu.data_as<BFloat16>()[i] = BFloat16(static_cast<float>(v));
-      return;
-    case DType::kInt8:
-      cpu.data_as<int8_t>()[i] = static_cast<int8_t>(v);
-      return;
-    case DType::kUInt8:
-      cpu.data_as<uint8_t>()[i] = static_cast<uint8_t>(v);
-      return;
-    case DType::kInt32:
-      cpu.data_as<int32_t>()[i] = static_cast<int32_t>(v);
-      return;
-    case DType::kInt64:
-      cpu.data_as<int64_t>()[i] = static_cast<int64_t>(v);
-      return;
-    case DType::kBool:
-      cpu.data_as<uint8_t>()[i] = v != 0 ? 1 : 0;
-      return;
-  }
-}
-
-double GetElement(const Tensor& cpu, int64_t i) {
-  switch (cpu.dtype()) {
-    case DType::kFloat32:
-      return cpu.data_as<float>()[i];
-    case DType::kFloat64:
-      return cpu.data_as<double>()[i];
-    case DType::kFloat16:
-      return static_cast<float>(cpu.data_as<Float16>()[i]);
-    case DType::kBFloat16:
-      return static_cast<float>(cpu.data_as<BFloat16>()[i]);
-    case DType::kInt8:
-      return cpu.data_as<int8_t>()[i];
-    case DType::kUInt8:
-      return cpu.data_as<uint8_t>()[i];
-    case DType::kInt32:
-      return cpu.data_as<int32_t>()[i];
-    case DType::kInt64:
-      return static_cast<double>(cpu.data_as<int64_t>()[i]);
-    case DType::kBool:
-      return cpu.data_as<uint8_t>()[i];
-  }
-  return NAN;
-}
-
-// A contiguous device tensor holding `values` (converted to dtype).
-absl::StatusOr<Tensor> Upload(DType dtype, std::vector<int64_t> shape,
-                              const std::vector<double>& values, Device device = kCuda0) {
-  absl::StatusOr<Tensor> host = Tensor::Empty(dtype, shape);
-  if (!host.ok()) return host.status();
-  if (static_cast<size_t>(host->numel()) != values.size()) {
-    return absl::InvalidArgumentError("value count does not match the shape");
-  }
-  for (int64_t i = 0; i < host->numel(); ++i) SetElement(*host, i, values[i]);
-  absl::StatusOr<Tensor> dev = Tensor::Empty(dtype, shape, device);
-  if (!dev.ok()) return dev.status();
-  if (absl::Status s = CopyTensor(*dev, *host); !s.ok()) return s;
-  return dev;
-}
-
-// The tensor's values, read on the legacy default stream (which
-// Work::Wait has ordered after the op when it is the current stream).
-std::vector<double> Download(const Tensor& dev) {
-  absl::StatusOr<Tensor> host = Tensor::Empty(dev.dtype(), dev.shape());
-  EXPECT_TRUE(host.ok()) << host.status();
-  if (!host.ok()) return {};
-  const absl::Status s = CopyTensor(*host, dev);
-  EXPECT_TRUE(s.ok()) << s;
-  std::vector<double> out(host->numel());
-  for (int64_t i = 0; i < host->numel(); ++i) out[i] = GetElement(*host, i);
-  return out;
-}
-
-std::vector<double> Iota(int n, double start = 1) {
-  std::vector<double> v(n);
-  for (int i = 0; i < n; ++i) v[i] = start + i;
-  return v;
-}
-
-bool HaveNcclAndDevice(int devices = 1) {
-  return GetBuildInfo().has_nccl && CudaDeviceCount() >= devices;
-}
 
 // ---- World of one on cuda:0. -------------------------------------------------
 
@@ -611,33 +514,6 @@ TEST_F(NcclGpuTest, NewGroupsFromUniqueIdsOverAStore) {
   ASSERT_OK(SynchronizeWork(**work, kSync));
   EXPECT_EQ(Download(*t), Iota(6));
   EXPECT_EQ(*store->NumKeys(), 0) << "a group of one needs no brokering";
-}
-
-// In-place recovery's path on a world of one: a membership communicator
-// from a brokered ID, a group split from it, and a second membership of the
-// same ranks sharing it. (ncclCommShrink needs a second rank to exclude.)
-TEST_F(NcclGpuTest, MembershipCommunicatorSplitsWorkingGroups) {
-  NcclProcessGroupFactoryOptions options = DefaultOptions();
-  options.store = std::make_shared<InMemoryStore>();
-  MakeFactory(options);
-  if (!factory_->splits_communicators()) GTEST_SKIP() << "NCCL < 2.19: no ncclCommSplit";
-  auto first = factory_->NewMembership(Spec("e1/m", 0, {0}), nullptr);
-  ASSERT_TRUE(first.ok()) << first.status();
-  auto second = factory_->NewMembership(Spec("e2/m", 0, {0}), *first);
-  ASSERT_TRUE(second.ok()) << second.status();
-  first->reset();
-  auto groups = factory_->NewGroupsWithin(**second, {Spec("e2/dp", 0, {0})});
-  ASSERT_TRUE(groups.ok()) << groups.status();
-  absl::StatusOr<Tensor> t = Upload(DType::kFloat32, {6}, Iota(6));
-  ASSERT_TRUE(t.ok());
-  auto work = (*groups)[0]->AllReduce(*t, ReduceOp::kSum);
-  ASSERT_TRUE(work.ok()) << work.status();
-  ASSERT_OK(SynchronizeWork(**work, kSync));
-  EXPECT_EQ(Download(*t), Iota(6));
-  second->reset();  // ncclCommAbort of the membership; the group stays usable.
-  work = (*groups)[0]->AllReduce(*t, ReduceOp::kSum);
-  ASSERT_TRUE(work.ok()) << work.status();
-  ASSERT_OK(SynchronizeWork(**work, kSync));
 }
 
 TEST_F(NcclGpuTest, NewGroupsErrors) {
