@@ -146,9 +146,11 @@ class NcclFactory final : public NcclProcessGroupFactory {
   void AbortAll(absl::Status reason) override;
 
  private:
-  // NewGroups, or with `members_only` NewGroupsAmongMembers.
+  // NewGroups, or with `members_only` NewGroupsAmongMembers; with
+  // `split_from` (members_only too) NewGroupsWithin: every group a split of
+  // that communicator.
   absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> MakeGroups(
-      const std::vector<GroupSpec>& specs, bool members_only);
+      const std::vector<GroupSpec>& specs, bool members_only, GroupCore* split_from = nullptr);
   // The calling rank's rank in the membership of `spec` (its index among
   // the ascending ranks).
   int MembershipRank(const GroupSpec& spec) const;
@@ -218,7 +220,7 @@ absl::StatusOr<std::shared_ptr<NcclGroup>> NcclFactory::Adopt(const GroupSpec& s
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::MakeGroups(
-    const std::vector<GroupSpec>& specs, bool members_only) {
+    const std::vector<GroupSpec>& specs, bool members_only, GroupCore* split_from) {
   absl::MutexLock lock(&new_groups_mu_);
   if (absl::Status s = Cancelled(); !s.ok()) return s;
   absl::StatusOr<std::vector<int>> group_ranks =
@@ -227,7 +229,8 @@ absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::MakeGrou
   // Members-only calls are not numbered: their callers may have made
   // different numbers of calls before.
   const uint64_t call = members_only ? kMembersOnlyCall : calls_++;
-  const bool split = split_ && !members_only;
+  const bool split = split_from != nullptr || (split_ && !members_only);
+  GroupCore& parent = split_from != nullptr ? *split_from : *world_->core();
   const absl::Time deadline = absl::Now() + options_.init_timeout;
   const int device = options_.device.index();
   auto cancelled = [this] { return Cancelled(); };
@@ -259,7 +262,7 @@ absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::MakeGrou
     const std::string what = GroupWhat(name, group_rank, size, device);
     const char* comm_name = PersistentName(name);  // NCCL keeps the pointer.
     absl::StatusOr<ncclComm_t> comm =
-        split ? world_->core()->Split(spec.color, group_rank, comm_name, what, deadline, cancelled)
+        split ? parent.Split(spec.color, group_rank, comm_name, what, deadline, cancelled)
               : InitComm(api_, ToUniqueId(ids[i]), size, group_rank, device, comm_name, what,
                          deadline, cancelled);
     if (!comm.ok()) return comm.status();
@@ -367,33 +370,7 @@ absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::NewGroup
   if (absl::Status s = CheckGroupsWithin(membership, specs); !s.ok()) return s;
   const auto* within = dynamic_cast<const NcclMembership*>(&membership);
   if (within == nullptr || within->factory() != this) return MakeGroups(specs, true);
-  absl::MutexLock lock(&new_groups_mu_);
-  if (absl::Status s = Cancelled(); !s.ok()) return s;
-  absl::StatusOr<std::vector<int>> group_ranks =
-      CheckGroupSpecs(specs, options_.world_rank, options_.world_size);
-  if (!group_ranks.ok()) return group_ranks.status();
-  const absl::Time deadline = absl::Now() + options_.init_timeout;
-  std::vector<std::shared_ptr<ProcessGroup>> groups;
-  groups.reserve(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const GroupSpec& spec = specs[i];
-    const int group_rank = (*group_ranks)[i];
-    const int size = static_cast<int>(spec.global_ranks.size());
-    const std::string name = GroupName(spec);
-    const std::string what = GroupWhat(name, group_rank, size, options_.device.index());
-    absl::StatusOr<ncclComm_t> comm =
-        within->comm()->core().Split(spec.color, group_rank, PersistentName(name), what, deadline,
-                                     [this] { return Cancelled(); });
-    if (!comm.ok()) return comm.status();
-    if (absl::Status s = CheckCommShape(api_, *comm, size, group_rank, what); !s.ok()) {
-      api_.CommAbort(*comm);
-      return s;
-    }
-    absl::StatusOr<std::shared_ptr<NcclGroup>> group = Adopt(spec, group_rank, *comm);
-    if (!group.ok()) return group.status();
-    groups.push_back(*std::move(group));
-  }
-  return groups;
+  return MakeGroups(specs, true, &within->comm()->core());
 }
 
 void NcclFactory::AbortAll(absl::Status reason) {
