@@ -246,12 +246,19 @@ void CoordinatorSession::HeartbeatLoop() {
       request.set_name(config_.name);
       request.set_session_id(session_id_);
     }
-    const absl::Status status = client_->NodeHeartbeat(request, config_.rpc_timeout).status();
+    const absl::StatusOr<v1::NodeHeartbeatResponse> reply =
+        client_->NodeHeartbeat(request, config_.rpc_timeout);
+    const absl::Status status = reply.status();
     if (status.ok()) {
       last_ok = absl::Now();
       absl::MutexLock lock(&mu_);
       last_ack_ = last_ok;
       UpdateHeartbeatAgeLocked();
+      // The coordinator lengthens the interval as the cluster grows; 0 is an
+      // older coordinator's reply.
+      if (reply->heartbeat_interval_seconds() > 0 && epoch_ == epoch) {
+        heartbeat_interval_ = absl::Seconds(reply->heartbeat_interval_seconds());
+      }
     } else if (IsSessionError(status)) {
       RequestReconnect(epoch, absl::StrCat("heartbeat: ", status.ToString()));
     } else if (absl::Now() - last_ok > timeout) {

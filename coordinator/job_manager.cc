@@ -6,6 +6,7 @@
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -77,6 +78,11 @@ absl::Status ValidateJobManagerOptions(const JobManagerOptions& options) {
                          std::pair{options.max_wait, "max_wait"},
                          std::pair{options.log_attach_timeout, "log_attach_timeout"}}) {
     if (absl::Status status = positive(d, name); !status.ok()) return status;
+  }
+  if (!(options.node_heartbeat_rate >= 0) || std::isinf(options.node_heartbeat_rate)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node_heartbeat_rate must be 0 (off) or a positive number of heartbeats a second, not ",
+        options.node_heartbeat_rate));
   }
   if (options.kill_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("kill_grace must not be negative");

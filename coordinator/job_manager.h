@@ -119,6 +119,14 @@ struct JobManagerOptions {
   // the timeout is LOST.
   absl::Duration node_heartbeat_interval = absl::Seconds(2);
   absl::Duration node_heartbeat_timeout = absl::Seconds(15);
+  // Node heartbeats a second the coordinator plans for from all agents
+  // together: with more nodes than that many per node_heartbeat_interval,
+  // each node is told a longer interval, nodes / rate, and at most a third
+  // of node_heartbeat_timeout (NodeHeartbeatInterval). The RegisterNode and
+  // NodeHeartbeat replies carry it, so agents that registered early follow
+  // the cluster's growth. The timeout is unchanged. 0: always
+  // node_heartbeat_interval.
+  double node_heartbeat_rate = 2048;
   // After a restart (Recover), recovered nodes get this long on top of
   // node_heartbeat_timeout to register again before they are LOST, and so
   // do the unaccounted ranks of their jobs: right after a restart, agents
@@ -172,6 +180,11 @@ struct JobManagerStats {
   int64_t store_failures = 0;  // Commits that failed after a transition.
   int64_t stale_reports = 0;   // Reports for an older generation or a replaced process.
 };
+
+// The heartbeat interval agents are told with `nodes` nodes known: the
+// options' interval, or nodes / node_heartbeat_rate where that is longer,
+// capped at a third of the timeout (never below the interval).
+absl::Duration NodeHeartbeatInterval(const JobManagerOptions& options, size_t nodes);
 
 class JobManager {
  public:
@@ -266,8 +279,11 @@ class JobManager {
   absl::StatusOr<mesh::v1::RegisterNodeResponse> RegisterNode(
       const mesh::v1::RegisterNodeRequest& request);
 
+  // Returns the interval the node heartbeats at from now on
+  // (NodeHeartbeatInterval for the nodes known now).
   // Possible errors: NOT_FOUND (unknown node), ABORTED (stale session).
-  absl::Status NodeHeartbeat(const std::string& name, const std::string& session_id);
+  absl::StatusOr<absl::Duration> NodeHeartbeat(const std::string& name,
+                                               const std::string& session_id);
 
   // The node's order stream. A newer stream for the node replaces this one
   // (which ends with ABORTED). On connect, orders not yet delivered come

@@ -280,9 +280,17 @@ int main(int argc, char** argv) {
       ->envname("MESH_WORKING_DIR_ROOT")
       ->capture_default_str();
   app.add_option("--node-heartbeat-interval", node_heartbeat_interval_s,
-                 "Seconds between an agent's heartbeats (told to agents when they register)")
+                 "Seconds between an agent's heartbeats (told to agents when they register; "
+                 "longer in a large cluster, see --node-heartbeat-rate)")
       ->envname("MESH_NODE_HEARTBEAT_INTERVAL")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--node-heartbeat-rate", jobs.node_heartbeat_rate,
+                 "Node heartbeats a second all agents may send in all: in a larger cluster each "
+                 "agent is told a longer interval (up to a third of --node-heartbeat-timeout); "
+                 "0 = always --node-heartbeat-interval")
+      ->envname("MESH_NODE_HEARTBEAT_RATE")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--node-heartbeat-timeout", node_heartbeat_timeout_s,
                  "Seconds of silence after which a node is LOST and its jobs restart or fail")

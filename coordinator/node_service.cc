@@ -173,11 +173,14 @@ grpc::ServerUnaryReactor* NodeServiceImpl::RegisterNode(Ctx* ctx,
 
 grpc::ServerUnaryReactor* NodeServiceImpl::NodeHeartbeat(Ctx* ctx,
                                                          const NodeHeartbeatRequest* request,
-                                                         NodeHeartbeatResponse*) {
+                                                         NodeHeartbeatResponse* response) {
   if (absl::Status denied = authz_->Node(*ctx, request->name()); !denied.ok()) {
     return Finish(ctx, denied);
   }
-  return Finish(ctx, jobs_->NodeHeartbeat(request->name(), request->session_id()));
+  absl::StatusOr<absl::Duration> interval =
+      jobs_->NodeHeartbeat(request->name(), request->session_id());
+  if (interval.ok()) response->set_heartbeat_interval_seconds(absl::ToDoubleSeconds(*interval));
+  return Finish(ctx, interval.status());
 }
 
 grpc::ServerWriteReactor<Assignment>* NodeServiceImpl::WatchAssignments(

@@ -193,19 +193,27 @@ absl::StatusOr<mesh::v1::RegisterNodeResponse> JobManager::RegisterNode(
     while (effects.TakeReschedule()) ScheduleLocked(effects);
     response.set_session_id(node.session_id);
     response.set_heartbeat_interval_seconds(
-        absl::ToDoubleSeconds(options_.node_heartbeat_interval));
+        absl::ToDoubleSeconds(NodeHeartbeatInterval(options_, nodes_.size())));
     response.set_heartbeat_timeout_seconds(absl::ToDoubleSeconds(options_.node_heartbeat_timeout));
   }
   effects.Run();
   return response;
 }
 
-absl::Status JobManager::NodeHeartbeat(const std::string& name, const std::string& session_id) {
+absl::Duration NodeHeartbeatInterval(const JobManagerOptions& o, size_t nodes) {
+  if (o.node_heartbeat_rate <= 0 || nodes == 0) return o.node_heartbeat_interval;
+  const absl::Duration spread = absl::Seconds(static_cast<double>(nodes) / o.node_heartbeat_rate);
+  const absl::Duration longest = std::max(o.node_heartbeat_interval, o.node_heartbeat_timeout / 3);
+  return std::clamp(spread, o.node_heartbeat_interval, longest);
+}
+
+absl::StatusOr<absl::Duration> JobManager::NodeHeartbeat(const std::string& name,
+                                                         const std::string& session_id) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Node*> node = SessionNodeLocked(name, session_id);
   if (!node.ok()) return node.status();
   SeenLocked(**node, clock_->Now());
-  return absl::OkStatus();
+  return NodeHeartbeatInterval(options_, nodes_.size());
 }
 
 absl::StatusOr<uint64_t> JobManager::WatchAssignments(const std::string& name,

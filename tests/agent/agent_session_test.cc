@@ -59,6 +59,11 @@ class FakeNodeClient final : public NodeClient {
     absl::MutexLock lock(&mu_);
     heartbeat_script_.insert(heartbeat_script_.end(), statuses.begin(), statuses.end());
   }
+  // NodeHeartbeat replies tell this interval from now on (0: none).
+  void SetHeartbeatReplyInterval(double seconds) {
+    absl::MutexLock lock(&mu_);
+    heartbeat_reply_interval_ = seconds;
+  }
   // RegisterNode blocks until CancelAll while this is set.
   void BlockRegister() {
     absl::MutexLock lock(&mu_);
@@ -136,7 +141,9 @@ class FakeNodeClient final : public NodeClient {
     if (request.session_id() != session_) return absl::AbortedError("stale session");
     if (absl::Status s = NextLocked(heartbeat_script_); !s.ok()) return s;
     ++record_.heartbeats;
-    return v1::NodeHeartbeatResponse();
+    v1::NodeHeartbeatResponse response;
+    response.set_heartbeat_interval_seconds(heartbeat_reply_interval_);
+    return response;
   }
 
   absl::Status ReportWorkersStarted(const v1::ReportWorkersStartedRequest& request,
@@ -234,6 +241,7 @@ class FakeNodeClient final : public NodeClient {
   mutable absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool block_register_ ABSL_GUARDED_BY(mu_) = false;
+  double heartbeat_reply_interval_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<absl::Status> register_script_ ABSL_GUARDED_BY(mu_);
   std::deque<absl::Status> heartbeat_script_ ABSL_GUARDED_BY(mu_);
   std::deque<absl::Status> exit_script_ ABSL_GUARDED_BY(mu_);
@@ -326,6 +334,30 @@ TEST_F(AgentSessionTest, RegistersThenHeartbeatsWithItsSession) {
   EXPECT_EQ(agent_->session_id(), "session-1");
   EXPECT_TRUE(WaitUntil([&] { return client_->record().heartbeats >= 3; }, kTimeout));
   EXPECT_THAT(WatchedOnce(1), ElementsAre("session-1"));
+}
+
+TEST_F(AgentSessionTest, HeartbeatsFollowTheIntervalTheLatestReplyGives) {
+  StartAgent();
+  // Registration said 50 ms, and replies that say nothing keep it.
+  ASSERT_TRUE(WaitUntil([&] { return client_->record().heartbeats >= 5; }, kTimeout));
+  // A reply that says 30 s (the coordinator's cluster grew): after the
+  // heartbeat that carried it, and the one that may already be on its way,
+  // no other comes for the next second, where 50 ms would send some 20.
+  client_->SetHeartbeatReplyInterval(30);
+  const int told = client_->record().heartbeats;
+  ASSERT_TRUE(WaitUntil([&] { return client_->record().heartbeats > told; }, kTimeout));
+  absl::SleepFor(absl::Milliseconds(100));
+  const int after = client_->record().heartbeats;
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_EQ(client_->record().heartbeats, after);
+  // And back to short: heartbeats resume after the 30 s wait only, so a
+  // session that re-registers (a new epoch) takes its interval from
+  // RegisterNode again.
+  client_->SetHeartbeatReplyInterval(0);
+  ASSERT_TRUE(client_->Restart(absl::UnavailableError("coordinator restarted")));
+  ASSERT_TRUE(WaitUntil([&] { return agent_->registrations() == 2; }, kTimeout));
+  const int fresh = client_->record().heartbeats;
+  EXPECT_TRUE(WaitUntil([&] { return client_->record().heartbeats >= fresh + 5; }, kTimeout));
 }
 
 TEST_F(AgentSessionTest, LaunchOrderStartsEveryRankAndReportsThePids) {

@@ -349,7 +349,7 @@ class JobManagerTest : public ::testing::Test {
   }
 
   absl::Status Heartbeat(const Agent& agent) {
-    return manager().NodeHeartbeat(agent.name, agent.session);
+    return manager().NodeHeartbeat(agent.name, agent.session).status();
   }
 
   static v1::RunningWorker Worker(const std::string& job_id, int64_t generation, int rank) {

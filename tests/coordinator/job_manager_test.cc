@@ -9,6 +9,8 @@
 // only through clock_.Advance() followed by Tick(), agents are played by the
 // test (RegisterNode, a recording WatchAssignments sink, reports), and no
 // process is ever started.
+#include <limits>
+
 #include "tests/coordinator/job_manager_fixture.h"
 
 namespace mesh::coordinator {
@@ -1138,6 +1140,36 @@ TEST_F(JobManagerTest, NeitherTheCoordinatorsStallNorItsBacklogLosesANode) {
 }
 
 // ---- Nodes and sessions ----------------------------------------------------------------
+
+TEST(NodeHeartbeatIntervalTest, GrowsWithTheClusterWithinAThirdOfTheTimeout) {
+  JobManagerOptions o;  // 2 s, 15 s timeout, 2048 heartbeats a second.
+  EXPECT_EQ(NodeHeartbeatInterval(o, 0), absl::Seconds(2));
+  EXPECT_EQ(NodeHeartbeatInterval(o, 1), absl::Seconds(2));
+  EXPECT_EQ(NodeHeartbeatInterval(o, 4096), absl::Seconds(2));
+  EXPECT_EQ(NodeHeartbeatInterval(o, 8192), absl::Seconds(4));
+  EXPECT_EQ(NodeHeartbeatInterval(o, 16384), absl::Seconds(5));  // 15 s / 3
+  EXPECT_EQ(NodeHeartbeatInterval(o, 1000000), absl::Seconds(5));
+  o.node_heartbeat_rate = 0;  // Off.
+  EXPECT_EQ(NodeHeartbeatInterval(o, 1000000), absl::Seconds(2));
+  // A timeout under three intervals never shortens the interval.
+  o.node_heartbeat_rate = 1;
+  o.node_heartbeat_timeout = absl::Seconds(3);
+  EXPECT_EQ(NodeHeartbeatInterval(o, 100), absl::Seconds(2));
+}
+
+TEST(JobManagerOptionsTest, NodeHeartbeatRateMustBeZeroOrPositiveAndFinite) {
+  for (double rate :
+       {-1.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    JobManagerOptions options;
+    options.node_heartbeat_rate = rate;
+    EXPECT_THAT(ValidateJobManagerOptions(options),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("node_heartbeat_rate")))
+        << rate;
+  }
+  JobManagerOptions off;
+  off.node_heartbeat_rate = 0;
+  EXPECT_THAT(ValidateJobManagerOptions(off), IsOk());
+}
 
 TEST_F(JobManagerTest, RegisterNodeTellsTheHeartbeatAndListsTheNode) {
   Agent agent;

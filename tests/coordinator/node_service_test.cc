@@ -102,6 +102,59 @@ TEST_F(NodeServiceTest, StaleSessionIsAborted) {
   EXPECT_EQ(status->error_code(), grpc::StatusCode::ABORTED);
 }
 
+// With 1 heartbeat a second planned for all agents, a 2 s interval and a
+// 15 s timeout: up to 2 nodes get 2 s, 3 nodes 3 s, and from 5 on a third
+// of the timeout. Each RegisterNode and NodeHeartbeat reply says the
+// interval for the nodes known at that moment.
+class NodeHeartbeatRateTest : public JobRpcTest {
+ protected:
+  void SetUp() override {
+    configure_ = [](CoordinatorConfig& config) {
+      config.jobs.node_heartbeat_interval = absl::Seconds(2);
+      config.jobs.node_heartbeat_timeout = absl::Seconds(15);
+      config.jobs.node_heartbeat_rate = 1;
+    };
+    StartServer();
+  }
+
+  // The interval a heartbeat of `agent` is told.
+  double Beat(const Agent& agent) {
+    NodeHeartbeatRequest heartbeat;
+    heartbeat.set_name(agent.name);
+    heartbeat.set_session_id(agent.session);
+    NodeHeartbeatResponse reply;
+    const grpc::Status status = nodes_->NodeHeartbeat(Context().get(), heartbeat, &reply);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return reply.heartbeat_interval_seconds();
+  }
+
+  double RegisteredInterval(const std::string& name) {
+    RegisterNodeRequest request;
+    request.set_name(name);
+    request.set_address("10.0.0.9");
+    request.set_slots(1);
+    RegisterNodeResponse response;
+    const grpc::Status status = nodes_->RegisterNode(Context().get(), request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    EXPECT_DOUBLE_EQ(response.heartbeat_timeout_seconds(), 15);
+    return response.heartbeat_interval_seconds();
+  }
+};
+
+TEST_F(NodeHeartbeatRateTest, AgentsAreToldALongerIntervalAsTheClusterGrows) {
+  auto first = Register("node-1", "10.0.0.1", 1);
+  ASSERT_NE(first, nullptr);
+  EXPECT_DOUBLE_EQ(Beat(*first), 2);
+  EXPECT_DOUBLE_EQ(RegisteredInterval("node-2"), 2);
+  EXPECT_DOUBLE_EQ(RegisteredInterval("node-3"), 3);
+  // The first node, registered at 2 s, hears of the growth in its next reply.
+  EXPECT_DOUBLE_EQ(Beat(*first), 3);
+  EXPECT_DOUBLE_EQ(RegisteredInterval("node-4"), 4);
+  EXPECT_DOUBLE_EQ(RegisteredInterval("node-5"), 5);
+  EXPECT_DOUBLE_EQ(RegisteredInterval("node-6"), 5);  // Capped: a third of 15 s.
+  EXPECT_DOUBLE_EQ(Beat(*first), 5);
+}
+
 TEST_F(NodeServiceTest, BadRegistrationIsInvalidArgument) {
   RegisterNodeRequest request;
   request.set_name("node-a");
