@@ -28,6 +28,7 @@ struct FakeNcclApi::Split {
   std::string child_name;
   int child_count = 1;
   int child_rank = 0;
+  Comm* child = nullptr;  // Once published.
   SplitScript script;
   int parent_polls_seen = 0;
   bool published = false;
@@ -173,6 +174,7 @@ FakeNcclApi::Comm* FakeNcclApi::NewComm(std::string name, int count, int rank,
 void FakeNcclApi::Publish(Split& split) {
   Comm* child = NewComm(split.child_name, split.child_count, split.child_rank, split.script.child);
   split.published = true;
+  split.child = child;
   log_.push_back(absl::StrCat("Publish(", split.child_name, ")"));
   // What NCCL's job thread does at the end of the child's init.
   std::atomic_ref<ncclComm_t>(*split.slot).store(child->handle(), std::memory_order_release);
@@ -366,6 +368,15 @@ ncclResult_t FakeNcclApi::CommAbort(ncclComm_t comm) {
     if (split->parent == c && !split->published) {
       Violation(absl::StrCat("ncclCommAbort of '", c->name, "' while its split child '",
                              split->child_name, "' was unpublished"));
+    }
+  }
+  for (const std::unique_ptr<Split>& split : splits_) {
+    // NCCL's parent keeps a pointer to a failed child's abort flags, which
+    // the child's abort freed; aborting the parent writes them.
+    if (split->parent == c && split->child != nullptr && split->child->aborted &&
+        split->script.child.init_result != ncclSuccess) {
+      Violation(absl::StrCat("ncclCommAbort of '", c->name, "' after its failed child '",
+                             split->child_name, "' was aborted"));
     }
   }
   log_.push_back(absl::StrCat("CommAbort(", c->name, ")"));

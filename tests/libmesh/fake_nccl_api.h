@@ -30,7 +30,8 @@
 //     forever), then ncclSuccess.
 //
 // What it checks: a call on a communicator after ncclCommAbort/Destroy, an
-// abort of a parent whose split child is unpublished, an unknown handle, and
+// abort of a parent whose split child is unpublished, an abort of a parent
+// after its failed child's (NCCL writes the child's freed abort flags), an unknown handle, and
 // destroying a stream or event twice are recorded as violations() (a real
 // NCCL would corrupt memory or hang there). Every communicator call is
 // logged as "Call(name)" in log().

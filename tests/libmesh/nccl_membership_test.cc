@@ -264,7 +264,7 @@ TEST_F(NcclMembershipTest, AShrinkPastItsDeadlineAbortsTheParentOnlyOnceTheChild
   first->reset();
   late.join();
   EXPECT_TRUE(api_.aborted("e1/m/0"));
-  EXPECT_LT(At("CommAbort(e2/m/0)"), At("CommAbort(e1/m/0)"));
+  EXPECT_LT(At("CommAbort(e1/m/0)"), At("CommAbort(e2/m/0)"));
 }
 
 TEST_F(NcclMembershipTest, ASynchronousShrinkFailureAbortsTheParentAndNamesTheCall) {

@@ -193,7 +193,7 @@ TEST_F(NcclSeamTest, SplitOfAWiderWorldChecksTheChildsShape) {
   EXPECT_FALSE(api_.aborted("world"));
 }
 
-TEST_F(NcclSeamTest, ChildThatFailsToComeUpAbortsChildThenParent) {
+TEST_F(NcclSeamTest, ChildThatFailsToComeUpAbortsParentThenChild) {
   api_.ScriptSplit({.parent_polls = 2,
                     .publish_after_parent_polls = 1,
                     .child = {.init_polls = 2, .init_result = ncclSystemError}});
@@ -203,7 +203,7 @@ TEST_F(NcclSeamTest, ChildThatFailsToComeUpAbortsChildThenParent) {
   ASSERT_FALSE(groups.ok());
   EXPECT_EQ(groups.status().code(), absl::StatusCode::kUnavailable) << groups.status();
   EXPECT_THAT(std::string(groups.status().message()), HasSubstr("mesh/dp/0"));
-  EXPECT_LT(At("CommAbort(mesh/dp/0)"), At("CommAbort(world)"));
+  EXPECT_LT(At("CommAbort(world)"), At("CommAbort(mesh/dp/0)"));
   auto world = (*factory)->World();
   ASSERT_TRUE(world.ok());
   EXPECT_FALSE((*world)->health().ok());
@@ -224,7 +224,7 @@ TEST_F(NcclSeamTest, SynchronousSplitFailureAbortsTheParentAtOnce) {
 
 // After a split that gave up with the child unpublished: the world group is
 // failed at once, but its ncclCommAbort waits for NCCL to publish the child;
-// then the watchdog aborts the late child first and the parent after it.
+// then the watchdog aborts the parent first and the late child after it.
 void ExpectDeferredAbort(FakeNcclApi& api, NcclProcessGroupFactory& factory,
                          const std::function<int(const std::string&)>& at) {
   auto world = factory.World();
@@ -238,7 +238,7 @@ void ExpectDeferredAbort(FakeNcclApi& api, NcclProcessGroupFactory& factory,
 
   api.PublishPendingSplits();  // NCCL's job finishes late.
   ASSERT_TRUE(Eventually([&] { return api.aborted("world"); }));
-  EXPECT_LT(at("CommAbort(mesh/dp/0)"), at("CommAbort(world)"));
+  EXPECT_LT(at("CommAbort(world)"), at("CommAbort(mesh/dp/0)"));
 }
 
 TEST_F(NcclSeamTest, SplitPastItsDeadlineDefersTheParentsAbortUntilTheChildIsPublished) {
@@ -290,7 +290,7 @@ TEST_F(NcclSeamTest, AbortAllCancelsAWaitingSplitPromptly) {
   EXPECT_FALSE(api_.aborted("world"));
   api_.PublishPendingSplits();
   ASSERT_TRUE(Eventually([&] { return api_.aborted("world"); }));
-  EXPECT_LT(At("CommAbort(mesh/dp/0)"), At("CommAbort(world)"));
+  EXPECT_LT(At("CommAbort(world)"), At("CommAbort(mesh/dp/0)"));
   // Groups asked for after AbortAll fail with its reason.
   auto later = (*factory)->NewGroups(DpSpec());
   EXPECT_EQ(later.status().code(), absl::StatusCode::kAborted);
@@ -332,7 +332,7 @@ TEST_F(NcclSeamTest, TeardownAbortsChildThenParentWhenTheChildArrivesInTime) {
     });
   }
   publisher.join();
-  EXPECT_LT(At("CommAbort(mesh/dp/0)"), At("CommAbort(world)"));
+  EXPECT_LT(At("CommAbort(world)"), At("CommAbort(mesh/dp/0)"));
   EXPECT_EQ(api_.live_streams(), 0);
   EXPECT_EQ(api_.live_events(), 0);
 }

@@ -212,19 +212,23 @@ void GroupCore::AbortLocked() {
 void GroupCore::ReleaseCommLocked() {
   if (comm_ == nullptr) return;
   DeviceGuard guard(api_, params_.device);
+  ncclComm_t late = nullptr;
   if (unpublished_split_ != nullptr) {
-    const ncclComm_t late = LoadPublished(unpublished_split_);
+    late = LoadPublished(unpublished_split_);
     // NCCL's split job is still running on comm_ and will write the slot;
     // released now, NCCL would write into freed memory.
     if (late == nullptr) return;
+  }
+  // Also joins any NCCL job still running for this communicator (an
+  // abandoned init or lazy connection). Before the late child: a parent
+  // whose child's init failed still points at the child's abort flags.
+  api_.CommAbort(comm_);
+  comm_ = nullptr;
+  if (late != nullptr) {
     api_.CommAbort(late);
     delete unpublished_split_;
     unpublished_split_ = nullptr;
   }
-  // Also joins any NCCL job still running for this communicator (an
-  // abandoned init or lazy connection).
-  api_.CommAbort(comm_);
-  comm_ = nullptr;
 }
 
 void GroupCore::RetireCompletedLocked() {
@@ -416,14 +420,18 @@ absl::StatusOr<ncclComm_t> GroupCore::MakeChild(
                    published ? " and was aborted"
                              : absl::StrCat(" and is aborted once NCCL finishes the ", kind))));
   if (published) {
-    // The child's init is over (published) or never began: abort the child,
-    // and the slot is ours again.
+    // The child's init is over (published) or never began, so the slot is
+    // ours again. The parent goes first: after a failed child init NCCL's
+    // parent still points at the child's abort flags, and aborting the
+    // parent writes them, so they must not be freed (by the child's abort)
+    // before.
+    AbortLocked();
     if (wait.child != nullptr) api_.CommAbort(wait.child);
     delete slot;
   } else {
     unpublished_split_ = slot;  // Still NCCL's; ReleaseCommLocked frees it.
+    AbortLocked();
   }
-  AbortLocked();
   return wait.status;
 }
 

@@ -35,10 +35,14 @@
 // running on the parent and writing to the child slot later. The core then
 // keeps the slot, fails the group's ops at once, and defers the parent's
 // ncclCommAbort until the slot is written: the watchdog (or Close, within its
-// destroy timeout) aborts the late child first, then the parent, then frees
-// the slot. If NCCL never publishes, the communicator, the slot and the
+// destroy timeout) aborts the parent, then the late child, then frees the
+// slot. The parent always goes first, for a published child too: after a
+// failed child init NCCL's parent keeps a pointer to the child's abort flags
+// and writes them when aborted, so the child's abort (which frees them) must
+// come after. If NCCL never publishes, the communicator, the slot and the
 // group's stream, event and barrier buffer stay allocated for the life of the
-// process rather than being released under a possible writer.
+// process rather than being released under a possible writer (an NCCL thread
+// of the split job stays blocked with them).
 #pragma once
 
 #include <cuda_runtime_api.h>
