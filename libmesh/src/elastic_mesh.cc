@@ -180,8 +180,15 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
   std::shared_ptr<Membership> previous = std::move(membership_);
   const std::vector<int> previous_members = members_;
   const std::vector<uint64_t> previous_incarnations = incarnations_;
+  membership_derived_ = false;
   absl::StatusOr<AliveRanksResult> alive = runtime_.AliveRanks(options_.timeout);
   if (!alive.ok()) return alive.status();
+  // Every live rank is past its previous reconfiguration now, so no one
+  // reads this process's vote of it any more.
+  if (!vote_key_.empty()) {
+    (void)runtime_.store()->DeleteKey(vote_key_);
+    vote_key_.clear();
+  }
   const absl::Time agreed = absl::Now();
   const int self = runtime_.rank();
 
@@ -240,19 +247,22 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
   const std::string name = absl::StrCat("elastic", round_);
   const std::shared_ptr<ProcessGroupFactory>& factory = runtime_.process_group_factory();
   // Derived from the previous membership only where each new member is a
-  // process of it (same rank, same incarnation): every member then holds
-  // it, since they all built it in the same round. A replacement, or a
-  // rank that rejoins after a broken replica, makes it a new one for all.
-  bool derive = previous != nullptr;
-  for (size_t i = 0; derive && i < members_.size(); ++i) {
+  // process of it (same rank, same incarnation) and holds it: a
+  // replacement, a rank that rejoins after a broken replica, or a member
+  // whose last rebuild failed makes it a new one for all. The members agree
+  // on it through the job's store (AgreeToDerive).
+  bool can_derive = previous != nullptr;
+  for (size_t i = 0; can_derive && i < members_.size(); ++i) {
     auto it = std::lower_bound(previous_members.begin(), previous_members.end(), members_[i]);
-    derive = it != previous_members.end() && *it == members_[i] &&
-             previous_incarnations[it - previous_members.begin()] == incarnations_[i];
+    can_derive = it != previous_members.end() && *it == members_[i] &&
+                 previous_incarnations[it - previous_members.begin()] == incarnations_[i];
   }
+  absl::StatusOr<bool> derive = AgreeToDerive(can_derive);
+  if (!derive.ok()) return WithContext(derive.status(), absl::StrCat("membership epoch ", epoch_));
   absl::StatusOr<std::shared_ptr<Membership>> membership = factory->NewMembership(
-      GroupSpec{absl::StrCat(name, "/membership"), 0, members_}, derive ? previous : nullptr);
-  previous.reset();  // Released (NCCL: aborted, a local call) once derived from.
-  membership_derived_ = derive;
+      GroupSpec{absl::StrCat(name, "/membership"), 0, members_}, *derive ? previous : nullptr);
+  // Dropped here; freed (NCCL: aborted) once no mesh of it is held either.
+  previous.reset();
   if (!membership.ok()) {
     return WithContext(membership.status(), absl::StrCat("membership epoch ", epoch_));
   }
@@ -274,6 +284,8 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
   members_group_ = (*all)[0];
   mesh_ = *std::move(mesh);
   membership_ = *std::move(membership);
+  membership_round_ = round_;
+  membership_derived_ = *derive;
   const absl::Time built = absl::Now();
   if (absl::Status s = TransferState(); !s.ok()) {
     Drop(s);
@@ -289,9 +301,32 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
                static_cast<long long>(job_layout_.Size(dim_index_)), dim_.c_str(),
                FormatDurationShort(agreed - start).c_str(),
                FormatDurationShort(built - agreed).c_str(),
-               derive ? "from the previous membership" : "from a new membership",
+               *derive ? "from the previous membership" : "from a new membership",
                FormatDurationShort(absl::Now() - built).c_str());
   return true;
+}
+
+absl::StatusOr<bool> ElasticMesh::AgreeToDerive(bool can_derive) {
+  const std::shared_ptr<Store>& store = runtime_.store();
+  auto key = [this](int rank) {
+    return absl::StrCat("mesh/elastic/", dim_, "/round", round_, "/derive/", rank);
+  };
+  // Which membership this member would derive from, by the round that made
+  // it (members that hold one all built it in the same round).
+  const std::string mine = can_derive ? absl::StrCat(membership_round_) : "none";
+  vote_key_ = key(runtime_.rank());
+  if (absl::Status s = store->Set(vote_key_, mine); !s.ok()) {
+    return WithContext(s, "voting on the membership");
+  }
+  std::vector<std::string> keys;
+  keys.reserve(members_.size());
+  for (int rank : members_) keys.push_back(key(rank));
+  absl::StatusOr<std::vector<std::string>> votes = store->MultiGet(keys, options_.timeout);
+  if (!votes.ok()) return WithContext(votes.status(), "the members' votes on the membership");
+  for (const std::string& vote : *votes) {
+    if (vote != mine) return false;
+  }
+  return can_derive;
 }
 
 absl::Status ElasticMesh::TransferState() {

@@ -58,6 +58,24 @@ class DecoratingFactoryTest : public ::testing::Test {
   const std::shared_ptr<internal::ProgressProcessGroupFactory> factory_;
 };
 
+TEST_F(DecoratingFactoryTest, GroupsWithinAMembershipAreDecoratedAndAbortedButNotTheMembership) {
+  auto membership = factory_->NewMembership(GroupSpec{"e1/m", 0, {0, 2, 3}}, nullptr);
+  ASSERT_THAT(membership, IsOk());
+  // The inner factory's own membership, not a wrapper: the backend derives
+  // the next one from it.
+  EXPECT_EQ((*membership)->family(), "e1/m");
+  auto groups = factory_->NewGroupsWithin(**membership, {GroupSpec{"e1/dp", 0, {0, 2, 3}}});
+  ASSERT_THAT(groups, IsOk());
+  ASSERT_THAT(*groups, SizeIs(1));
+  EXPECT_EQ(inner_->within(), std::vector<std::string>{"e1/m"});
+  ASSERT_NE((*groups)[0], inner_->made("e1/dp/0")) << "decorated";
+  factory_->AbortGroupsWith({2}, Lost(2));
+  EXPECT_THAT((*groups)[0]->health(), StatusIs(absl::StatusCode::kAborted, HasSubstr("rank 2")));
+  // A later membership of the survivors derives from the one it held.
+  auto survivors = factory_->NewMembership(GroupSpec{"e2/m", 0, {0, 3}}, *membership);
+  EXPECT_THAT(survivors, IsOk());
+}
+
 TEST_F(DecoratingFactoryTest, AbortsTheGroupsThatIncludeAListedRankWithTheGivenReason) {
   std::vector<std::shared_ptr<ProcessGroup>> groups =
       NewGroups({GroupSpec{"mesh/dp", 0, {0, 2}}, GroupSpec{"mesh/tp", 0, {0, 1}},

@@ -296,6 +296,59 @@ TEST(DeviceMeshTest, MembersOnlyErrors) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds 3 ranks")));
 }
 
+TEST(DeviceMeshTest, AMembershipMakesEveryGroupWithinIt) {
+  // Ranks 0, 1, 4, 5 of 8 as a (2, 2) mesh; rank 4 calls.
+  auto factory = std::make_shared<FakeFactory>(4, 8);
+  absl::StatusOr<MeshLayout> layout =
+      MeshLayout::FromMembers({2, 2}, {"dp", "tp"}, {0, 1, 4, 5}, 8);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  auto membership = factory->NewMembership(GroupSpec{"e1/m", 0, {0, 1, 4, 5}}, nullptr);
+  ASSERT_TRUE(membership.ok()) << membership.status();
+  DeviceMeshOptions options;
+  options.name = "e1";
+  options.members_only = true;
+  options.membership = *membership;
+  absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(factory, *layout, options);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  EXPECT_EQ(factory->within(), std::vector<std::string>{"e1/m"});
+  EXPECT_EQ(factory->members_only_calls(), 0);
+  // A flattening too: collective among the same members.
+  ASSERT_TRUE(mesh->Flatten("all").ok());
+  EXPECT_EQ(factory->within(), (std::vector<std::string>{"e1/m", "e1/m"}));
+  EXPECT_EQ(factory->members_only_calls(), 0);
+}
+
+TEST(DeviceMeshTest, AMembershipNeedsMembersOnlyAndExactlyTheLayoutsRanks) {
+  auto factory = std::make_shared<FakeFactory>(1, 4);
+  absl::StatusOr<MeshLayout> layout = MeshLayout::FromMembers({2}, {"dp"}, {1, 3}, 4);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  auto other = factory->NewMembership(GroupSpec{"e1/m", 0, {0, 1, 3}}, nullptr);
+  ASSERT_TRUE(other.ok()) << other.status();
+  DeviceMeshOptions options;
+  options.members_only = true;
+  options.membership = *other;
+  EXPECT_THAT(DeviceMesh::Create(factory, *layout, options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("must hold exactly the layout's ranks")));
+  auto same = factory->NewMembership(GroupSpec{"e1/m", 0, {1, 3}}, nullptr);
+  ASSERT_TRUE(same.ok()) << same.status();
+  // A whole-world mesh without members_only cannot take one either.
+  absl::StatusOr<MeshLayout> whole = MeshLayout::Create({4}, {"dp"}, 4);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto all = factory->NewMembership(GroupSpec{"e1/m", 0, {0, 1, 2, 3}}, nullptr);
+  ASSERT_TRUE(all.ok()) << all.status();
+  options.membership = *all;
+  options.members_only = false;
+  EXPECT_THAT(DeviceMesh::Create(factory, *whole, options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs members_only")));
+  EXPECT_THAT(factory->within(), ::testing::IsEmpty());
+  // And the default NewMembership's own checks.
+  EXPECT_THAT(factory->NewMembership(GroupSpec{"e2/m", 0, {3, 1}}, nullptr).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ascending")));
+  EXPECT_THAT(factory->NewMembership(GroupSpec{"e2/m", 0, {1, 2}}, *same).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 2 is not in")));
+}
+
 TEST(DeviceMeshTest, FactoryErrorsPropagateAndBadGroupsAreCaught) {
   auto failing = std::make_shared<FakeFactory>(0, 4);
   failing->FailWith(absl::DeadlineExceededError("peers did not show up"));

@@ -296,6 +296,62 @@ TEST_F(ElasticMeshTest, ATensorParallelReplicaDropsOutWholeAndComesBackWhole) {
   EXPECT_TRUE((*replacement)->Shutdown().ok());
 }
 
+// The members agree on deriving the next membership: rank 3 drops its
+// ElasticMesh (and with it the membership it held) and makes a new one in
+// the same process, so the membership's ranks and incarnations are the same
+// as before, yet rank 3 holds nothing to derive from. Ranks 0-2 must then
+// start a new membership with it rather than derive theirs (with NCCL, a
+// shrink or share of a communicator rank 3 no longer has would hang).
+TEST_F(ElasticMeshTest, AMemberWithoutTheMembershipMakesEveryoneStartANewOne) {
+  std::vector<std::unique_ptr<Runtime>> runtimes = InitAll();
+  for (int r = 0; r < kWorld; ++r) ASSERT_NE(runtimes[r], nullptr) << r;
+  ElasticMeshOptions options;
+  options.timeout = absl::Seconds(20);
+  std::vector<int> derived(kWorld, -1);
+  std::vector<absl::Status> results(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<ElasticMesh>> em = ElasticMesh::Create(*runtimes[r], options);
+      if (!em.ok()) {
+        results[r] = em.status();
+        return;
+      }
+      if (r == 3) {
+        absl::SleepFor(absl::Milliseconds(100));
+        em->reset();  // Its groups close; the others' next collective fails.
+        em = ElasticMesh::Create(*runtimes[r], options);
+        if (!em.ok()) {
+          results[r] = em.status();
+          return;
+        }
+        derived[r] = (*em)->membership_derived();
+        return;
+      }
+      const absl::Time deadline = absl::Now() + absl::Seconds(30);
+      while (absl::Now() < deadline) {
+        absl::StatusOr<bool> changed = (*em)->Sync();
+        if (!changed.ok()) {
+          results[r] = changed.status();
+          return;
+        }
+        if ((*em)->round() >= 2) {
+          derived[r] = (*em)->membership_derived();
+          return;
+        }
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      results[r] = absl::DeadlineExceededError("no second round");
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+    EXPECT_EQ(derived[r], 0) << "rank " << r;
+  }
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(runtimes[r]->Shutdown().ok());
+}
+
 TEST_F(ElasticMeshTest, ACollectiveOfTheOldEpochFailsFastNamingTheLostRank) {
   std::vector<std::unique_ptr<Runtime>> runtimes = InitAll();
   for (int r = 0; r < kWorld; ++r) ASSERT_NE(runtimes[r], nullptr);

@@ -243,17 +243,23 @@ ncclResult_t FakeNcclApi::CommInitRankScalable(ncclComm_t* comm, int nranks, int
   return script.init_polls == 0 ? ncclSuccess : ncclInProgress;
 }
 
+std::vector<std::string> FakeNcclApi::split_args() const {
+  absl::MutexLock lock(&mu_);
+  return split_args_;
+}
+
 std::vector<ncclUniqueId> FakeNcclApi::scalable_ids() const {
   absl::MutexLock lock(&mu_);
   return scalable_ids_;
 }
 
-ncclResult_t FakeNcclApi::CommSplit(ncclComm_t comm, int, int, ncclComm_t* newcomm,
+ncclResult_t FakeNcclApi::CommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                     ncclConfig_t* config) {
   absl::MutexLock lock(&mu_);
   Comm* parent = Find(comm, "CommSplit");
   if (parent == nullptr) return ncclInvalidArgument;
   log_.push_back(absl::StrCat("CommSplit(", parent->name, ")"));
+  split_args_.push_back(absl::StrCat(parent->name, ": color ", color, ", key ", key));
   return StartChild(*parent, newcomm, config, /*count=*/0, /*rank=*/0);
 }
 

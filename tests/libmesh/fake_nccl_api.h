@@ -127,6 +127,8 @@ class FakeNcclApi final : public NcclApi {
                                   ncclConfig_t* config) override;
   ncclResult_t CommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int n_ids,
                                     ncclUniqueId* ids, ncclConfig_t* config) override;
+  // Each ncclCommSplit's "<parent>: color <c>, key <k>", in order.
+  std::vector<std::string> split_args() const;
   // The root IDs of the last ncclCommInitRankScalable, in order.
   std::vector<ncclUniqueId> scalable_ids() const;
   ncclResult_t CommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
@@ -202,6 +204,7 @@ class FakeNcclApi final : public NcclApi {
   int finalize_polls_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<CommScript> init_scripts_ ABSL_GUARDED_BY(mu_);
   std::vector<ncclUniqueId> scalable_ids_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> split_args_ ABSL_GUARDED_BY(mu_);
   std::deque<SplitScript> split_scripts_ ABSL_GUARDED_BY(mu_);
   std::deque<OpScript> op_scripts_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Comm>> comms_ ABSL_GUARDED_BY(mu_);

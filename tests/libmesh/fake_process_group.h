@@ -121,6 +121,18 @@ class FakeFactory final : public ProcessGroupFactory {
     return NewGroups(specs);
   }
 
+  // Records the membership each call was within, then NewGroups; the
+  // default NewMembership (a plain Membership) stands.
+  absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NewGroupsWithin(
+      const Membership& membership, const std::vector<GroupSpec>& specs) override {
+    if (absl::Status s = CheckGroupsWithin(membership, specs); !s.ok()) return s;
+    {
+      absl::MutexLock lock(&mu_);
+      within_.push_back(membership.family());
+    }
+    return NewGroups(specs);
+  }
+
   void AbortAll(absl::Status) override {}
 
   // The group named `name` (the latest one made with that name), or null.
@@ -148,6 +160,11 @@ class FakeFactory final : public ProcessGroupFactory {
     absl::MutexLock lock(&mu_);
     return members_only_calls_;
   }
+  // The membership family of each NewGroupsWithin call, in order.
+  std::vector<std::string> within() const {
+    absl::MutexLock lock(&mu_);
+    return within_;
+  }
   void FailWith(absl::Status status) {
     absl::MutexLock lock(&mu_);
     fail_with_ = std::move(status);
@@ -166,6 +183,7 @@ class FakeFactory final : public ProcessGroupFactory {
   std::vector<std::vector<GroupSpec>> calls_ ABSL_GUARDED_BY(mu_);
   int world_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int members_only_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> within_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_with_ ABSL_GUARDED_BY(mu_);
   bool corrupt_members_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -2,8 +2,9 @@
 // skips cleanly without NCCL or without enough CUDA devices.
 //
 // A world of one proves the membership communicator and the groups split
-// from it; a shrink needs a rank to exclude, so it needs two GPUs (NCCL
-// refuses two ranks of one communicator on one device), ranks as threads.
+// from it; a shrink needs a rank to exclude and two to keep, so it needs
+// three GPUs (NCCL refuses two ranks of one communicator on one device),
+// ranks as threads.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "mesh/build_info.h"
 #include "mesh/in_memory_store.h"
 #include "mesh/process_group_nccl.h"
 #include "mesh/tensor.h"
@@ -85,56 +87,65 @@ TEST(NcclMembershipGpuTest, AWorldOfOnesMembershipSplitsWorkingGroupsAndIsShared
   EXPECT_EQ(*sum, Iota(6));
 }
 
-// Two ranks make a membership and a group from it; rank 1 then leaves (as a
-// lost rank would), and rank 0 alone shrinks the membership
-// (ncclCommShrink, NCCL_SHRINK_ABORT) and runs a collective on a group
-// split from the shrunk one.
-TEST(NcclMembershipGpuTest, TheSurvivorShrinksTheMembershipAndCarriesOn) {
-  if (!HaveNcclAndDevice(2)) GTEST_SKIP() << "needs NCCL and two CUDA devices";
+// Three ranks make a membership and a group from it; rank 2 then leaves
+// (its process is gone, as a lost rank's would be), and ranks 0 and 1
+// derive their membership from the three's: ncclCommShrink with
+// NCCL_SHRINK_ABORT, which exchanges no unique ID (the store gets no key for
+// it, where a new membership of two would need one), then a group split from
+// the shrunk communicator runs a collective.
+TEST(NcclMembershipGpuTest, TheSurvivorsShrinkTheMembershipAndCarryOn) {
+  if (!HaveNcclAndDevice(3)) GTEST_SKIP() << "needs NCCL and three CUDA devices";
+  absl::StatusOr<int> version = NcclRuntimeVersion();
+  ASSERT_TRUE(version.ok()) << version.status();
+  if (*version < 22700) GTEST_SKIP() << "ncclCommShrink needs NCCL >= 2.27, not " << *version;
   absl::StatusOr<std::string> id = GenerateNcclUniqueId();
   ASSERT_TRUE(id.ok()) << id.status();
   auto store = std::make_shared<InMemoryStore>();
-  std::vector<std::string> failures(2);
-  std::atomic<bool> rank1_gone{false};
+  std::vector<std::string> failures(3);
+  std::atomic<bool> rank2_gone{false};
   auto rank_main = [&](int r) {
     auto fail = [&](const std::string& what, const absl::Status& s) {
       failures[r] = absl::StrCat(what, ": ", s.ToString());
     };
-    auto factory = MakeFactory(r, 2, *id, store);
+    auto factory = MakeFactory(r, 3, *id, store);
     if (!factory.ok()) return fail("Create", factory.status());
-    auto both = (*factory)->NewMembership(Spec("e1/m", {0, 1}), nullptr);
-    if (!both.ok()) return fail("NewMembership", both.status());
-    auto groups = (*factory)->NewGroupsWithin(**both, {Spec("e1/dp", {0, 1})});
+    auto all = (*factory)->NewMembership(Spec("e1/m", {0, 1, 2}), nullptr);
+    if (!all.ok()) return fail("NewMembership", all.status());
+    auto groups = (*factory)->NewGroupsWithin(**all, {Spec("e1/dp", {0, 1, 2})});
     if (!groups.ok()) return fail("NewGroupsWithin", groups.status());
     auto sum = SumOn(*(*groups)[0], {1.0 + r, 1.0 + r}, Device::Cuda(r));
-    if (!sum.ok()) return fail("all_reduce of two", sum.status());
-    if (*sum != std::vector<double>{3, 3}) failures[r] = "the sum of two is wrong";
-    if (r == 1) {
+    if (!sum.ok()) return fail("all_reduce of three", sum.status());
+    if (*sum != std::vector<double>{6, 6}) failures[r] = "the sum of three is wrong";
+    if (r == 2) {
       groups->clear();
-      both->reset();
+      all->reset();
       factory->reset();
       return;
     }
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (!rank1_gone && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
-    if (!rank1_gone) return fail("rank 1", absl::DeadlineExceededError("never left"));
-    auto alone = (*factory)->NewMembership(Spec("e2/m", {0}), *both);
-    if (!alone.ok()) return fail("the shrink", alone.status());
-    both->reset();
-    auto solo = (*factory)->NewGroupsWithin(**alone, {Spec("e2/dp", {0})});
-    if (!solo.ok()) return fail("a split of the shrunk membership", solo.status());
-    sum = SumOn(*(*solo)[0], {5, 6}, Device::Cuda(0));
-    if (!sum.ok()) return fail("all_reduce of one", sum.status());
-    if (*sum != std::vector<double>{5, 6}) failures[r] = "the sum of one is wrong";
+    while (!rank2_gone && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    if (!rank2_gone) return fail("rank 2", absl::DeadlineExceededError("never left"));
+    groups->clear();
+    auto two = (*factory)->NewMembership(Spec("e2/m", {0, 1}), *all);
+    if (!two.ok()) return fail("the shrink", two.status());
+    all->reset();
+    auto pair = (*factory)->NewGroupsWithin(**two, {Spec("e2/dp", {0, 1})});
+    if (!pair.ok()) return fail("a split of the shrunk membership", pair.status());
+    sum = SumOn(*(*pair)[0], {5.0 + r, 6}, Device::Cuda(r));
+    if (!sum.ok()) return fail("all_reduce of two", sum.status());
+    if (*sum != std::vector<double>{11, 12}) failures[r] = "the sum of two is wrong";
   };
-  std::thread rank1([&] {
-    rank_main(1);
-    rank1_gone = true;  // Gone, whether it got there or failed.
+  std::thread rank2([&] {
+    rank_main(2);
+    rank2_gone = true;  // Gone, whether it got there or failed.
   });
+  std::thread rank1(rank_main, 1);
   rank_main(0);
   rank1.join();
-  EXPECT_EQ(failures[0], "");
-  EXPECT_EQ(failures[1], "");
+  rank2.join();
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(failures[r], "") << "rank " << r;
+  // A brokered membership of two would have left its unique ID here.
+  EXPECT_FALSE(store->TryGet("nccl/uid/members/e2/m/0").ok()) << "not a shrink";
 }
 
 }  // namespace

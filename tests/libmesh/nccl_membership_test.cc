@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -107,6 +108,9 @@ TEST_F(NcclMembershipTest, AFirstMembershipIsBrokeredAndItsGroupsAreSplitFromIt)
   EXPECT_EQ((*groups)[1]->name(), "e1/tp/0");
   EXPECT_EQ((*groups)[1]->rank(), 1);
   EXPECT_EQ(Count("CommSplit(e1/m/0)"), 2);
+  // Color: the group's index in its family; key: the rank's place in it.
+  EXPECT_EQ(api_.split_args(),
+            (std::vector<std::string>{"e1/m/0: color 1, key 0", "e1/m/0: color 0, key 1"}));
   EXPECT_EQ(Count("CommInitRankConfig("), 2) << "the world's and the membership's only";
   EXPECT_EQ(broker_->fetched.size(), 1u);
   FakeDeviceBuffer buffer;
@@ -224,6 +228,31 @@ TEST_F(NcclMembershipTest, WithoutSplitsAMembershipHoldsNoCommunicatorAndGroupsA
   EXPECT_EQ(broker_->published, std::vector<std::string>{"nccl/uid/members/e2/dp/0"});
   EXPECT_THAT(api_.log(), Not(Contains(StartsWith("CommSplit("))));
   EXPECT_THAT(api_.log(), Not(Contains(StartsWith("CommShrink("))));
+}
+
+TEST_F(NcclMembershipTest, SplitsSharingResourcesMakeMembershipsWithoutACommunicator) {
+  // NCCL lets the variable override every config: split children would share
+  // the membership's abort flag, so aborting an old mesh's groups would
+  // abort the membership too. Memberships then hold nothing and groups are
+  // brokered.
+  const char* before = std::getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  const std::string saved = before != nullptr ? before : "";
+  ::setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", "1", 1);
+  ProcessGroupFactory& factory = Factory(/*rank=*/0, {});
+  auto membership = factory.NewMembership(MembershipOf("e1/m", {0, 3}), nullptr);
+  auto groups = membership.ok()
+                    ? factory.NewGroupsWithin(**membership, {GroupSpec{"e1/dp", 0, {0, 3}}})
+                    : membership.status();
+  if (before != nullptr) {
+    ::setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", saved.c_str(), 1);
+  } else {
+    ::unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  }
+  ASSERT_TRUE(membership.ok()) << membership.status();
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  EXPECT_LT(api_.LogIndex("CommInitRankConfig(e1/m/0)"), 0);
+  EXPECT_GE(At("CommInitRankConfig(e1/dp/0)"), 0);
+  EXPECT_THAT(api_.log(), Not(Contains(StartsWith("CommSplit("))));
 }
 
 TEST_F(NcclMembershipTest, AShrinkPublishedLateIsAwaited) {

@@ -43,10 +43,12 @@
 //     was a member of the previous mesh as the same process (rank and
 //     incarnation of the agreed round), the membership derives from the
 //     previous one (NCCL: ncclCommShrink of its communicator, no unique ID
-//     exchanged); otherwise it is new (NCCL: brokered initialization). Gloo
-//     makes new contexts either way; NCCL splits the groups from the
-//     membership's communicator. A failed reconfiguration forgets the
-//     membership, so the next one makes a new one.
+//     exchanged); otherwise it is new (NCCL: brokered initialization). The
+//     members agree on which through the job's store (one key each per
+//     round, each deleted at the next round), so a member whose last
+//     rebuild failed, and which forgot its membership, makes everyone
+//     start a new one. Gloo makes new contexts either way; NCCL splits the
+//     groups from the membership's communicator.
 //   - State. At each rebuild, the lowest-ranked member that holds the state
 //     broadcasts every tensor `options.state` returns to all members, whose
 //     tensors are overwritten once every tensor has arrived (a transfer cut
@@ -170,10 +172,13 @@ class ElasticMesh {
   // Whether the latest reconfiguration transferred the state, and from
   // which rank.
   std::optional<int> last_donor() const { return last_donor_; }
-  // Whether the latest rebuild derived the members' Membership from the one
-  // before (ProcessGroupFactory::NewMembership; NCCL: a shrink of its
-  // communicator, or the same one) rather than making a new one: true when
-  // every member was a member of the previous mesh as the same process.
+  // Whether the latest rebuild, which succeeded, derived the members'
+  // Membership from the one before rather than making a new one
+  // (ProcessGroupFactory::NewMembership): true when every member was a
+  // member of the previous mesh as the same process and still held it.
+  // What deriving saves is the backend's: NCCL >= 2.27 shrinks (or keeps)
+  // the members' communicator instead of initializing one from a brokered
+  // ID; Gloo makes its contexts anew either way.
   bool membership_derived() const { return membership_derived_; }
 
  private:
@@ -190,6 +195,11 @@ class ElasticMesh {
   // The members' state after a rebuild: from the lowest-ranked holder to
   // every member, when one lacks it.
   absl::Status TransferState();
+  // Whether the members derive the new membership from their previous one:
+  // each member publishes under this round's key in the job's store which
+  // one it can derive from (`can_derive`: the previous membership's round),
+  // and all derive only where every member named the same one.
+  absl::StatusOr<bool> AgreeToDerive(bool can_derive);
   // Aborts this process's groups of the current mesh with `reason`.
   void Drop(const absl::Status& reason);
 
@@ -205,6 +215,10 @@ class ElasticMesh {
   // The members' Membership (ProcessGroupFactory::NewMembership), the next
   // one's source; kept by a member after a successful rebuild only.
   std::shared_ptr<Membership> membership_;
+  int64_t membership_round_ = -1;  // The round that made membership_.
+  // This process's key of its latest AgreeToDerive vote, deleted once every
+  // live rank is past that round.
+  std::string vote_key_;
   std::vector<int> members_;
   // Incarnation of each member, by position in members_.
   std::vector<uint64_t> incarnations_;

@@ -177,8 +177,10 @@ struct GroupSpec {
 // NCCL keeps a communicator of the members that no op ever uses, splits
 // their groups from it, and shrinks it when members are lost. Made by
 // ProcessGroupFactory::NewMembership. Immutable and thread-safe. Dropping
-// the last reference releases the backend's resources with a local call
-// (NCCL: ncclCommAbort), since some members may be gone.
+// the last reference releases the backend's resources without waiting on
+// the other members, some of which may be gone (NCCL: ncclCommAbort; one
+// whose shrink or split NCCL never finished waits up to the factory's
+// destroy_timeout for it first, as a group does).
 class Membership {
  public:
   Membership(std::string family, std::vector<int> ranks)

@@ -91,17 +91,17 @@ class MembershipComm {
 // factory makes plain Memberships and brokers every group).
 class NcclMembership final : public Membership {
  public:
-  NcclMembership(std::string family, std::vector<int> ranks, const void* factory,
+  NcclMembership(std::string family, std::vector<int> ranks, uint64_t factory,
                  std::shared_ptr<MembershipComm> comm)
       : Membership(std::move(family), std::move(ranks)),
         factory_(factory),
         comm_(std::move(comm)) {}
 
-  const void* factory() const { return factory_; }
+  uint64_t factory() const { return factory_; }
   const std::shared_ptr<MembershipComm>& comm() const { return comm_; }
 
  private:
-  const void* const factory_;  // Identity only.
+  const uint64_t factory_;  // NcclFactory::id_ of the factory that made it.
   const std::shared_ptr<MembershipComm> comm_;
 };
 
@@ -165,6 +165,10 @@ class NcclFactory final : public NcclProcessGroupFactory {
   absl::StatusOr<std::shared_ptr<NcclGroup>> Adopt(const GroupSpec& spec, int group_rank,
                                                    ncclComm_t comm);
 
+  // Unique among the factories of this process (an address could be
+  // reused): which memberships are this factory's.
+  static inline std::atomic<uint64_t> next_id_{1};
+  const uint64_t id_ = next_id_.fetch_add(1, std::memory_order_relaxed);
   NcclApi& api_;
   const NcclProcessGroupFactoryOptions options_;
   const bool split_;
@@ -207,6 +211,8 @@ absl::StatusOr<std::shared_ptr<NcclGroup>> NcclFactory::Adopt(const GroupSpec& s
   {
     absl::MutexLock lock(&mu_);
     if (abort_reason_.ok()) {
+      // Groups come and go with every in-place rebuild: forget the dead.
+      std::erase_if(cores_, [](const std::weak_ptr<GroupCore>& core) { return core.expired(); });
       cores_.push_back((*group)->core());
     } else {
       reason = abort_reason_;
@@ -284,17 +290,19 @@ absl::StatusOr<std::shared_ptr<Membership>> NcclFactory::NewMembership(
     return s;
   }
   if (absl::Status s = CheckWithinPrevious(spec, previous.get()); !s.ok()) return s;
-  if (!split_) {
-    // Nothing could be split from a communicator of the members, so none is
-    // made: NewGroupsWithin brokers every group.
+  if (!split_ || SplitSharesResources()) {
+    // Nothing could be split from a communicator of the members, or its
+    // splits would share its abort flag (so that aborting an old mesh's
+    // groups would abort it too), so none is made: NewGroupsWithin brokers
+    // every group.
     if (absl::Status s = Cancelled(); !s.ok()) return s;
     return std::make_shared<Membership>(spec.family, spec.global_ranks);
   }
   const auto* before = dynamic_cast<const NcclMembership*>(previous.get());
-  if (before != nullptr && before->factory() == this) {
+  if (before != nullptr && before->factory() == id_) {
     if (before->ranks() == spec.global_ranks) {
       if (absl::Status s = Cancelled(); !s.ok()) return s;
-      return std::make_shared<NcclMembership>(spec.family, spec.global_ranks, this, before->comm());
+      return std::make_shared<NcclMembership>(spec.family, spec.global_ranks, id_, before->comm());
     }
     if (ShrinkAvailable(api_)) {
       absl::MutexLock lock(&new_groups_mu_);
@@ -361,7 +369,7 @@ absl::StatusOr<std::shared_ptr<Membership>> NcclFactory::AdoptMembership(const G
   }
   absl::StatusOr<std::shared_ptr<NcclGroup>> group = Adopt(spec, rank, comm);
   if (!group.ok()) return group.status();
-  return std::make_shared<NcclMembership>(spec.family, spec.global_ranks, this,
+  return std::make_shared<NcclMembership>(spec.family, spec.global_ranks, id_,
                                           std::make_shared<MembershipComm>(*std::move(group)));
 }
 
@@ -369,7 +377,7 @@ absl::StatusOr<std::vector<std::shared_ptr<ProcessGroup>>> NcclFactory::NewGroup
     const Membership& membership, const std::vector<GroupSpec>& specs) {
   if (absl::Status s = CheckGroupsWithin(membership, specs); !s.ok()) return s;
   const auto* within = dynamic_cast<const NcclMembership*>(&membership);
-  if (within == nullptr || within->factory() != this) return MakeGroups(specs, true);
+  if (within == nullptr || within->factory() != id_) return MakeGroups(specs, true);
   return MakeGroups(specs, true, &within->comm()->core());
 }
 

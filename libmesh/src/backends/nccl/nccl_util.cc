@@ -1,5 +1,8 @@
 #include "backends/nccl/nccl_util.h"
 
+#include <cstdlib>
+#include <string_view>
+
 #include <algorithm>
 #include <thread>
 
@@ -45,6 +48,11 @@ bool ShrinkAvailable(NcclApi& api) {
   (void)api;
   return false;
 #endif
+}
+
+bool SplitSharesResources() {
+  const char* value = std::getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  return value != nullptr && value[0] != '\0' && std::string_view(value) != "0";
 }
 
 ncclDataType_t ToNcclDataType(DType dtype) {

@@ -77,6 +77,12 @@ bool ScalableInitAvailable(NcclApi& api);
 // at least 2.27.
 bool ShrinkAvailable(NcclApi& api);
 
+// Whether NCCL_COMM_SPLIT_SHARE_RESOURCES asks for split children that share
+// their parent's resources (set, and not "0"). NCCL lets it override every
+// communicator's config; its children then share the parent's abort flag,
+// so aborting one aborts the other.
+bool SplitSharesResources();
+
 // bool travels as uint8. The dtype must have passed CheckTensor (bfloat16
 // needs caps.bfloat16): anything else is a programmer error (checked).
 ncclDataType_t ToNcclDataType(DType dtype);
