@@ -72,7 +72,10 @@
 // that dies while they are made is noticed only then. With NCCL an abort is
 // local: a peer blocked in an old collective waits for the Runtime's abort
 // (a heartbeat naming the loss) or the watchdog, not for a closed
-// connection.
+// connection. A DeviceMesh of an earlier epoch that the application still
+// holds keeps that epoch's membership (NCCL: its communicator) allocated;
+// do not use it: its groups are aborted, and a Flatten of it would wait for
+// members that are gone until init_timeout.
 //
 // A process holds the state when it started with the job (it joined in
 // membership epoch 0) or received it at a reconfiguration; a process that
