@@ -216,10 +216,18 @@ void CoordinatorSession::SessionLoop() {
 void CoordinatorSession::HeartbeatLoop() {
   uint64_t seen_epoch = 0;
   absl::Time last_ok = absl::Now();
+  bool last_failed = false;
+  // Agents that registered together (after a coordinator restart) would
+  // otherwise beat together: the first beat of a session comes at a random
+  // point of the interval, and each later one within +-10% of it.
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_real_distribution<double> first(0.0, 1.0);
+  std::uniform_real_distribution<double> jitter(0.9, 1.1);
   for (;;) {
     v1::NodeHeartbeatRequest request;
     uint64_t epoch = 0;
     absl::Duration timeout;
+    absl::Duration call_timeout;
     {
       absl::MutexLock lock(&mu_);
       // Wakes at least once a second to keep the heartbeat age current, in
@@ -230,12 +238,22 @@ void CoordinatorSession::HeartbeatLoop() {
       }
       if (stopping_) return;
       epoch = epoch_;
+      double spread = jitter(rng);
       if (epoch != seen_epoch) {
         seen_epoch = epoch;
         last_ok = absl::Now();
+        last_failed = false;
+        spread = first(rng);
       }
       timeout = heartbeat_timeout_;
-      const absl::Time deadline = absl::Now() + heartbeat_interval_;
+      // After a failed beat the next comes within a second, however long
+      // the interval has grown: the timeout leaves room for few beats. Each
+      // call gets at most an interval (and the RPC timeout), so that one
+      // hung call does not eat the room of the next.
+      const absl::Duration wait = last_failed ? std::min(heartbeat_interval_, absl::Seconds(1))
+                                              : heartbeat_interval_ * spread;
+      call_timeout = std::min(config_.rpc_timeout, std::max(heartbeat_interval_, absl::Seconds(1)));
+      const absl::Time deadline = absl::Now() + wait;
       while (!stopping_ && session_ok_ && epoch_ == epoch) {
         UpdateHeartbeatAgeLocked();
         const absl::Time wake = std::min(deadline, absl::Now() + absl::Seconds(1));
@@ -247,8 +265,9 @@ void CoordinatorSession::HeartbeatLoop() {
       request.set_session_id(session_id_);
     }
     const absl::StatusOr<v1::NodeHeartbeatResponse> reply =
-        client_->NodeHeartbeat(request, config_.rpc_timeout);
+        client_->NodeHeartbeat(request, call_timeout);
     const absl::Status status = reply.status();
+    last_failed = !status.ok();
     if (status.ok()) {
       last_ok = absl::Now();
       absl::MutexLock lock(&mu_);

@@ -13,7 +13,12 @@
 //
 // The backoff is reset once a session lasted 5 s or delivered an order.
 // Heartbeats go every heartbeat_interval of the RegisterNodeResponse (5 s
-// when it gives none); a heartbeat answered ABORTED or NOT_FOUND, or none
+// when it gives none), or of the latest NodeHeartbeatResponse that gives
+// one (the coordinator lengthens it as the cluster grows), within +-10%;
+// a session's first beat comes at a random point of its first interval, so
+// agents that registered together do not beat together. Each call gets at
+// most an interval (and the RPC timeout), and after a failed one the next
+// comes within a second. A heartbeat answered ABORTED or NOT_FOUND, or none
 // acknowledged for heartbeat_timeout (3 intervals when none is given),
 // ends the session.
 //

@@ -185,10 +185,8 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
   if (!alive.ok()) return alive.status();
   // Every live rank is past its previous reconfiguration now, so no one
   // reads this process's vote of it any more.
-  if (!vote_key_.empty()) {
-    (void)runtime_.store()->DeleteKey(vote_key_);
-    vote_key_.clear();
-  }
+  for (const std::string& key : vote_keys_) (void)runtime_.store()->DeleteKey(key);
+  vote_keys_.clear();
   const absl::Time agreed = absl::Now();
   const int self = runtime_.rank();
 
@@ -308,25 +306,39 @@ absl::StatusOr<bool> ElasticMesh::Reconfigure() {
 
 absl::StatusOr<bool> ElasticMesh::AgreeToDerive(bool can_derive) {
   const std::shared_ptr<Store>& store = runtime_.store();
-  auto key = [this](int rank) {
-    return absl::StrCat("mesh/elastic/", dim_, "/round", round_, "/derive/", rank);
-  };
+  const std::string prefix = absl::StrCat("mesh/elastic/", dim_, "/round", round_, "/");
+  auto vote_key = [&](int rank) { return absl::StrCat(prefix, "derive/", rank); };
+  const std::string decision_key = absl::StrCat(prefix, "derived");
   // Which membership this member would derive from, by the round that made
   // it (members that hold one all built it in the same round).
   const std::string mine = can_derive ? absl::StrCat(membership_round_) : "none";
-  vote_key_ = key(runtime_.rank());
-  if (absl::Status s = store->Set(vote_key_, mine); !s.ok()) {
+  const int self = runtime_.rank();
+  vote_keys_.push_back(vote_key(self));
+  if (absl::Status s = store->Set(vote_key(self), mine); !s.ok()) {
     return WithContext(s, "voting on the membership");
+  }
+  // The lowest member counts the votes and publishes the decision; the
+  // others wait for that one key, so the coordinator's work is O(members).
+  if (self != members_.front()) {
+    absl::StatusOr<std::string> decision = store->Get(decision_key, options_.timeout);
+    if (!decision.ok()) {
+      return WithContext(decision.status(), absl::StrCat("rank ", members_.front(),
+                                                         "'s count of the membership votes"));
+    }
+    return *decision == "1";
   }
   std::vector<std::string> keys;
   keys.reserve(members_.size());
-  for (int rank : members_) keys.push_back(key(rank));
+  for (int rank : members_) keys.push_back(vote_key(rank));
   absl::StatusOr<std::vector<std::string>> votes = store->MultiGet(keys, options_.timeout);
   if (!votes.ok()) return WithContext(votes.status(), "the members' votes on the membership");
-  for (const std::string& vote : *votes) {
-    if (vote != mine) return false;
+  bool derive = can_derive;
+  for (const std::string& vote : *votes) derive = derive && vote == mine;
+  vote_keys_.push_back(decision_key);
+  if (absl::Status s = store->Set(decision_key, derive ? "1" : "0"); !s.ok()) {
+    return WithContext(s, "publishing the membership decision");
   }
-  return can_derive;
+  return derive;
 }
 
 absl::Status ElasticMesh::TransferState() {

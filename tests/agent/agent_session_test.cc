@@ -104,6 +104,7 @@ class FakeNodeClient final : public NodeClient {
     int register_attempts = 0;
     std::vector<v1::RegisterNodeRequest> registrations;
     int heartbeats = 0;
+    std::vector<absl::Duration> heartbeat_timeouts;  // Each call's, in order.
     std::vector<v1::ReportWorkersStartedRequest> started;
     int exit_attempts = 0;
     std::vector<v1::ReportWorkerExitRequest> exits;
@@ -135,8 +136,9 @@ class FakeNodeClient final : public NodeClient {
   }
 
   absl::StatusOr<v1::NodeHeartbeatResponse> NodeHeartbeat(const v1::NodeHeartbeatRequest& request,
-                                                          absl::Duration) override {
+                                                          absl::Duration timeout) override {
     absl::MutexLock lock(&mu_);
+    record_.heartbeat_timeouts.push_back(timeout);
     if (cancelled_) return absl::CancelledError("cancelled");
     if (request.session_id() != session_) return absl::AbortedError("stale session");
     if (absl::Status s = NextLocked(heartbeat_script_); !s.ok()) return s;
@@ -340,6 +342,9 @@ TEST_F(AgentSessionTest, HeartbeatsFollowTheIntervalTheLatestReplyGives) {
   StartAgent();
   // Registration said 50 ms, and replies that say nothing keep it.
   ASSERT_TRUE(WaitUntil([&] { return client_->record().heartbeats >= 5; }, kTimeout));
+  // Each call gets at most the interval, but never under a second (nor over
+  // the RPC timeout, 2 s here).
+  EXPECT_EQ(client_->record().heartbeat_timeouts.front(), absl::Seconds(1));
   // A reply that says 30 s (the coordinator's cluster grew): after the
   // heartbeat that carried it, and the one that may already be on its way,
   // no other comes for the next second, where 50 ms would send some 20.

@@ -44,10 +44,11 @@
 //     incarnation of the agreed round), the membership derives from the
 //     previous one (NCCL: ncclCommShrink of its communicator, no unique ID
 //     exchanged); otherwise it is new (NCCL: brokered initialization). The
-//     members agree on which through the job's store (one key each per
-//     round, each deleted at the next round), so a member whose last
-//     rebuild failed, and which forgot its membership, makes everyone
-//     start a new one. Gloo makes new contexts either way; NCCL splits the
+//     members agree on which through the job's store (a vote per member
+//     and a decision per round, deleted at the next round), so a member
+//     whose last rebuild failed, and which forgot its membership, makes
+//     everyone start a new one. The votes count against the job's KV quota:
+//     a job whose KV is full cannot rebuild. Gloo makes new contexts either way; NCCL splits the
 //     groups from the membership's communicator.
 //   - State. At each rebuild, the lowest-ranked member that holds the state
 //     broadcasts every tensor `options.state` returns to all members, whose
@@ -200,8 +201,9 @@ class ElasticMesh {
   absl::Status TransferState();
   // Whether the members derive the new membership from their previous one:
   // each member publishes under this round's key in the job's store which
-  // one it can derive from (`can_derive`: the previous membership's round),
-  // and all derive only where every member named the same one.
+  // one it can derive from (`can_derive`: the previous membership's round);
+  // the lowest member reads every vote and publishes the decision, derive
+  // only where every member named the same one, which the others read.
   absl::StatusOr<bool> AgreeToDerive(bool can_derive);
   // Aborts this process's groups of the current mesh with `reason`.
   void Drop(const absl::Status& reason);
@@ -219,9 +221,10 @@ class ElasticMesh {
   // one's source; kept by a member after a successful rebuild only.
   std::shared_ptr<Membership> membership_;
   int64_t membership_round_ = -1;  // The round that made membership_.
-  // This process's key of its latest AgreeToDerive vote, deleted once every
-  // live rank is past that round.
-  std::string vote_key_;
+  // The keys this process wrote in its latest AgreeToDerive (its vote, and
+  // as the counting member the decision), deleted once every live rank is
+  // past that round.
+  std::vector<std::string> vote_keys_;
   std::vector<int> members_;
   // Incarnation of each member, by position in members_.
   std::vector<uint64_t> incarnations_;
