@@ -15,7 +15,6 @@
 #include "coordinator/coordination_internal.h"
 
 #include <algorithm>
-#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/duration_format.h"
+#include "common/heartbeat_spread.h"
 
 namespace mesh::coordinator {
 
@@ -40,10 +40,8 @@ absl::Status ValidateOptions(const CoordinationOptions& o) {
         "heartbeat_timeout (", FormatDurationShort(o.heartbeat_timeout),
         ") must exceed heartbeat_interval (", FormatDurationShort(o.heartbeat_interval), ")"));
   }
-  if (!(o.rank_heartbeat_rate >= 0) || std::isinf(o.rank_heartbeat_rate)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank_heartbeat_rate must be 0 (off) or a positive number of heartbeats a second, not ",
-        o.rank_heartbeat_rate));
+  if (absl::Status s = CheckHeartbeatRate(o.rank_heartbeat_rate, "rank_heartbeat_rate"); !s.ok()) {
+    return s;
   }
   if (o.default_wait <= absl::ZeroDuration() || o.max_wait < o.default_wait) {
     return absl::InvalidArgumentError("need 0 < default_wait <= max_wait");
@@ -59,10 +57,8 @@ absl::Status ValidateOptions(const CoordinationOptions& o) {
 }
 
 absl::Duration RankHeartbeatInterval(const CoordinationOptions& o, int world_size) {
-  if (o.rank_heartbeat_rate <= 0 || world_size <= 0) return o.heartbeat_interval;
-  const absl::Duration spread = absl::Seconds(world_size / o.rank_heartbeat_rate);
-  const absl::Duration longest = std::max(o.heartbeat_interval, o.heartbeat_timeout / 3);
-  return std::clamp(spread, o.heartbeat_interval, longest);
+  return SpreadHeartbeatInterval(world_size, o.rank_heartbeat_rate, o.heartbeat_interval,
+                                 o.heartbeat_timeout);
 }
 
 Coordination::Metrics::Metrics(metrics::Registry& registry)

@@ -6,7 +6,6 @@
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -22,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "common/check.h"
 #include "common/duration_format.h"
+#include "common/heartbeat_spread.h"
 #include "coordinator/job_manager_internal.h"
 
 namespace mesh::coordinator {
@@ -79,10 +79,9 @@ absl::Status ValidateJobManagerOptions(const JobManagerOptions& options) {
                          std::pair{options.log_attach_timeout, "log_attach_timeout"}}) {
     if (absl::Status status = positive(d, name); !status.ok()) return status;
   }
-  if (!(options.node_heartbeat_rate >= 0) || std::isinf(options.node_heartbeat_rate)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "node_heartbeat_rate must be 0 (off) or a positive number of heartbeats a second, not ",
-        options.node_heartbeat_rate));
+  if (absl::Status s = CheckHeartbeatRate(options.node_heartbeat_rate, "node_heartbeat_rate");
+      !s.ok()) {
+    return s;
   }
   if (options.kill_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("kill_grace must not be negative");

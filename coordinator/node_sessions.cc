@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/duration_format.h"
+#include "common/heartbeat_spread.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/job_manager_internal.h"
 
@@ -201,10 +202,8 @@ absl::StatusOr<mesh::v1::RegisterNodeResponse> JobManager::RegisterNode(
 }
 
 absl::Duration NodeHeartbeatInterval(const JobManagerOptions& o, size_t nodes) {
-  if (o.node_heartbeat_rate <= 0 || nodes == 0) return o.node_heartbeat_interval;
-  const absl::Duration spread = absl::Seconds(static_cast<double>(nodes) / o.node_heartbeat_rate);
-  const absl::Duration longest = std::max(o.node_heartbeat_interval, o.node_heartbeat_timeout / 3);
-  return std::clamp(spread, o.node_heartbeat_interval, longest);
+  return SpreadHeartbeatInterval(static_cast<double>(nodes), o.node_heartbeat_rate,
+                                 o.node_heartbeat_interval, o.node_heartbeat_timeout);
 }
 
 absl::StatusOr<absl::Duration> JobManager::NodeHeartbeat(const std::string& name,
